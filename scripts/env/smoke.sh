@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# inferops.snapshot — end-to-end smoke test of the host environment (dev tool, not a test-suite
+# member). Needs what scripts/env/setup.sh provides; run as root:  bash scripts/env/smoke.sh
+#
+# A container from inferops/base:bookworm (host network) serves HTTP from one python3 process that
+# keeps an in-memory counter (plus SMOKE_MEM_MB of ballast, so there is memory to dump):
+#   (a) docker checkpoint create --leave-running, then restore into a NEW container
+#       (checkpoint copied into its checkpoints/ dir, docker start --checkpoint); the counter must be
+#       the value it had at checkpoint time, not the later one.
+#   (b) the fast path: runc --root <moby runc root> checkpoint --leave-running --image-path DIR <id>,
+#       timed; the images are then restored into another new container (docker start --checkpoint)
+#       to prove they are usable.
+#   (c) only when the prototype runtime is registered (scripts/env/prototype/install.sh):
+#       docker run --runtime inferops-restore -e INFEROPS_RESTORE_FROM=<(b)'s images> (restore-on-create).
+# Containers it made are removed on exit, failure included. Prints timings.
+#
+# Knobs: SMOKE_MEM_MB (default 64), SMOKE_KEEP=1 (keep the work dir), SMOKE_RUNTIME (default
+# inferops-restore), SMOKE_RUNC_ROOT (default /var/run/docker/runtime-runc/moby).
+set -Eeuo pipefail
+
+IMAGE=${INFEROPS_BASE_IMAGE:-inferops/base:bookworm}
+MEM_MB=${SMOKE_MEM_MB:-64}
+RUNC_ROOT=${SMOKE_RUNC_ROOT:-/var/run/docker/runtime-runc/moby}
+RUNTIME=${SMOKE_RUNTIME:-inferops-restore}
+export PATH="/usr/local/sbin:/usr/local/bin:$PATH:/usr/sbin:/sbin"
+
+PREFIX=inferops-smoke-$$
+CONTAINERS=()
+WORK=$(mktemp -d /var/tmp/inferops-smoke.XXXXXX)
+FAILED=0
+declare -A TIMES=()
+
+msg() { printf '[smoke] %s\n' "$*"; }
+fail() {
+    printf '[smoke] FAIL: %s\n' "$*" >&2
+    FAILED=1
+    exit 1
+}
+cleanup() {
+    local rc=$? c
+    for c in "${CONTAINERS[@]}"; do
+        if ((rc != 0)) && docker inspect "$c" >/dev/null 2>&1; then
+            printf '[smoke] --- docker logs %s (last lines) ---\n' "$c" >&2
+            docker logs --tail 5 "$c" 2>&1 | sed 's/^/    /' >&2 || true
+        fi
+        docker rm -f "$c" >/dev/null 2>&1 || true
+    done
+    if [[ ${SMOKE_KEEP:-0} == 1 || $rc -ne 0 ]]; then
+        printf '[smoke] work dir kept: %s\n' "$WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'printf "[smoke] FAIL: line %s: %s\n" "$LINENO" "$BASH_COMMAND" >&2' ERR
+
+ms_now() { date +%s%N; }
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+# --- preconditions -------------------------------------------------------------------------
+docker info >/dev/null 2>&1 || fail "docker does not answer: run scripts/env/setup.sh"
+[[ $(docker info --format '{{.ExperimentalBuild}}') == true ]] || fail "dockerd is not experimental"
+docker image inspect "$IMAGE" >/dev/null 2>&1 || fail "image $IMAGE missing: run scripts/env/setup.sh"
+command -v criu >/dev/null || fail "criu not on PATH: run scripts/env/setup.sh"
+DOCKER_ROOT=$(docker info --format '{{.DockerRootDir}}')
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+SERVER='
+import http.server, os, signal, sys
+port, mem = int(sys.argv[1]), int(sys.argv[2])
+ballast = bytearray(os.urandom(1 << 20)) * mem      # touched, non-zero memory for CRIU to dump
+state = {"n": 0}
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/inc":
+            state["n"] += 1
+            print("inc", state["n"], flush=True)
+        body = ("%d\n" % state["n"]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer.allow_reuse_address = True
+srv = http.server.HTTPServer(("127.0.0.1", port), H)
+print("serving on", port, "pid", os.getpid(), "ballast MB", mem, flush=True)
+srv.serve_forever()
+'
+
+server_args() { ARGS=(python3 -c "$SERVER" "$PORT" "$MEM_MB"); }
+http() { curl -sf --max-time 2 "http://127.0.0.1:$PORT/$1"; }
+wait_http() {   # wait until /get answers; echo the answer
+    local t=$SECONDS out
+    while ((SECONDS - t < 20)); do
+        if out=$(curl -sf --max-time 1 "http://127.0.0.1:$PORT/get" 2>/dev/null); then
+            echo "$out"
+            return 0
+        fi
+        sleep 0.01
+    done
+    return 1
+}
+expect() {   # expect <what> <got> <want>
+    [[ $2 == "$3" ]] || fail "$1: got '$2', expected '$3'"
+}
+new_container() {   # new_container <suffix> [docker create options...]; sets CID (full id)
+    local name=$PREFIX-$1
+    shift
+    CONTAINERS+=("$name")   # registered before creation: cleanup removes it whatever happens
+    server_args
+    CID=$(docker create --name "$name" --network host "$@" "$IMAGE" "${ARGS[@]}")
+}
+start_from_checkpoint() {   # start_from_checkpoint <container> <checkpoint name>; retries once
+    local out
+    if out=$(docker start --checkpoint "$2" "$1" 2>&1); then return 0; fi
+    if [[ $out == *"already exists"* ]]; then
+        msg "docker start --checkpoint hit the containerd content-store race ($out); retrying once"
+        out=$(docker start --checkpoint "$2" "$1" 2>&1) && return 0
+    fi
+    fail "docker start --checkpoint $2 $1: $out"
+}
+copy_checkpoint() {   # copy_checkpoint <src dir> <container id> <name>
+    local dest=$DOCKER_ROOT/containers/$2/checkpoints
+    mkdir -p "$dest"
+    cp -a "$1" "$dest/$3"
+}
+
+msg "criu $(criu --version | awk '/^Version:/ {print $2}'), docker $(docker version --format '{{.Server.Version}}'), $(docker info --format '{{.Driver}}') storage, kernel $(uname -r), ballast ${MEM_MB} MB, port $PORT"
+
+# --- start the original --------------------------------------------------------------------
+new_container orig
+id1=$CID
+t=$(ms_now)
+docker start "$id1" >/dev/null
+wait_http >/dev/null || fail "the server in $PREFIX-orig did not answer within 20 s"
+TIMES[cold start to first answer]=$(ms_since "$t")
+for _ in 1 2 3; do http inc >/dev/null; done
+expect "counter before checkpoint" "$(http get)" 3
+
+# --- (a) docker checkpoint -> new container ------------------------------------------------
+msg "(a) docker checkpoint create --leave-running"
+t=$(ms_now)
+docker checkpoint create --leave-running "$id1" cp-a >/dev/null
+TIMES[(a) docker checkpoint create]=$(ms_since "$t")
+CP_A=$DOCKER_ROOT/containers/$id1/checkpoints/cp-a
+[[ -f $CP_A/inventory.img ]] || fail "no CRIU images in $CP_A"
+SIZE_A=$(du -sm "$CP_A" | cut -f1)
+expect "original still serving after checkpoint (inc)" "$(http inc)" 4
+cp -a "$CP_A" "$WORK/cp-a"       # 'docker rm' of the original deletes its checkpoints/ too
+CP_A=$WORK/cp-a
+docker rm -f "$id1" >/dev/null   # frees the port: the restored process binds the same one
+
+new_container a-restored
+id2=$CID
+copy_checkpoint "$CP_A" "$id2" cp-a
+msg "(a) docker start --checkpoint cp-a into new container $PREFIX-a-restored"
+t=$(ms_now)
+start_from_checkpoint "$id2" cp-a
+TIMES[(a) docker start --checkpoint returned]=$(ms_since "$t")
+got=$(wait_http) || fail "restored container did not answer"
+TIMES[(a) restore to first answer]=$(ms_since "$t")
+expect "(a) counter restored from checkpoint" "$got" 3
+expect "(a) restored process keeps counting" "$(http inc)" 4
+sleep 0.2
+docker logs "$id2" 2>&1 | grep -qx 'inc 4' || fail "(a) restored process output did not reach docker logs"
+msg "(a) ok: counter 3 restored (original had moved on to 4), docker logs wired"
+
+# --- (b) runc fast path ----------------------------------------------------------------------
+CP_B=$WORK/fast
+msg "(b) runc --root $RUNC_ROOT checkpoint --leave-running --image-path $CP_B <id>"
+t=$(ms_now)
+runc --root "$RUNC_ROOT" checkpoint --leave-running --image-path "$CP_B" "$id2" ||
+    fail "(b) runc checkpoint failed; CRIU log: $CP_B/dump.log"
+TIMES[(b) runc checkpoint (fast path)]=$(ms_since "$t")
+SIZE_B=$(du -sm "$CP_B" | cut -f1)
+expect "(b) container still serving after runc checkpoint (inc)" "$(http inc)" 5
+[[ $(docker inspect -f '{{.State.Status}}' "$id2") == running ]] || fail "(b) docker no longer sees the container running"
+docker rm -f "$id2" >/dev/null
+
+new_container b-restored
+id3=$CID
+copy_checkpoint "$CP_B" "$id3" cp-b
+t=$(ms_now)
+start_from_checkpoint "$id3" cp-b
+got=$(wait_http) || fail "(b) container restored from the runc images did not answer"
+TIMES[(b) docker start --checkpoint (runc images) to first answer]=$(ms_since "$t")
+expect "(b) counter restored from the runc images" "$got" 4
+msg "(b) ok: runc images restore through docker (counter 4)"
+docker rm -f "$id3" >/dev/null
+
+# --- (c) restore-on-create prototype (optional) -------------------------------------------------
+if docker info --format '{{json .Runtimes}}' | grep -q "\"$RUNTIME\""; then
+    CONTAINERS+=("$PREFIX-c-roc")
+    server_args
+    t=$(ms_now)
+    docker run -d --name "$PREFIX-c-roc" --network host --runtime "$RUNTIME" \
+        -e INFEROPS_RESTORE_FROM="$CP_B" "$IMAGE" "${ARGS[@]}" >/dev/null
+    TIMES[(c) docker run --runtime $RUNTIME returned]=$(ms_since "$t")
+    got=$(wait_http) || fail "(c) restore-on-create container did not answer"
+    TIMES[(c) restore-on-create to first answer]=$(ms_since "$t")
+    expect "(c) counter restored on create" "$got" 4
+    expect "(c) restored process keeps counting" "$(http inc)" 5
+    sleep 0.2
+    docker logs "$PREFIX-c-roc" 2>&1 | grep -qx 'inc 5' || fail "(c) output did not reach docker logs"
+    t=$(ms_now)
+    docker stop -t 5 "$PREFIX-c-roc" >/dev/null
+    TIMES[(c) docker stop]=$(ms_since "$t")
+    expect "(c) exit code after docker stop" "$(docker inspect -f '{{.State.ExitCode}}' "$PREFIX-c-roc")" 0
+    msg "(c) ok: docker run --runtime $RUNTIME resumed the process (counter 4), logs and stop work"
+else
+    msg "(c) skipped: runtime '$RUNTIME' not registered (bash scripts/env/prototype/install.sh)"
+fi
+
+# --- summary ---------------------------------------------------------------------------------
+msg "checkpoint sizes: docker ${SIZE_A} MB, runc ${SIZE_B} MB"
+for k in "cold start to first answer" "(a) docker checkpoint create" \
+    "(a) docker start --checkpoint returned" "(a) restore to first answer" \
+    "(b) runc checkpoint (fast path)" "(b) docker start --checkpoint (runc images) to first answer" \
+    "(c) docker run --runtime $RUNTIME returned" "(c) restore-on-create to first answer" "(c) docker stop"; do
+    [[ -n ${TIMES[$k]:-} ]] && printf '[smoke]   %-62s %6s ms\n' "$k" "${TIMES[$k]}"
+done
+msg "PASS"
