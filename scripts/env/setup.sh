@@ -37,7 +37,10 @@ DOCKERD_WAIT_S=60
 DAEMON_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu image}
 export DEBIAN_FRONTEND=noninteractive
-export PATH="/usr/local/sbin:/usr/local/bin:$PATH:/usr/sbin:/sbin"
+# keep the caller's PATH order, only add what a root shell on Debian should have
+for _d in /usr/local/bin /usr/local/sbin; do [[ ":$PATH:" == *":$_d:"* ]] || PATH="$_d:$PATH"; done
+for _d in /usr/sbin /sbin /usr/bin /bin; do [[ ":$PATH:" == *":$_d:"* ]] || PATH="$PATH:$_d"; done
+export PATH
 
 T0=$(date +%s.%N)
 CURRENT_STEP=init
@@ -328,15 +331,39 @@ criu_check_out() { criu check 2>&1; }
 
 # runc (run by containerd's shim) looks 'criu' up on PATH; the daemons must see the wrapper's dir.
 check_daemon_path() {
-    local want pid p
+    local want pid p comm bad=""
     want=$(dirname "$(command -v criu)")
     for pid in $(pgrep -x dockerd || true) $(pgrep -x containerd || true); do
         p=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^PATH=//p')
+        comm=$(cat "/proc/$pid/comm" 2>/dev/null || echo "?")
         if [[ ":$p:" != *":$want:"* ]]; then
-            die "$(cat "/proc/$pid/comm") (pid $pid) runs with PATH='$p', which lacks $want:" \
-                "runc started by it will not find criu (docker checkpoint would fail)" \
-                "restart it with $want on PATH (INFEROPS_ENV_RESTART_DOCKER=1 cannot fix a systemd unit's PATH)"
+            bad="$comm (pid $pid) runs with PATH='$p', which lacks $want"
+            break
         fi
+    done
+    [[ -z $bad ]] && return 0
+    # Our own kind of daemon (no systemd, containerd a child of dockerd) can be restarted with the
+    # right PATH when the user allows it; anything else is the user's to fix.
+    if [[ ${INFEROPS_ENV_RESTART_DOCKER:-0} == 1 && ! -d /run/systemd/system ]] && [[ $comm == dockerd ||
+        $(ps -o comm= -p "$(ps -o ppid= -p "$pid" | tr -d ' ')" 2>/dev/null) == dockerd ]]; then
+        log "$bad: restarting dockerd with PATH=$DAEMON_PATH"
+        stop_dockerd
+        start_dockerd
+        check_daemon_path_once
+        return 0
+    fi
+    die "$bad:" \
+        "runc started by it cannot find criu ('docker checkpoint' fails with: CRIU version check failed:" \
+        "exec: \"criu\": executable file not found in \$PATH)." \
+        "Restart it with $want on PATH, or rerun with INFEROPS_ENV_RESTART_DOCKER=1 (restarts a dockerd" \
+        "that this script can manage; a systemd unit needs Environment=PATH=... in a drop-in)"
+}
+check_daemon_path_once() {
+    local pid p want
+    want=$(dirname "$(command -v criu)")
+    for pid in $(pgrep -x dockerd || true) $(pgrep -x containerd || true); do
+        p=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^PATH=//p')
+        [[ ":$p:" == *":$want:"* ]] || die "$(cat "/proc/$pid/comm") (pid $pid) still lacks $want on PATH after restart"
     done
 }
 
@@ -477,7 +504,7 @@ step_criu() {
     out=$(criu_check_out) || die "'criu check' failed with criu $(criu --version | awk '/^Version:/ {print $2}'):" \
         "$(printf '%s\n' "$out" | tail -n 15)"
     check_daemon_path
-    log "installed $(cat "$CRIU_PREFIX/INFEROPS-SOURCE" | cut -d' ' -f1-5) in $CRIU_PREFIX, wrapper $CRIU_WRAPPER; criu check: ok"
+    log "$(cut -d' ' -f1-5 "$CRIU_PREFIX/INFEROPS-SOURCE") in $CRIU_PREFIX behind $CRIU_WRAPPER; criu check: ok"
 }
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ IMAGE=${INFEROPS_BASE_IMAGE:-inferops/base:bookworm}
 MEM_MB=${SMOKE_MEM_MB:-64}
 RUNC_ROOT=${SMOKE_RUNC_ROOT:-/var/run/docker/runtime-runc/moby}
 RUNTIME=${SMOKE_RUNTIME:-inferops-restore}
-export PATH="/usr/local/sbin:/usr/local/bin:$PATH:/usr/sbin:/sbin"
+for _d in /usr/local/bin /usr/local/sbin; do [[ ":$PATH:" == *":$_d:"* ]] || PATH="$_d:$PATH"; done
+for _d in /usr/sbin /sbin; do [[ ":$PATH:" == *":$_d:"* ]] || PATH="$PATH:$_d"; done
+export PATH
 
 PREFIX=inferops-smoke-$$
 CONTAINERS=()
