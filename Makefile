@@ -1,0 +1,64 @@
+# inferops.snapshot -- developer and CI entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+BUILD := build
+COLLECTIONS := $(BUILD)/collections
+COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/inferops/snapshot
+SIMULATOR := $(BUILD)/simulator/libascendcl.so
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
+export INFEROPS_ACL_LIBRARY ?= $(CURDIR)/$(SIMULATOR)
+
+.PHONY: help venv simulator collection schemas env demo test unit integration sanity build-collection clean
+
+help:
+	@echo "make demo        generate -> break -> restore on this machine (simulated NPU)"
+	@echo "make test        the whole test suite (what CI runs)"
+	@echo "make env         install and start dockerd + CRIU and build the base image (root)"
+	@echo "make unit | integration | sanity | build-collection"
+
+$(BIN)/python: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $(BIN)/python
+
+venv: $(BIN)/python
+
+simulator:
+	bash tests/simulator/build.sh $(BUILD)/simulator
+
+# Ansible finds the collection through a link named the way it expects.
+collection:
+	@mkdir -p $(dir $(COLLECTION_LINK))
+	@ln -sfn $(CURDIR) $(COLLECTION_LINK)
+
+schemas:
+	$(PYTHON) scripts/gen_schemas.py
+
+env:
+	bash scripts/env/setup.sh
+
+demo: venv simulator collection
+	$(BIN)/ansible-playbook playbooks/demo.yml
+
+unit: venv simulator collection
+	$(BIN)/python -m pytest tests/unit tests/simulator -q
+
+integration: venv simulator collection
+	$(BIN)/python -m pytest tests/integration -q
+
+sanity: venv
+	bash scripts/sanity.sh
+
+build-collection: venv
+	$(BIN)/ansible-galaxy collection build --force --output-path $(BUILD)/dist .
+
+# The README's test command: everything CI runs.
+test: venv simulator collection
+	$(BIN)/python -m pytest tests -q
+	bash scripts/sanity.sh
+
+clean:
+	rm -rf $(BUILD)

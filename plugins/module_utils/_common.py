@@ -1,0 +1,79 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# Apache License 2.0
+"""Module plumbing shared by the inferops.snapshot modules. PRIVATE to the collection.
+
+Holds the shared argument specs (matched by doc fragments of the same names) and the single
+place where typed errors become ``fail_json``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import time
+import traceback
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control
+from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils._errors import SnapshotError
+
+# Matches plugins/doc_fragments/control_endpoint.py.
+CONTROL_TARGET_ARGS = dict(
+    pid=dict(type="int"),
+    container=dict(type="str"),
+    endpoint=dict(type="str"),
+    endpoint_paths=dict(type="dict"),
+    agent_socket_dir=dict(type="path", default=control.DEFAULT_AGENT_SOCKET_DIR),
+    timeout=dict(type="float", default=60.0),
+    docker_cli=dict(type="str", default="docker"),
+)
+CONTROL_TARGET_EXCLUSIVE = [("pid", "container", "endpoint")]
+CONTROL_TARGET_REQUIRED_ONE_OF = [("pid", "container", "endpoint")]
+
+
+def control_client(module):
+    """The endpoint client for the target the task names (pid, container or endpoint)."""
+    params = module.params
+    if params.get("endpoint_paths") and not params.get("endpoint"):
+        module.fail_json(msg="endpoint_paths: only meaningful together with an http(s) `endpoint`")
+    if params.get("timeout") is not None and params["timeout"] <= 0:
+        module.fail_json(msg="timeout: must be a positive number of seconds, got %s" % params["timeout"])
+    if params.get("endpoint"):
+        return control.client_for_endpoint(params["endpoint"], params.get("endpoint_paths"))
+    pid = params.get("pid")
+    if params.get("container"):
+        pid = DockerCli(module, params.get("docker_cli") or "docker").running_pid(params["container"])
+    return control.AgentSocketClient(control.agent_socket_for_pid(pid, params["agent_socket_dir"]))
+
+
+class Stopwatch:
+    """Per-stage durations on a monotonic clock, reported as ``durations`` in results."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self.durations = {}
+
+    def stage(self, name):
+        watch = self
+
+        class _Stage:
+            def __enter__(self):
+                self.started = watch._clock()
+                return self
+
+            def __exit__(self, *exc):
+                watch.durations[name] = round(watch._clock() - self.started, 6)
+                return False
+
+        return _Stage()
+
+
+def run_module(module, main):
+    """Run ``main(module)`` and turn the collection's typed errors into fail_json, in one place."""
+    try:
+        main(module)
+    except SnapshotError as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
+    except Exception as exc:  # an unexpected bug: say so, with the traceback, instead of a bare crash
+        module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc())

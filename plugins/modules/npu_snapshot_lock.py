@@ -1,0 +1,201 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# Apache License 2.0
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: npu_snapshot_lock
+short_description: Lock or unlock the NPU state of a running inference process
+version_added: 0.1.0
+description:
+  - Drives the Ascend ACL snapshot state machine of an inference process through the control endpoint
+    inside that process (the ACL snapshot API only acts on the calling process, so it is never called
+    for a foreign pid).
+  - C(locked) moves a RUNNING process to LOCKED; from then on every call that changes device resources
+    blocks inside the process until it is unlocked. Lock waits for the runtime's background threads
+    and fails with ACL error 507905 when they do not park in time.
+  - C(unlocked) moves a LOCKED or BACKED_UP process back to RUNNING. A BACKED_UP process is restored
+    first (its device memory copied back) unless O(restore_before_unlock=false).
+author:
+  - inferops.snapshot maintainers
+extends_documentation_fragment:
+  - inferops.snapshot.control_endpoint
+  - inferops.snapshot.attributes
+  - inferops.snapshot.attributes.ACTIONGROUP
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  idempotent:
+    support: full
+options:
+  state:
+    description:
+      - C(locked) keeps the process's device state frozen (LOCKED or BACKED_UP both count as locked).
+      - C(unlocked) resumes it (RUNNING).
+    type: str
+    required: true
+    choices: [locked, unlocked]
+  restore_before_unlock:
+    description:
+      - When unlocking a BACKED_UP process, restore its device memory from the backup first. Without the
+        restore the process resumes on device memory that may have been released or reset.
+    type: bool
+    default: true
+notes:
+  - The engine must run under the collection's agent launcher (C(python3 _agent.py -- engine.py)) or
+    expose the snapshot protocol on its own HTTP endpoint.
+seealso:
+  - module: inferops.snapshot.npu_snapshot_backup
+"""
+
+EXAMPLES = r"""
+- name: Freeze the device state of the engine in a container
+  inferops.snapshot.npu_snapshot_lock:
+    container: vllm-0
+    state: locked
+    timeout: 30
+
+- name: Resume it (restores device memory first if it was backed up)
+  inferops.snapshot.npu_snapshot_lock:
+    container: vllm-0
+    state: unlocked
+
+- name: Through the engine's own HTTP control endpoint
+  inferops.snapshot.npu_snapshot_lock:
+    endpoint: http://127.0.0.1:8000
+    endpoint_paths:
+      lock: /v1/snapshot/suspend
+      unlock: /v1/snapshot/resume
+    state: locked
+"""
+
+RETURN = r"""
+previous_state:
+  description: Snapshot state before the task.
+  returned: success
+  type: str
+  sample: RUNNING
+state:
+  description: Snapshot state after the task (in check mode, the state it would have).
+  returned: success
+  type: str
+  sample: LOCKED
+actions:
+  description: The protocol operations performed, in order.
+  returned: success
+  type: list
+  elements: str
+  sample: [lock]
+pid:
+  description: Pid of the engine process, as seen inside its own pid namespace.
+  returned: success
+  type: int
+  sample: 1
+devices:
+  description: Device ids the process uses.
+  returned: success
+  type: list
+  elements: int
+  sample: [0]
+runtime_version:
+  description: Version of the ACL runtime loaded in the process.
+  returned: success
+  type: str
+  sample: 9.1.0
+endpoint:
+  description: The control endpoint that was used.
+  returned: success
+  type: str
+  sample: unix:///proc/4242/root/run/inferops-snapshot/agent.1.sock
+durations:
+  description: Seconds spent per operation.
+  returned: success
+  type: dict
+  sample: {lock: 0.012}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils._common import (
+    CONTROL_TARGET_ARGS,
+    CONTROL_TARGET_EXCLUSIVE,
+    CONTROL_TARGET_REQUIRED_ONE_OF,
+    Stopwatch,
+    control_client,
+    run_module,
+)
+from ansible_collections.inferops.snapshot.plugins.module_utils._errors import SnapshotError
+
+LOCKED_STATES = (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP)
+
+
+def plan(current, wanted, restore_before_unlock):
+    """The operations that take ``current`` to the ``wanted`` (locked/unlocked) state."""
+    if wanted == "locked":
+        return [] if current in LOCKED_STATES else [protocol.OP_LOCK]
+    if current == protocol.STATE_RUNNING:
+        return []
+    if current == protocol.STATE_BACKED_UP and restore_before_unlock:
+        return [protocol.OP_RESTORE, protocol.OP_UNLOCK]
+    return [protocol.OP_UNLOCK]
+
+
+def main_logic(module):
+    client = control_client(module)
+    timeout = module.params["timeout"]
+    reply = client.request(protocol.OP_STATE, timeout)
+    previous = reply["state"]
+    operations = plan(previous, module.params["state"], module.params["restore_before_unlock"])
+    watch = Stopwatch()
+    state = previous
+    if operations and module.check_mode:
+        state = protocol.STATE_LOCKED if module.params["state"] == "locked" else protocol.STATE_RUNNING
+    elif operations:
+        done = []
+        for op in operations:
+            try:
+                with watch.stage(op):
+                    reply = client.request(op, timeout)
+            except SnapshotError as exc:
+                exc.result.update(previous_state=previous, actions=done, durations=watch.durations)
+                raise
+            done.append(op)
+        state = reply["state"]
+    module.exit_json(
+        changed=bool(operations),
+        previous_state=previous,
+        state=state,
+        actions=operations,
+        pid=reply.get("pid"),
+        devices=reply.get("devices", []),
+        runtime_version=reply.get("runtime_version"),
+        endpoint=client.where,
+        durations=watch.durations,
+        diff=dict(before=dict(state=previous), after=dict(state=state)),
+    )
+
+
+def main():
+    argument_spec = dict(CONTROL_TARGET_ARGS)
+    argument_spec.update(
+        state=dict(type="str", required=True, choices=["locked", "unlocked"]),
+        restore_before_unlock=dict(type="bool", default=True),
+    )
+    module = AnsibleModule(
+        argument_spec=argument_spec,
+        mutually_exclusive=CONTROL_TARGET_EXCLUSIVE,
+        required_one_of=CONTROL_TARGET_REQUIRED_ONE_OF,
+        supports_check_mode=True,
+    )
+    run_module(module, main_logic)
+
+
+if __name__ == "__main__":
+    main()

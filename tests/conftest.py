@@ -1,0 +1,206 @@
+"""Shared test fixtures: the simulator library, the sample workload under the agent, and a way to
+run the collection's modules exactly as Ansible runs them (ansible ad-hoc, real AnsiballZ)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODULE_UTILS = REPO / "plugins" / "module_utils"
+BUILD = REPO / "build"
+COLLECTIONS = BUILD / "collections"
+WORKLOAD = REPO / "tests" / "workload" / "workload.py"
+BIN = Path(sys.executable).parent
+
+
+def ensure_collection_link():
+    """Ansible finds the checkout as inferops.snapshot through this link (same as `make collection`)."""
+    link = COLLECTIONS / "ansible_collections" / "inferops" / "snapshot"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        if link.exists():
+            shutil.rmtree(link)
+        link.symlink_to(REPO)
+    return COLLECTIONS
+
+
+# Unit tests import the collection's module_utils the way Ansible does.
+sys.path.insert(0, str(ensure_collection_link()))
+
+
+@pytest.fixture(scope="session")
+def simulator_library():
+    out = BUILD / "simulator"
+    subprocess.run(["bash", str(REPO / "tests" / "simulator" / "build.sh"), str(out)], check=True)
+    lib = out / "libascendcl.so"
+    assert lib.is_file(), "simulator build produced no %s" % lib
+    return lib
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(url, timeout=10):
+    """(status, decoded JSON body) for a GET; HTTP errors are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+class Workload:
+    """The sample inference workload, launched through the in-process agent."""
+
+    def __init__(self, tmp_path, library, device_dir, **env):
+        self.tmp_path = tmp_path
+        self.port = free_port()
+        self.socket_dir = tmp_path / "agent"
+        self.log_path = tmp_path / ("workload-%d.log" % self.port)
+        self.env = dict(os.environ)
+        self.env.update({
+            "INFEROPS_ACL_LIBRARY": str(library),
+            "ACL_SIM_DEVICE_DIR": str(device_dir),
+            "INFEROPS_AGENT_SOCKET_DIR": str(self.socket_dir),
+            "INFEROPS_METADATA_FILE": str(tmp_path / "metadata.json"),
+            "WORKLOAD_PORT": str(self.port),
+            "WORKLOAD_WARMUP_SECONDS": "1",
+            "WORKLOAD_DEVICE_MB": "8",
+            "WORKLOAD_HOST_MB": "2",
+            "PYTHONUNBUFFERED": "1",
+        })
+        self.env.update({k: str(v) for k, v in env.items()})
+        self.proc = None
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    @property
+    def socket_path(self):
+        return str(self.socket_dir / ("agent.%d.sock" % self.proc.pid))
+
+    def start(self, engine=None):
+        command = [sys.executable, str(MODULE_UTILS / "_agent.py"), "--", str(engine or WORKLOAD)]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_socket(self, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self.socket_path):
+                return
+            self._check_alive()
+            time.sleep(0.05)
+        raise AssertionError("agent socket %s never appeared; log:\n%s" % (self.socket_path, self.log()))
+
+    def wait_ready(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                status, body = http_get(self.url + "/health", timeout=2)
+                last = body
+                if status == 200:
+                    self.wait_socket()
+                    return body
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("workload not ready after %ss (last %r); log:\n%s" % (timeout, last, self.log()))
+
+    def generate(self, prompt, timeout=30):
+        status, body = http_get(self.url + "/v1/generate?prompt=" + urllib.parse.quote(prompt), timeout=timeout)
+        assert status == 200, "generate failed: %s %r" % (status, body)
+        return body["answer"]
+
+    def _check_alive(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("workload exited with %s; log:\n%s" % (self.proc.returncode, self.log()))
+
+    def log(self):
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+@pytest.fixture
+def device_dir(tmp_path):
+    path = tmp_path / "npu"
+    path.mkdir(mode=0o700)
+    return path
+
+
+@pytest.fixture
+def workload_factory(tmp_path, simulator_library, device_dir):
+    started = []
+
+    def make(**env):
+        workload = Workload(tmp_path, simulator_library, device_dir, **env)
+        started.append(workload)
+        return workload
+
+    yield make
+    for workload in started:
+        workload.stop()
+
+
+@pytest.fixture
+def workload(workload_factory):
+    """A warmed-up workload, ready to answer."""
+    w = workload_factory().start()
+    w.wait_ready()
+    return w
+
+
+def run_module(module, args, check=False, tmp_dir=None, extra_env=None):
+    """Run inferops.snapshot.<module> on localhost through `ansible` (AnsiballZ, real argspec).
+
+    Returns the task result dict; `failed` is set on failure.
+    """
+    ensure_collection_link()
+    tree = Path(tmp_dir or os.environ.get("TMPDIR", "/tmp")) / ("tree-%d-%d" % (os.getpid(), time.monotonic_ns()))
+    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+               "-e", "ansible_python_interpreter=%s" % sys.executable,
+               "-m", "inferops.snapshot.%s" % module, "-a", json.dumps(args), "--tree", str(tree)]
+    if check:
+        command.append("--check")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_HOST_KEY_CHECKING="False",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False")
+    env.update(extra_env or {})
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result_file = tree / "localhost"
+    if not result_file.exists():
+        raise AssertionError("ansible produced no result (rc=%d)\nstdout:\n%s\nstderr:\n%s"
+                             % (proc.returncode, proc.stdout, proc.stderr))
+    result = json.loads(result_file.read_text())
+    shutil.rmtree(tree, ignore_errors=True)
+    result["_rc"] = proc.returncode
+    result.setdefault("failed", proc.returncode != 0)
+    return result
