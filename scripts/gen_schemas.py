@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Embed schemas/*.schema.json into plugins/module_utils/_schemas.py.
 
 Modules run on the target host, where the collection's schemas/ folder is not shipped; they get
@@ -7,7 +6,6 @@ the schemas from this generated module instead. schemas/*.json stay the one sour
 """
 import json
 import os
-import pprint
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,6 +17,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
+
 '''
 
 
@@ -28,7 +28,9 @@ def render():
         if name.endswith(".schema.json"):
             with open(os.path.join(ROOT, "schemas", name)) as handle:
                 schemas[name[: -len(".schema.json")]] = json.load(handle)
-    return HEADER + "SCHEMAS = " + pprint.pformat(schemas, indent=1, width=110, sort_dicts=True) + "\n"
+    text = json.dumps(schemas, indent=1, sort_keys=True, ensure_ascii=True)
+    assert "\'\'\'" not in text
+    return HEADER + "SCHEMAS = json.loads(r\'\'\'\n" + text + "\n\'\'\')\n"
 
 
 if __name__ == "__main__":

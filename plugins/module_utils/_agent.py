@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """In-process snapshot agent: runs inside the inference process and drives its ACL snapshot state.
 
 PRIVATE to the inferops.snapshot collection: no compatibility promise for other users.
@@ -46,9 +46,9 @@ LIBRARY_ENV = "INFEROPS_ACL_LIBRARY"
 _CONTROLLER = None
 
 
-def default_socket_path(pid=None, environ=os.environ):
+def default_socket_path(pid=None, environ=None):
     """The socket a process's agent listens on, named by the pid *inside* its pid namespace."""
-    directory = environ.get(SOCKET_DIR_ENV) or DEFAULT_SOCKET_DIR
+    directory = (os.environ if environ is None else environ).get(SOCKET_DIR_ENV) or DEFAULT_SOCKET_DIR
     return os.path.join(directory, "agent.%d.sock" % (pid or os.getpid()))
 
 
@@ -293,4 +293,4 @@ if __name__ == "__main__":
     # Run as a script this file is __main__; alias it so the engine's "import _agent" finds this
     # very module (and its Controller) instead of loading a second copy.
     sys.modules.setdefault("_agent", sys.modules["__main__"])
-    sys.exit(main())
+    sys.exit(main())  # pylint: disable=ansible-bad-function

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Module plumbing shared by the inferops.snapshot modules. PRIVATE to the collection.
 
 Holds the shared argument specs (matched by doc fragments of the same names) and the single

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Clients for the control endpoint inside an inference process. PRIVATE to inferops.snapshot.
 
 One protocol (``_protocol``), two transports: the collection's in-process agent on a unix socket,

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The device (NPU) part of a snapshot. PRIVATE to the inferops.snapshot collection.
 
 The ACL runtime keeps a backup of device memory in the host memory of the inference process, so

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Typed errors of the collection. PRIVATE: no compatibility promise for other users.
 
 Every error carries the partial result gathered before it happened; modules turn them into

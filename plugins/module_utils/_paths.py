@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Safe handling of snapshot paths. PRIVATE to the inferops.snapshot collection.
 
 Snapshots hold a process's whole memory, secrets included, and are restored as root: a path that

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Control protocol between the modules and the process that owns the NPU state.
 
 PRIVATE to the inferops.snapshot collection: no compatibility promise for other users.

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Validation of configs and manifests against the collection's JSON Schemas. PRIVATE.
 
 Errors name the failing field (dotted path) and what was expected, so the operator can fix it.

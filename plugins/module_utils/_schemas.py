@@ -5,150 +5,358 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-SCHEMAS = {'manifest': {'$defs': {'device_part': {'additionalProperties': False,
-                                        'properties': {'created_at': {'format': 'date-time',
-                                                                      'type': 'string'},
-                                                       'device_memory_bytes': {'minimum': 0,
-                                                                               'type': ['integer', 'null']},
-                                                       'devices': {'$ref': '#/$defs/devices'},
-                                                       'durations': {'additionalProperties': {'minimum': 0,
-                                                                                              'type': 'number'},
-                                                                     'type': 'object'},
-                                                       'identity': {'$ref': '#/$defs/identity'},
-                                                       'note': {'type': 'string'},
-                                                       'pid': {'minimum': 1, 'type': 'integer'},
-                                                       'runtime': {'$ref': '#/$defs/runtime'},
-                                                       'schema_version': {'const': 1},
-                                                       'state': {'const': 'BACKED_UP'}},
-                                        'required': ['schema_version',
-                                                     'pid',
-                                                     'state',
-                                                     'devices',
-                                                     'runtime',
-                                                     'created_at'],
-                                        'type': 'object'},
-                        'devices': {'items': {'minimum': 0, 'type': 'integer'},
-                                    'type': 'array',
-                                    'uniqueItems': True},
-                        'identity': {'additionalProperties': False,
-                                     'properties': {'instance': {'$ref': '#/$defs/name'},
-                                                    'namespace': {'$ref': '#/$defs/name'},
-                                                    'pod': {'$ref': '#/$defs/name'},
-                                                    'service': {'$ref': '#/$defs/name'}},
-                                     'required': ['namespace', 'service', 'instance', 'pod'],
-                                     'type': 'object'},
-                        'name': {'pattern': '^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$',
-                                 'type': 'string'},
-                        'runtime': {'additionalProperties': False,
-                                    'properties': {'name': {'type': 'string'},
-                                                   'version': {'type': ['string', 'null']}},
-                                    'required': ['name', 'version'],
-                                    'type': 'object'}},
-              '$id': 'inferops.snapshot:manifest:v1',
-              '$schema': 'https://json-schema.org/draft/2020-12/schema',
-              'additionalProperties': False,
-              'description': 'manifest.json of a published snapshot, and device.json of its device part.',
-              'properties': {'created_at': {'format': 'date-time', 'type': 'string'},
-                             'device': {'$ref': '#/$defs/device_part'},
-                             'devices': {'$ref': '#/$defs/devices'},
-                             'durations': {'additionalProperties': {'minimum': 0, 'type': 'number'},
-                                           'type': 'object'},
-                             'engine': {'additionalProperties': False,
-                                        'properties': {'criu_version': {'type': ['string', 'null']},
-                                                       'name': {'enum': ['docker', 'criu']},
-                                                       'oci_runtime_version': {'type': ['string', 'null']},
-                                                       'version': {'type': ['string', 'null']}},
-                                        'required': ['name'],
-                                        'type': 'object'},
-                             'files': {'items': {'additionalProperties': False,
-                                                 'properties': {'path': {'not': {'pattern': '(^|/)\\.\\.(/|$)'},
-                                                                         'pattern': '^[^/\\x00][^\\x00]*$',
-                                                                         'type': 'string'},
-                                                                'sha256': {'pattern': '^[0-9a-f]{64}$',
-                                                                           'type': 'string'},
-                                                                'size': {'minimum': 0, 'type': 'integer'}},
-                                                 'required': ['path', 'size', 'sha256'],
-                                                 'type': 'object'},
-                                       'type': 'array'},
-                             'identity': {'$ref': '#/$defs/identity'},
-                             'image': {'additionalProperties': False,
-                                       'properties': {'id': {'pattern': '^sha256:[0-9a-f]{64}$',
-                                                             'type': 'string'},
-                                                      'name': {'type': ['string', 'null']}},
-                                       'required': ['id'],
-                                       'type': ['object', 'null']},
-                             'runtime': {'$ref': '#/$defs/runtime'},
-                             'schema_version': {'const': 1},
-                             'total_bytes': {'minimum': 0, 'type': 'integer'}},
-              'required': ['schema_version',
-                           'identity',
-                           'created_at',
-                           'engine',
-                           'runtime',
-                           'devices',
-                           'files',
-                           'total_bytes'],
-              'title': 'Snapshot manifest',
-              'type': 'object'},
- 'snapshot-config': {'$id': 'inferops.snapshot:snapshot-config:v1',
-                     '$schema': 'https://json-schema.org/draft/2020-12/schema',
-                     'additionalProperties': False,
-                     'description': "A service's snapshot configuration, in the shape of the seed design's "
-                                    'snapshotConfig.',
-                     'if': {'properties': {'enabled': {'const': True}}},
-                     'properties': {'enabled': {'description': 'Snapshot generation and restore on or off. '
-                                                               'Off means nothing changes.',
-                                                'type': 'boolean'},
-                                    'endpoint': {'additionalProperties': False,
-                                                 'description': 'The control endpoint inside the inference '
-                                                                "process. Default: the inferops agent's unix "
-                                                                'socket.',
-                                                 'properties': {'paths': {'additionalProperties': False,
-                                                                          'properties': {'backup': {'pattern': '^/',
-                                                                                                    'type': 'string'},
-                                                                                         'lock': {'pattern': '^/',
-                                                                                                  'type': 'string'},
-                                                                                         'restore': {'pattern': '^/',
-                                                                                                     'type': 'string'},
-                                                                                         'state': {'pattern': '^/',
-                                                                                                   'type': 'string'},
-                                                                                         'unlock': {'pattern': '^/',
-                                                                                                    'type': 'string'}},
-                                                                          'type': 'object'},
-                                                                'url': {'pattern': '^(unix://)?/|^https?://',
-                                                                        'type': 'string'}},
-                                                 'type': 'object'},
-                                    'engine': {'default': 'docker',
-                                               'description': 'How the host part is taken: docker '
-                                                              '(container) or criu (bare process).',
-                                               'enum': ['docker', 'criu']},
-                                    'hostSnapshotPath': {'description': 'Absolute root of host '
-                                                                        '(container/CRIU) snapshots; each '
-                                                                        'pod gets a subdirectory named by '
-                                                                        'its identity.',
-                                                         'not': {'pattern': '(^|/)\\.\\.(/|$)'},
-                                                         'pattern': '^/[^\\x00]*$',
-                                                         'type': 'string'},
-                                    'minSizeBytes': {'default': 1024,
-                                                     'description': 'Verification rejects a snapshot whose '
-                                                                    'files add up to less than this.',
-                                                     'minimum': 0,
-                                                     'type': 'integer'},
-                                    'npuSnapshotPath': {'description': 'Absolute root of device (NPU) '
-                                                                       'snapshots; each pod gets a '
-                                                                       'subdirectory named by its identity. '
-                                                                       'Injected as VLLM_NPU_SNAPSHOT_PATH.',
-                                                        'not': {'pattern': '(^|/)\\.\\.(/|$)'},
-                                                        'pattern': '^/[^\\x00]*$',
-                                                        'type': 'string'},
-                                    'timeoutSeconds': {'default': 300,
-                                                       'description': 'Generation must complete within this '
-                                                                      'many seconds, or it is cleaned up and '
-                                                                      'marked failed.',
-                                                       'maximum': 86400,
-                                                       'minimum': 1,
-                                                       'type': 'integer'}},
-                     'required': ['enabled'],
-                     'then': {'required': ['npuSnapshotPath', 'hostSnapshotPath']},
-                     'title': 'snapshotConfig',
-                     'type': 'object'}}
+import json
+
+SCHEMAS = json.loads(r'''
+{
+ "manifest": {
+  "$defs": {
+   "device_part": {
+    "additionalProperties": false,
+    "properties": {
+     "created_at": {
+      "format": "date-time",
+      "type": "string"
+     },
+     "device_memory_bytes": {
+      "minimum": 0,
+      "type": [
+       "integer",
+       "null"
+      ]
+     },
+     "devices": {
+      "$ref": "#/$defs/devices"
+     },
+     "durations": {
+      "additionalProperties": {
+       "minimum": 0,
+       "type": "number"
+      },
+      "type": "object"
+     },
+     "identity": {
+      "$ref": "#/$defs/identity"
+     },
+     "note": {
+      "type": "string"
+     },
+     "pid": {
+      "minimum": 1,
+      "type": "integer"
+     },
+     "runtime": {
+      "$ref": "#/$defs/runtime"
+     },
+     "schema_version": {
+      "const": 1
+     },
+     "state": {
+      "const": "BACKED_UP"
+     }
+    },
+    "required": [
+     "schema_version",
+     "pid",
+     "state",
+     "devices",
+     "runtime",
+     "created_at"
+    ],
+    "type": "object"
+   },
+   "devices": {
+    "items": {
+     "minimum": 0,
+     "type": "integer"
+    },
+    "type": "array",
+    "uniqueItems": true
+   },
+   "identity": {
+    "additionalProperties": false,
+    "properties": {
+     "instance": {
+      "$ref": "#/$defs/name"
+     },
+     "namespace": {
+      "$ref": "#/$defs/name"
+     },
+     "pod": {
+      "$ref": "#/$defs/name"
+     },
+     "service": {
+      "$ref": "#/$defs/name"
+     }
+    },
+    "required": [
+     "namespace",
+     "service",
+     "instance",
+     "pod"
+    ],
+    "type": "object"
+   },
+   "name": {
+    "pattern": "^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$",
+    "type": "string"
+   },
+   "runtime": {
+    "additionalProperties": false,
+    "properties": {
+     "name": {
+      "type": "string"
+     },
+     "version": {
+      "type": [
+       "string",
+       "null"
+      ]
+     }
+    },
+    "required": [
+     "name",
+     "version"
+    ],
+    "type": "object"
+   }
+  },
+  "$id": "inferops.snapshot:manifest:v1",
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "additionalProperties": false,
+  "description": "manifest.json of a published snapshot, and device.json of its device part.",
+  "properties": {
+   "created_at": {
+    "format": "date-time",
+    "type": "string"
+   },
+   "device": {
+    "$ref": "#/$defs/device_part"
+   },
+   "devices": {
+    "$ref": "#/$defs/devices"
+   },
+   "durations": {
+    "additionalProperties": {
+     "minimum": 0,
+     "type": "number"
+    },
+    "type": "object"
+   },
+   "engine": {
+    "additionalProperties": false,
+    "properties": {
+     "criu_version": {
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "name": {
+      "enum": [
+       "docker",
+       "criu"
+      ]
+     },
+     "oci_runtime_version": {
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "version": {
+      "type": [
+       "string",
+       "null"
+      ]
+     }
+    },
+    "required": [
+     "name"
+    ],
+    "type": "object"
+   },
+   "files": {
+    "items": {
+     "additionalProperties": false,
+     "properties": {
+      "path": {
+       "not": {
+        "pattern": "(^|/)\\.\\.(/|$)"
+       },
+       "pattern": "^[^/\\x00][^\\x00]*$",
+       "type": "string"
+      },
+      "sha256": {
+       "pattern": "^[0-9a-f]{64}$",
+       "type": "string"
+      },
+      "size": {
+       "minimum": 0,
+       "type": "integer"
+      }
+     },
+     "required": [
+      "path",
+      "size",
+      "sha256"
+     ],
+     "type": "object"
+    },
+    "type": "array"
+   },
+   "identity": {
+    "$ref": "#/$defs/identity"
+   },
+   "image": {
+    "additionalProperties": false,
+    "properties": {
+     "id": {
+      "pattern": "^sha256:[0-9a-f]{64}$",
+      "type": "string"
+     },
+     "name": {
+      "type": [
+       "string",
+       "null"
+      ]
+     }
+    },
+    "required": [
+     "id"
+    ],
+    "type": [
+     "object",
+     "null"
+    ]
+   },
+   "runtime": {
+    "$ref": "#/$defs/runtime"
+   },
+   "schema_version": {
+    "const": 1
+   },
+   "total_bytes": {
+    "minimum": 0,
+    "type": "integer"
+   }
+  },
+  "required": [
+   "schema_version",
+   "identity",
+   "created_at",
+   "engine",
+   "runtime",
+   "devices",
+   "files",
+   "total_bytes"
+  ],
+  "title": "Snapshot manifest",
+  "type": "object"
+ },
+ "snapshot-config": {
+  "$id": "inferops.snapshot:snapshot-config:v1",
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "additionalProperties": false,
+  "description": "A service's snapshot configuration, in the shape of the seed design's snapshotConfig.",
+  "if": {
+   "properties": {
+    "enabled": {
+     "const": true
+    }
+   }
+  },
+  "properties": {
+   "enabled": {
+    "description": "Snapshot generation and restore on or off. Off means nothing changes.",
+    "type": "boolean"
+   },
+   "endpoint": {
+    "additionalProperties": false,
+    "description": "The control endpoint inside the inference process. Default: the inferops agent's unix socket.",
+    "properties": {
+     "paths": {
+      "additionalProperties": false,
+      "properties": {
+       "backup": {
+        "pattern": "^/",
+        "type": "string"
+       },
+       "lock": {
+        "pattern": "^/",
+        "type": "string"
+       },
+       "restore": {
+        "pattern": "^/",
+        "type": "string"
+       },
+       "state": {
+        "pattern": "^/",
+        "type": "string"
+       },
+       "unlock": {
+        "pattern": "^/",
+        "type": "string"
+       }
+      },
+      "type": "object"
+     },
+     "url": {
+      "pattern": "^(unix://)?/|^https?://",
+      "type": "string"
+     }
+    },
+    "type": "object"
+   },
+   "engine": {
+    "default": "docker",
+    "description": "How the host part is taken: docker (container) or criu (bare process).",
+    "enum": [
+     "docker",
+     "criu"
+    ]
+   },
+   "hostSnapshotPath": {
+    "description": "Absolute root of host (container/CRIU) snapshots; each pod gets a subdirectory named by its identity.",
+    "not": {
+     "pattern": "(^|/)\\.\\.(/|$)"
+    },
+    "pattern": "^/[^\\x00]*$",
+    "type": "string"
+   },
+   "minSizeBytes": {
+    "default": 1024,
+    "description": "Verification rejects a snapshot whose files add up to less than this.",
+    "minimum": 0,
+    "type": "integer"
+   },
+   "npuSnapshotPath": {
+    "description": "Absolute root of device (NPU) snapshots; each pod gets a subdirectory named by its identity. Injected as VLLM_NPU_SNAPSHOT_PATH.",
+    "not": {
+     "pattern": "(^|/)\\.\\.(/|$)"
+    },
+    "pattern": "^/[^\\x00]*$",
+    "type": "string"
+   },
+   "timeoutSeconds": {
+    "default": 300,
+    "description": "Generation must complete within this many seconds, or it is cleaned up and marked failed.",
+    "maximum": 86400,
+    "minimum": 1,
+    "type": "integer"
+   }
+  },
+  "required": [
+   "enabled"
+  ],
+  "then": {
+   "required": [
+    "npuSnapshotPath",
+    "hostSnapshotPath"
+   ]
+  },
+  "title": "snapshotConfig",
+  "type": "object"
+ }
+}
+''')

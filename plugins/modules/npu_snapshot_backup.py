@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -12,16 +12,16 @@ module: npu_snapshot_backup
 short_description: Back up the NPU state of a locked inference process and record the device part of a snapshot
 version_added: 0.1.0
 description:
-  - Moves a LOCKED inference process to BACKED_UP through the control endpoint inside it: the ACL runtime
+  - Moves a LOCKED inference process to BACKED_UP through the control endpoint inside it. The ACL runtime
     copies the process's device memory into the process's own host memory and releases the device.
     The bytes therefore travel in the host snapshot (M(inferops.snapshot.host_checkpoint)) taken next.
   - Records the device part of the snapshot (pid, device ids, runtime version, device memory size,
     duration) as C(device/device.json) in the snapshot's staging directory, a hidden sibling
     C(.<name>.partial) of O(snapshot_dir). The snapshot becomes visible at O(snapshot_dir) only when the
     host part is complete and the whole directory is published by one atomic rename.
-  - Idempotent: a process that is already BACKED_UP with its device part recorded is left alone.
+  - Idempotent, a process that is already BACKED_UP with its device part recorded is left alone.
 author:
-  - inferops.snapshot maintainers
+  - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
   - inferops.snapshot.control_endpoint
   - inferops.snapshot.attributes

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -21,7 +21,7 @@ description:
   - C(unlocked) moves a LOCKED or BACKED_UP process back to RUNNING. A BACKED_UP process is restored
     first (its device memory copied back) unless O(restore_before_unlock=false).
 author:
-  - inferops.snapshot maintainers
+  - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
   - inferops.snapshot.control_endpoint
   - inferops.snapshot.attributes

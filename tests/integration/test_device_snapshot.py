@@ -161,8 +161,8 @@ def test_http_endpoint_transport_with_configured_paths(workload):
     endpoint = {"endpoint": workload.url}
     locked = run_module("npu_snapshot_lock", dict(endpoint, state="locked"))
     assert locked["changed"] is True and locked["state"] == "LOCKED", locked
-    unlocked = run_module("npu_snapshot_lock", dict(endpoint, state="unlocked",
-                                                   endpoint_paths={"unlock": "/snapshot/unlock"}))
+    paths = {"unlock": "/snapshot/unlock"}
+    unlocked = run_module("npu_snapshot_lock", dict(endpoint, state="unlocked", endpoint_paths=paths))
     assert unlocked["state"] == "RUNNING"
     wrong = run_module("npu_snapshot_lock", dict(endpoint, state="locked", endpoint_paths={"lock": "/nope/lock"}))
     assert wrong.get("failed") and "/nope/lock" in wrong["msg"], wrong
@@ -186,7 +186,7 @@ def test_missing_library_is_a_clear_error(tmp_path, device_dir):
 
 def test_unknown_pid_and_dead_endpoint_are_clear_errors(tmp_path):
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout.strip()
+                              text=True, check=True).stdout.strip()
     result = run_module("npu_snapshot_lock", {"pid": int(dead_pid), "state": "locked"})
     assert result.get("failed") and "process %s does not exist" % dead_pid in result["msg"], result
     sock = tmp_path / "nobody.sock"

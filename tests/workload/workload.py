@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Sample inference workload for the tests and the demo (stands in for a vLLM-Ascend engine).
 
 It uses the ACL API (the simulator on these machines) the way an engine does: on start it warms up
@@ -101,7 +100,7 @@ class Engine:
         self.phase = "building_cache"
         digest = hashlib.sha256(cfg["seed"].encode()).digest()
         blocks = []
-        for _ in range(max(1, cfg["host_bytes"] // 32)):
+        for _block in range(max(1, cfg["host_bytes"] // 32)):
             digest = hashlib.sha256(digest).digest()
             blocks.append(digest)
         self.cache = b"".join(blocks)
