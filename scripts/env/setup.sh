@@ -521,23 +521,20 @@ cleanup_rootfs() {
     ROOTFS_TMP=""
 }
 
-step_image() {
-    docker_ok || die "docker is not answering; run the dockerd step first"
-    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-        log "$BASE_IMAGE present ($(docker image inspect --format '{{.Size}}' "$BASE_IMAGE" |
-            awk '{ printf "%.0f MB", $1 / 1e6 }'))"
-        return 0
-    fi
+BASE_INCLUDE=python3,curl
+BASE_RECIPE="debootstrap --variant=minbase --include=$BASE_INCLUDE $BASE_SUITE; slimmed; v1"
+
+build_rootfs_tar() {   # $1: tar file to write (the rootfs of $BASE_SUITE)
     command -v debootstrap >/dev/null || die "debootstrap not found" "install the Debian package debootstrap"
-    local mirror cache out
+    local mirror cache out tar=$1
     mirror=$(debian_mirror) || die "cannot find a Debian mirror URI in the host's apt sources" \
         "set INFEROPS_DEBIAN_MIRROR=<uri>"
     cache=$BUILD_DIR/debootstrap-cache
     mkdir -p "$cache"
     ROOTFS_TMP=$(mktemp -d /var/tmp/inferops-rootfs.XXXXXX)
     trap cleanup_rootfs EXIT
-    log "debootstrap --variant=minbase $BASE_SUITE (+python3, curl) from the host's mirror"
-    if ! out=$(debootstrap --variant=minbase --include=python3,curl --cache-dir="$cache" \
+    log "debootstrap --variant=minbase --include=$BASE_INCLUDE $BASE_SUITE from the host's mirror"
+    if ! out=$(debootstrap --variant=minbase --include="$BASE_INCLUDE" --cache-dir="$cache" \
         "$BASE_SUITE" "$ROOTFS_TMP/root" "$mirror" 2>&1); then
         die "debootstrap of $BASE_SUITE from $mirror failed" \
             "$(printf '%s\n' "$out" | tail -n 8)" \
@@ -548,17 +545,40 @@ step_image() {
     rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/cache/apt/*.bin "$r"/var/lib/apt/lists/* \
         "$r"/usr/share/doc/* "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/usr/share/locale/* \
         "$r"/var/log/*.log "$r"/tmp/* "$r"/var/tmp/*
-    log "importing into docker as $BASE_IMAGE"
-    if ! out=$(tar --numeric-owner -C "$r" -c . | docker import \
+    tar --numeric-owner -C "$r" -cf "$tar.tmp" . || die "cannot write $tar.tmp"
+    mv "$tar.tmp" "$tar"
+    cleanup_rootfs
+}
+
+step_image() {
+    docker_ok || die "docker is not answering; run the dockerd step first"
+    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        log "$BASE_IMAGE present ($(docker image inspect --format '{{.Size}}' "$BASE_IMAGE" |
+            awk '{ printf "%.0f MB", $1 / 1e6 }'))"
+        return 0
+    fi
+    # The rootfs tarball is cached under build/ (git-ignored): re-importing after 'docker rmi' or a
+    # wiped /var/lib/docker takes seconds instead of a minute of debootstrap.
+    local tar=$BUILD_DIR/rootfs-$BASE_SUITE.tar out
+    mkdir -p "$BUILD_DIR"
+    if [[ -f $tar && -f $tar.recipe && "$(cat "$tar.recipe")" == "$BASE_RECIPE" ]]; then
+        log "reusing cached rootfs $tar"
+    else
+        rm -f "$tar" "$tar.recipe"
+        build_rootfs_tar "$tar"
+        printf '%s\n' "$BASE_RECIPE" >"$tar.recipe"
+    fi
+    log "docker import as $BASE_IMAGE"
+    if ! out=$(docker import \
         --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' \
         --change "LABEL org.inferops.base.suite=$BASE_SUITE" \
-        --message "inferops base: debootstrap --variant=minbase $BASE_SUITE +python3,curl" \
-        - "$BASE_IMAGE" 2>&1); then
-        die "docker import of the $BASE_SUITE rootfs failed" "$(printf '%s\n' "$out" | tail -n 5)"
+        --message "inferops base: $BASE_RECIPE" \
+        "$tar" "$BASE_IMAGE" 2>&1); then
+        die "docker import of the $BASE_SUITE rootfs failed" "$(printf '%s\n' "$out" | tail -n 5)" \
+            "remove $tar to rebuild it from scratch"
     fi
-    cleanup_rootfs
     docker run --rm --network none "$BASE_IMAGE" python3 -c 'import json, http.server, ctypes' ||
-        die "$BASE_IMAGE was imported but python3 does not work in it"
+        die "$BASE_IMAGE was imported but python3 does not work in it" "remove $tar and rerun"
     log "$BASE_IMAGE built ($(docker image inspect --format '{{.Size}}' "$BASE_IMAGE" |
         awk '{ printf "%.0f MB", $1 / 1e6 }'))"
 }
