@@ -1,5 +1,8 @@
 # -*- coding: utf-8 -*-
-# Private to the inferops.snapshot collection: the ctypes binding to Ascend's libascendcl used by
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+#
+# PRIVATE to the inferops.snapshot collection: the ctypes binding to Ascend's libascendcl used by
 # the collection's in-process agent and sample workload. Not a public API; it may change without
 # notice. Pure standard library and no Ansible imports, so it also runs as a plain file copied
 # next to its siblings inside a container.
@@ -7,9 +10,14 @@
 # The snapshot API must be called from inside the process being snapshotted: the runtime
 # rejects any pid but the caller's own, and there is no public call that reports the snapshot
 # state, so the caller tracks it (AclRuntime.state).
-"""ctypes binding to libascendcl (device setup, memory, and the CANN 9.x snapshot API)."""
+"""ctypes binding to libascendcl (device setup, memory, and the CANN 9.x snapshot API).
 
-from __future__ import annotations
+PRIVATE to the inferops.snapshot collection.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
 
 import ctypes
 import enum
@@ -169,10 +177,11 @@ def candidate_paths(explicit=None, environ=None, defaults=DEFAULT_LIBRARY_PATHS)
     return paths
 
 
-def resolve_library(explicit=None, environ=os.environ, defaults=DEFAULT_LIBRARY_PATHS):
+def resolve_library(explicit=None, environ=None, defaults=DEFAULT_LIBRARY_PATHS):
     """Path of libascendcl.so: explicit path (file or directory) > $ASCEND_HOME_PATH/lib64 >
-    $ASCEND_HOME_PATH/runtime/lib64 > the CANN toolkit defaults. Raises AclLibraryError naming
-    every path tried. An explicit path is never silently replaced by another one."""
+    $ASCEND_HOME_PATH/runtime/lib64 > the CANN toolkit defaults. environ defaults to os.environ.
+    Raises AclLibraryError naming every path tried. An explicit path is never silently replaced
+    by another one."""
     tried = candidate_paths(explicit, environ, defaults)
     for path in tried:
         if os.path.isfile(path):

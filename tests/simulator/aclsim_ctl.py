@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
 """Tiny control tool for the ACL snapshot simulator's devices (tests and demo).
+
+Run it with python3:
 
   aclsim_ctl.py path  DEV            print the device memory file of DEV
   aclsim_ctl.py reset DEV            "pod deleted": remove the device file (next open is zeroed)
