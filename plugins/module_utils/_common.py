@@ -28,6 +28,12 @@ CONTROL_TARGET_ARGS = dict(
     timeout=dict(type="float", default=60.0),
     docker_cli=dict(type="str", default="docker"),
 )
+IDENTITY_OPTIONS = dict(
+    namespace=dict(type="str", required=True),
+    service=dict(type="str", required=True),
+    instance=dict(type="str", required=True),
+    pod=dict(type="str", required=True),
+)
 CONTROL_TARGET_EXCLUSIVE = [("pid", "container", "endpoint")]
 CONTROL_TARGET_REQUIRED_ONE_OF = [("pid", "container", "endpoint")]
 
@@ -67,6 +73,39 @@ class Stopwatch:
                 return False
 
         return _Stage()
+
+
+class Progress:
+    """Progress of a long step: logged on the target and returned as ``progress`` lines.
+
+    A module cannot stream output to the controller, so the roles print these lines at -v.
+    """
+
+    def __init__(self, module, what, every_seconds=2.0, clock=time.monotonic):
+        self.module = module
+        self.what = what
+        self.lines = []
+        self._clock = clock
+        self._started = clock()
+        self._last = None
+        self._every = every_seconds
+
+    def note(self, text, force=False):
+        now = self._clock()
+        if force or self._last is None or now - self._last >= self._every:
+            self._last = now
+            line = "%s: %s (%.1f s)" % (self.what, text, now - self._started)
+            self.lines.append(line)
+            self.module.log(line)
+
+    def final(self, text):
+        """The closing line, always recorded."""
+        line = "%s: %s (%.1f s)" % (self.what, text, self._clock() - self._started)
+        self.module.log(line)
+        return line
+
+    def bytes_done(self, done_bytes, done_files):
+        self.note("%d files, %.1f MiB hashed" % (done_files, done_bytes / 1048576.0))
 
 
 def run_module(module, main):

@@ -46,3 +46,10 @@ class DockerCli:
             raise ParameterError("container: %r is not running (status %s); start it first"
                                  % (name, state.get("Status", "unknown")), container=name)
         return int(state["Pid"])
+
+    def image_id(self, reference):
+        """The sha256 id of a local image name or id."""
+        rc, out, err = self.run(["image", "inspect", "--format", "{{.Id}}", "--", reference], check=False)
+        if rc != 0:
+            raise ParameterError("image: %r is not an image on this host: %s" % (reference, err.strip()), image=reference)
+        return out.strip()

@@ -160,6 +160,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils._common import (
     CONTROL_TARGET_ARGS,
     CONTROL_TARGET_EXCLUSIVE,
     CONTROL_TARGET_REQUIRED_ONE_OF,
+    IDENTITY_OPTIONS,
     Stopwatch,
     control_client,
     run_module,
@@ -228,12 +229,7 @@ def main():
     argument_spec = dict(CONTROL_TARGET_ARGS)
     argument_spec.update(
         snapshot_dir=dict(type="path", required=True),
-        identity=dict(type="dict", options=dict(
-            namespace=dict(type="str", required=True),
-            service=dict(type="str", required=True),
-            instance=dict(type="str", required=True),
-            pod=dict(type="str", required=True),
-        )),
+        identity=dict(type="dict", options=IDENTITY_OPTIONS),
         lock=dict(type="bool", default=False),
     )
     module = AnsibleModule(

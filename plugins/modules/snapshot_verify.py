@@ -1,0 +1,232 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: snapshot_verify
+short_description: Verify a published snapshot before it is restored
+version_added: 0.1.0
+description:
+  - Checks that the snapshot at O(snapshot_dir) exists, adds up to more than O(min_size) bytes, that
+    the SHA-256 of every file matches C(checksum.sha256) (files streamed and hashed in parallel, each
+    read once), that C(manifest.json) is valid against the collection's manifest schema, and that it
+    matches what would run now (pod identity, image id, CRIU major version, ACL runtime version).
+  - An invalid snapshot is a result (RV(valid=false) with RV(reasons)), not a task failure, unless
+    O(fail_on_invalid=true). Bad parameters are a failure. Nothing is ever deleted.
+author:
+  - inferops.snapshot maintainers (@inferops)
+extends_documentation_fragment:
+  - inferops.snapshot.attributes
+  - inferops.snapshot.attributes.ACTIONGROUP
+attributes:
+  check_mode:
+    support: full
+    details: Verification only reads; it runs in check mode too.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  snapshot_dir:
+    description: The published snapshot directory (never its C(.partial) staging sibling).
+    type: path
+    required: true
+  min_size:
+    description: The snapshot's files must add up to at least this many bytes (guards against empty files).
+    type: int
+    default: 1024
+  identity:
+    description:
+      - Pod identity the snapshot must belong to. A snapshot of another pod is invalid.
+    type: dict
+    suboptions:
+      namespace:
+        description: Namespace (or site) of the service.
+        type: str
+        required: true
+      service:
+        description: Name of the inference service.
+        type: str
+        required: true
+      instance:
+        description: Instance of the service.
+        type: str
+        required: true
+      pod:
+        description: Pod or container name.
+        type: str
+        required: true
+  image:
+    description:
+      - Image the restored container would run, as an image id (C(sha256:...)) or a name Docker resolves
+        to an id. A snapshot taken from another image is invalid.
+    type: str
+  criu_version:
+    description:
+      - CRIU version the restore would use; its major version must match the snapshot's.
+        C(auto) asks the CRIU on this host (skipped when none is installed); C(skip) does not check.
+    type: str
+    default: auto
+  runtime_version:
+    description: ACL runtime version the engine would load; must equal the snapshot's when given.
+    type: str
+  fail_on_invalid:
+    description: Fail the task when the snapshot is invalid, instead of returning RV(valid=false).
+    type: bool
+    default: false
+  workers:
+    description: Files hashed in parallel. Default is the number of CPUs.
+    type: int
+  docker_cli:
+    description: Docker CLI used to resolve O(image) names.
+    type: str
+    default: docker
+seealso:
+  - module: inferops.snapshot.snapshot_restore
+"""
+
+EXAMPLES = r"""
+- name: Verify the snapshot of pod vllm-0 against the image it would run
+  inferops.snapshot.snapshot_verify:
+    snapshot_dir: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0
+    identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}
+    image: inferops/workload:latest
+  register: check
+
+- name: Fall back to a cold start when it is not usable
+  ansible.builtin.debug:
+    msg: "cold start: {{ check.reasons | join('; ') }}"
+  when: not check.valid
+"""
+
+RETURN = r"""
+valid:
+  description: Whether the snapshot can be restored.
+  returned: always
+  type: bool
+  sample: false
+reasons:
+  description: Why it cannot, one C(kind: detail) string per problem (empty when valid).
+  returned: always
+  type: list
+  elements: str
+  sample: ["checksum_mismatch: host/pages-1.img"]
+bytes:
+  description: Bytes hashed.
+  returned: always
+  type: int
+  sample: 226492416
+files:
+  description: Files hashed.
+  returned: always
+  type: int
+  sample: 42
+throughput_mb_s:
+  description: Hashing throughput in MB/s (10^6 bytes per second).
+  returned: always
+  type: float
+  sample: 1310.5
+workers:
+  description: Files hashed in parallel.
+  returned: always
+  type: int
+  sample: 2
+manifest:
+  description: Identity, creation time, image and versions recorded in the manifest (when it was readable).
+  returned: always
+  type: dict
+  sample: {identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}, created_at: "2026-11-29T12:00:00Z"}
+durations:
+  description: Seconds spent per stage.
+  returned: always
+  type: dict
+  sample: {hash: 0.17, total: 0.18}
+progress:
+  description: Progress lines (bytes hashed and elapsed time), also logged; shown by the roles at -v.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
+from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, Progress, run_module
+from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
+from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError, SnapshotError
+
+
+def expectations(module):
+    params = module.params
+    image = params["image"]
+    if image and not image.startswith("sha256:"):
+        image = DockerCli(module, params["docker_cli"]).image_id(image)
+    criu = params["criu_version"]
+    if criu == "auto":
+        criu = CriuCli(module).version()
+    elif criu == "skip":
+        criu = None
+    if params["identity"]:
+        schema.validate("manifest", params["identity"], "identity", definition="identity")
+    return {"identity": params["identity"], "image_id": image, "criu_version": criu,
+            "runtime_version": params["runtime_version"]}
+
+
+def main_logic(module):
+    params = module.params
+    started = time.monotonic()
+    if params["min_size"] < 0:
+        raise ParameterError("min_size: must be 0 or more bytes, got %d" % params["min_size"])
+    if params["workers"] is not None and params["workers"] < 1:
+        raise ParameterError("workers: must be at least 1, got %d" % params["workers"])
+    snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
+    expect = expectations(module)
+    progress = Progress(module, "verify %s" % snapshot_dir)
+    valid, reasons, details = manifest_utils.verify(snapshot_dir, params["min_size"], expect, params["workers"],
+                                                    progress=progress.bytes_done)
+    hashing = details["hashing"] or {}
+    recorded = details["manifest"] or {}
+    result = dict(
+        changed=False, valid=valid, reasons=reasons, bytes=details["bytes"], files=details["files"],
+        throughput_mb_s=hashing.get("throughput_mb_s"), workers=hashing.get("workers"),
+        manifest={key: recorded.get(key) for key in ("identity", "created_at", "image", "engine", "runtime", "devices")},
+        durations={"hash": hashing.get("seconds", 0.0), "total": round(time.monotonic() - started, 6)},
+        progress=progress.lines + [progress.final("valid" if valid else "invalid")], snapshot_dir=snapshot_dir,
+    )
+    if not valid and params["fail_on_invalid"]:
+        raise SnapshotError("snapshot %s is invalid: %s" % (snapshot_dir, "; ".join(reasons)), **result)
+    module.exit_json(**result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            snapshot_dir=dict(type="path", required=True),
+            min_size=dict(type="int", default=1024),
+            identity=dict(type="dict", options=IDENTITY_OPTIONS),
+            image=dict(type="str"),
+            criu_version=dict(type="str", default="auto"),
+            runtime_version=dict(type="str"),
+            fail_on_invalid=dict(type="bool", default=False),
+            workers=dict(type="int"),
+            docker_cli=dict(type="str", default="docker"),
+        ),
+        supports_check_mode=True,
+    )
+    if not schema.HAS_JSONSCHEMA:
+        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
+    run_module(module, main_logic)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+import hashlib
+import json
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+
+IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
+IMAGE = "sha256:" + "ab" * 32
+
+
+def fields(**over):
+    base = {"identity": IDENTITY, "created_at": "2026-11-29T12:00:00Z", "image": {"id": IMAGE, "name": "w:1"},
+            "engine": {"name": "docker", "version": "20.10.24", "criu_version": "4.2.1"},
+            "runtime": {"name": "ascend-acl", "version": "9.1.0"}, "devices": [0]}
+    base.update(over)
+    return base
+
+
+def make_snapshot(root, sizes=(3000, 70000, 0)):
+    final = root / "default" / "svc" / "p0" / "pod-a"
+    staging = root / "default" / "svc" / "p0" / ".pod-a.partial"
+    (staging / "host").mkdir(parents=True)
+    (staging / "device").mkdir()
+    for index, size in enumerate(sizes):
+        (staging / "host" / ("pages-%d.img" % index)).write_bytes(os.urandom(size))
+    (staging / "device" / "device.json").write_text("{}")
+    manifest, digest, stats = snapshot.seal(str(staging), fields())
+    snapshot.publish(str(staging), str(final))
+    return final, manifest, digest
+
+
+def test_sealed_snapshot_verifies_and_sha256sum_agrees(tmp_path):
+    final, manifest, digest = make_snapshot(tmp_path)
+    assert not (tmp_path / "default/svc/p0/.pod-a.partial").exists()
+    valid, reasons, details = manifest_utils.verify(str(final), min_size=1000, expect={"identity": IDENTITY})
+    assert (valid, reasons) == (True, [])
+    assert details["files"] == 5  # 3 host files, device.json, manifest.json
+    assert manifest["total_bytes"] == 3000 + 70000 + 0 + 2
+    proc = subprocess.run(["sha256sum", "-c", "--strict", "checksum.sha256"], cwd=final, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert digest == hashlib.sha256((final / "checksum.sha256").read_bytes()).hexdigest()
+
+
+def test_one_corrupted_byte_is_found(tmp_path):
+    final, _, _ = make_snapshot(tmp_path)
+    target = final / "host" / "pages-1.img"
+    data = bytearray(target.read_bytes())
+    data[12345] ^= 0x01
+    target.write_bytes(bytes(data))
+    valid, reasons, _ = manifest_utils.verify(str(final))
+    assert not valid and reasons == ["checksum_mismatch: host/pages-1.img"]
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: (d / "host" / "pages-0.img").unlink(), "file_missing: host/pages-0.img"),
+    (lambda d: (d / "host" / "extra.img").write_bytes(b"x"), "file_unlisted: host/extra.img"),
+    (lambda d: (d / "checksum.sha256").unlink(), "incomplete: checksum.sha256 is missing"),
+    (lambda d: (d / "manifest.json").unlink(), "incomplete: manifest.json is missing"),
+    (lambda d: (d / "checksum.sha256").write_text("garbage\n"), "checksum_unreadable"),
+    (lambda d: (d / "host" / "link").symlink_to("/etc/passwd"), "unsafe_file"),
+])
+def test_tampering_is_reported(tmp_path, mutate, expected):
+    final, _, _ = make_snapshot(tmp_path)
+    mutate(final)
+    valid, reasons, _ = manifest_utils.verify(str(final))
+    assert not valid
+    assert any(reason.startswith(expected) for reason in reasons), reasons
+
+
+def test_manifest_rewritten_with_fixed_checksums_still_fails_schema(tmp_path):
+    final, _, _ = make_snapshot(tmp_path)
+    manifest = json.loads((final / "manifest.json").read_text())
+    del manifest["identity"]
+    (final / "manifest.json").write_text(json.dumps(manifest))
+    sums = (final / "checksum.sha256").read_text().splitlines()
+    digest = hashlib.sha256((final / "manifest.json").read_bytes()).hexdigest()
+    sums = [("%s  manifest.json" % digest) if line.endswith("manifest.json") else line for line in sums]
+    (final / "checksum.sha256").write_text("\n".join(sums) + "\n")
+    valid, reasons, _ = manifest_utils.verify(str(final))
+    assert not valid and reasons[0].startswith("manifest_invalid:"), reasons
+
+
+@pytest.mark.parametrize("expect, expected", [
+    ({"identity": dict(IDENTITY, pod="pod-b")}, "identity_mismatch"),
+    ({"image_id": "sha256:" + "cd" * 32}, "image_mismatch"),
+    ({"criu_version": "3.17.1"}, "criu_mismatch"),
+    ({"runtime_version": "9.2.0"}, "runtime_mismatch"),
+])
+def test_stale_or_foreign_snapshots_are_invalid(tmp_path, expect, expected):
+    final, _, _ = make_snapshot(tmp_path)
+    valid, reasons, _ = manifest_utils.verify(str(final), expect=expect)
+    assert not valid and reasons[0].startswith(expected), reasons
+
+
+def test_same_criu_major_is_compatible(tmp_path):
+    final, _, _ = make_snapshot(tmp_path)
+    assert manifest_utils.verify(str(final), expect={"criu_version": "4.3.0"})[0]
+
+
+def test_too_small_and_missing(tmp_path):
+    final, _, _ = make_snapshot(tmp_path, sizes=(10,))
+    valid, reasons, _ = manifest_utils.verify(str(final), min_size=10 ** 6)
+    assert not valid and reasons[0].startswith("too_small")
+    valid, reasons, _ = manifest_utils.verify(str(tmp_path / "nope"))
+    assert not valid and reasons[0].startswith("missing")
+
+
+def test_publish_replaces_an_older_snapshot_without_leftovers(tmp_path):
+    final, first, _ = make_snapshot(tmp_path)
+    final2, second, _ = make_snapshot(tmp_path, sizes=(5,))
+    assert final == final2 and second["total_bytes"] == 7
+    assert sorted(os.listdir(final.parent)) == ["pod-a"]
+
+
+def test_status_record_keeps_history(tmp_path):
+    target = str(tmp_path / "s" / "pod-a")
+    snapshot.write_status(target, "generating")
+    record = snapshot.write_status(target, "failed", reason="host snapshot failed")
+    assert record["status"] == "failed" and record["reason"] == "host snapshot failed"
+    assert [h["status"] for h in record["history"]] == ["generating", "failed"]
+    assert snapshot.read_status(target)["status"] == "failed"
+    assert oct(os.stat(snapshot.status_path(target)).st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("line", ["%s  /etc/passwd" % ("a" * 64), "%s  ../x" % ("a" * 64), "abc  x"])
+def test_checksum_parser_rejects_unsafe_lines(line):
+    with pytest.raises(manifest_utils.ChecksumFormatError):
+        manifest_utils.parse_checksums(line + "\n")
