@@ -406,8 +406,9 @@ fetch_criu() {   # fills $CRIU_PREFIX from the first suite that has criu 4.2+
     for suite in $CRIU_SUITES; do
         private_apt_init "$suite"
         log "reading Debian '$suite' package lists (private apt state in $PRIV_DIR)"
-        if ! out=$(apt-get "${APT_PRIV[@]}" -q update 2>&1); then
-            log "apt-get update for '$suite' failed: $(printf '%s' "$out" | tail -n 2 | tr '\n' ' ')"
+        if ! out=$(apt-get "${APT_PRIV[@]}" -q --error-on=any update 2>&1); then
+            log "cannot read the package lists of '$suite' from $(debian_mirror):"
+            printf '%s\n' "$out" | grep -E '^(E|W):' | head -n 3 | sed 's/^/    /'
             continue
         fi
         ver=$(apt-cache "${APT_PRIV[@]}" show --no-all-versions criu 2>/dev/null |
@@ -604,4 +605,5 @@ main() {
     printf '[setup] environment ready in %ss\n' "$(elapsed "$T0")"
 }
 
-main "$@"
+# sourcing the file (for tests) defines the functions without running anything
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then main "$@"; fi
