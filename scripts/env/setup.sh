@@ -140,7 +140,7 @@ require_root() {
     [[ $arch == amd64 ]] || die "architecture '$arch' is not supported (the CRIU prefix is amd64 only)"
 }
 
-docker_ok() { docker info >/dev/null 2>&1; }
+docker_ok() { timeout 20 docker info >/dev/null 2>&1; }
 
 # --------------------------------------------------------------------------------------------
 # step 1: apt packages
