@@ -204,3 +204,85 @@ def run_module(module, args, check=False, tmp_dir=None, extra_env=None):
     result["_rc"] = proc.returncode
     result.setdefault("failed", proc.returncode != 0)
     return result
+
+
+@pytest.fixture(scope="session")
+def docker_env():
+    """A running experimental dockerd, CRIU >= 4.2 and the workload image; set up if missing (never skipped)."""
+    subprocess.run(["bash", str(REPO / "scripts" / "env" / "setup.sh")], check=True)
+    subprocess.run(["bash", str(REPO / "scripts" / "build-workload-image.sh")], check=True)
+    return "inferops/workload:latest"
+
+
+def docker(*args, check=True):
+    proc = subprocess.run(["docker"] + [str(a) for a in args], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError("docker %s failed: %s" % (" ".join(map(str, args)), proc.stderr))
+    return proc.stdout.strip()
+
+
+class WorkloadContainer:
+    """The workload image run the way an operator would: host network, the simulated NPU's device
+    files bind-mounted from the host (so they outlive the container, like a real device)."""
+
+    def __init__(self, name, image, device_dir, port, **env):
+        self.name, self.image, self.device_dir, self.port = name, image, device_dir, port
+        self.env = {"ACL_SIM_DEVICE_DIR": str(device_dir), "ACL_SIM_DEVICE_MEM_BYTES": "256M",
+                    "WORKLOAD_PORT": str(port), "WORKLOAD_DEVICE_MB": "32", "WORKLOAD_HOST_MB": "16",
+                    "WORKLOAD_WARMUP_SECONDS": "2"}
+        self.env.update({k: str(v) for k, v in env.items()})
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def create_args(self):
+        args = ["--name", self.name, "--network", "host", "-v", "%s:%s" % (self.device_dir, self.device_dir)]
+        for key, value in sorted(self.env.items()):
+            args += ["-e", "%s=%s" % (key, value)]
+        return args + [self.image]
+
+    def run(self):
+        docker("run", "-d", *self.create_args())
+        return self
+
+    def create(self):
+        docker("create", *self.create_args())
+        return self
+
+    def wait_ready(self, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                status, body = http_get(self.url + "/health", timeout=2)
+                if status == 200:
+                    return body
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("container %s not ready; logs:\n%s" % (self.name, docker("logs", self.name, check=False)))
+
+    def generate(self, prompt, timeout=60):
+        status, body = http_get(self.url + "/v1/generate?prompt=" + urllib.parse.quote(prompt), timeout=timeout)
+        assert status == 200, (status, body)
+        return body["answer"]
+
+    def info(self):
+        return http_get(self.url + "/v1/info")[1]
+
+    def remove(self):
+        docker("rm", "-f", self.name, check=False)
+
+
+@pytest.fixture
+def containers():
+    made = []
+
+    def make(*args, **kwargs):
+        container = WorkloadContainer(*args, **kwargs)
+        made.append(container)
+        return container
+
+    yield make
+    for container in made:
+        container.remove()

@@ -53,3 +53,17 @@ class DockerCli:
         if rc != 0:
             raise ParameterError("image: %r is not an image on this host: %s" % (reference, err.strip()), image=reference)
         return out.strip()
+
+    def server_info(self):
+        """(server version, experimental flag) of the daemon, with a clear error when it is unreachable."""
+        rc, out, err = self.run(["version", "--format", "{{.Server.Version}} {{.Server.Experimental}}"], check=False)
+        if rc != 0:
+            raise CommandError("cannot talk to the Docker daemon: %s (is dockerd running?)" % (err or out).strip(),
+                               cmd=[self.executable, "version"], rc=rc, stdout=out, stderr=err)
+        version, _sep, experimental = out.strip().partition(" ")
+        return version, experimental == "true"
+
+    def container_id(self, name):
+        """Full id of a container, or None when there is none by that name."""
+        rc, out, err = self.run(["container", "inspect", "--format", "{{.Id}}", "--", name], check=False)
+        return out.strip() if rc == 0 else None

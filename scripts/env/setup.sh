@@ -475,8 +475,21 @@ EOF
     mv "$tmp" "$CRIU_WRAPPER"
 }
 
+# runc hands CRIU the options in /etc/criu/runc.conf, for checkpoints and restores alike (also
+# those `docker start --checkpoint` makes). tcp-close leaves requests in flight to the running
+# process during a leave-running snapshot and closes their copies in a restored one; without it
+# a snapshot taken under traffic cannot be restored through Docker. Other lines are kept.
+RUNC_CRIU_CONF=${RUNC_CRIU_CONF:-/etc/criu/runc.conf}
+ensure_runc_criu_conf() {
+    if grep -qx 'tcp-close' "$RUNC_CRIU_CONF" 2>/dev/null; then return 0; fi
+    mkdir -p "$(dirname "$RUNC_CRIU_CONF")"
+    printf 'tcp-close\n' >>"$RUNC_CRIU_CONF"
+    log "added tcp-close to $RUNC_CRIU_CONF"
+}
+
 step_criu() {
     local out
+    ensure_runc_criu_conf
     if command -v criu >/dev/null && criu_version_ok criu && out=$(criu_check_out); then
         check_daemon_path
         log "$(command -v criu): $(criu --version | awk '/^Version:/ { print "criu " $2 }'), criu check: ok"

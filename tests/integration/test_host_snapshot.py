@@ -1,0 +1,248 @@
+"""Host snapshot, verification and restore on the real Docker engine with real CRIU, together
+with the device state on the simulated NPU. No mocks: every step runs the collection's modules
+through ansible against a real dockerd."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import REPO, WorkloadContainer, docker, free_port, run_module
+
+PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
+WARMUP = 20.0
+
+
+def identity(pod):
+    return {"namespace": "default", "service": "sample", "instance": "p0", "pod": pod}
+
+
+def snapshot_path(root, pod):
+    return str(root / "default" / "sample" / "p0" / pod)
+
+
+def reset_device(device_dir):
+    """What deleting the pod does to the NPU: its memory is gone."""
+    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
+                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
+
+
+def generate_snapshot(container, root, pod):
+    """The generation sequence the roles run: device snapshot, host snapshot, resume."""
+    target = {"container": container.name}
+    backup = run_module("npu_snapshot_backup", dict(target, lock=True, snapshot_dir=snapshot_path(root, pod),
+                                                    identity=identity(pod)))
+    assert backup["changed"] and backup["state"] == "BACKED_UP", backup
+    checkpoint = run_module("host_checkpoint", {"container": container.name, "snapshot_dir": snapshot_path(root, pod),
+                                                "identity": identity(pod), "timeout": 120})
+    assert checkpoint["changed"] and checkpoint["status"] == "completed", (checkpoint.get("msg"), checkpoint.get("criu_log_tail"))
+    resumed = run_module("npu_snapshot_lock", dict(target, state="unlocked"))
+    assert resumed["actions"] == ["restore", "unlock"], resumed
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def warm_snapshot(docker_env, tmp_path_factory):
+    """One workload warmed up for WARMUP seconds, its snapshot generated while it keeps serving."""
+    base = tmp_path_factory.mktemp("host")
+    device_dir = base / "npu"
+    device_dir.mkdir(mode=0o700)
+    root = base / "snapshots"
+    pod = "pod-%s" % uuid.uuid4().hex[:6]
+    container = WorkloadContainer(pod, docker_env, device_dir, free_port(), WORKLOAD_WARMUP_SECONDS=WARMUP)
+    started = time.monotonic()
+    container.run()
+    container.wait_ready(timeout=WARMUP + 60)
+    expected = [container.generate(p) for p in PROMPTS]
+    cold_seconds = time.monotonic() - started
+
+    # Requests keep flowing during generation: they may wait while the process is locked, never fail.
+    failures, served = [], []
+    stop = threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            try:
+                served.append(container.generate(PROMPTS[0]) == expected[0])
+            except Exception as exc:  # collected and asserted below
+                failures.append(repr(exc))
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        checkpoint = generate_snapshot(container, root, pod)
+    finally:
+        stop.set()
+        thread.join(60)
+    data = dict(container=container, root=root, pod=pod, device_dir=device_dir, expected=expected,
+                cold_seconds=cold_seconds, checkpoint=checkpoint, failures=failures, served=served,
+                image=docker_env, base=base)
+    yield data
+    container.remove()
+
+
+def test_generation_publishes_a_complete_snapshot_and_keeps_serving(warm_snapshot):
+    w = warm_snapshot
+    assert w["failures"] == [] and w["served"] and all(w["served"]), (w["failures"], w["served"][:5])
+    assert [w["container"].generate(p) for p in PROMPTS] == w["expected"]
+    snap = snapshot_path(w["root"], w["pod"])
+    listing = sorted(os.listdir(snap))
+    assert listing == ["checksum.sha256", "device", "host", "manifest.json"], listing
+    assert not os.path.exists(os.path.join(os.path.dirname(snap), ".%s.partial" % w["pod"]))
+    assert os.stat(snap).st_mode & 0o777 == 0o700
+    proc = subprocess.run(["sha256sum", "--check", "--strict", "--quiet", "checksum.sha256"], cwd=snap,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    manifest = json.loads(open(os.path.join(snap, "manifest.json")).read())
+    assert manifest["identity"] == identity(w["pod"])
+    assert manifest["image"]["id"] == docker("image", "inspect", "--format", "{{.Id}}", w["image"])
+    assert manifest["engine"]["criu_version"].startswith("4.")
+    assert manifest["device"]["state"] == "BACKED_UP" and manifest["devices"] == [0]
+    assert manifest["total_bytes"] > 32 * 1024 * 1024  # the device memory travels in the host snapshot
+    status = json.loads(open(os.path.join(os.path.dirname(snap), ".%s.status.json" % w["pod"])).read())
+    assert status["status"] == "completed" and status["checksum"] == w["checkpoint"]["checksum"]
+    for stage in ("preflight", "checkpoint", "seal", "publish", "total"):
+        assert stage in w["checkpoint"]["durations"], w["checkpoint"]["durations"]
+
+    again = run_module("host_checkpoint", {"container": w["container"].name, "snapshot_dir": snap,
+                                           "identity": identity(w["pod"])})
+    assert again["changed"] is False, again
+    check = run_module("snapshot_verify", {"snapshot_dir": snap, "identity": identity(w["pod"]), "image": w["image"],
+                                           "min_size": 1000000})
+    assert check["valid"] is True and check["reasons"] == [], check
+    assert check["throughput_mb_s"] > 0 and check["files"] >= 10
+
+
+def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
+    w = warm_snapshot
+    snap = snapshot_path(w["root"], w["pod"])
+    w["container"].remove()
+    reset_device(w["device_dir"])
+    started = time.monotonic()
+    result = run_module("snapshot_restore", {
+        "snapshot_dir": snap, "identity": identity(w["pod"]), "container": w["pod"],
+        "env": {"POD_IP": "10.1.2.3", "RESTORED_BY": "test"},
+        "health_url": w["container"].url + "/health", "health_timeout": 60})
+    answers = [w["container"].generate(p) for p in PROMPTS]
+    restore_seconds = time.monotonic() - started
+    assert result.get("failed") is False and result["restored"] is True, result
+    assert result["created"] is True and result["reason"] is None
+    assert answers == w["expected"]
+    assert restore_seconds < w["cold_seconds"] / 2, (restore_seconds, w["cold_seconds"])
+    info = w["container"].info()
+    assert info["answers_served"] > 0 and info["started_at"] < time.time() - WARMUP  # the same warmed process
+    assert info["metadata"]["env"]["POD_IP"] == "10.1.2.3" and info["metadata"]["restored"] is True
+    assert "10.1.2.3" not in json.dumps({k: v for k, v in result.items() if k != "invocation"})
+    assert "POD_IP" in result["metadata_env_keys"]
+    again = run_module("snapshot_restore", {"snapshot_dir": snap, "identity": identity(w["pod"]),
+                                            "container": w["pod"]})
+    assert again["changed"] is False, again
+    # docker stop / rm behave normally on a restored container
+    docker("stop", "--time", "5", w["pod"])
+    docker("rm", w["pod"])
+
+
+def copy_snapshot(w, new_root):
+    src = snapshot_path(w["root"], w["pod"])
+    dst = snapshot_path(new_root, w["pod"])
+    os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def cold_fallback(w, snapshot_dir, pod_identity, containers, image=None):
+    """Create the recreated container ourselves (as kubelet/compose would) and restore it."""
+    c = containers(w["pod"] + "-" + uuid.uuid4().hex[:4], image or w["image"], w["device_dir"], free_port())
+    c.create()
+    reset_device(w["device_dir"])
+    result = run_module("snapshot_restore", {"snapshot_dir": snapshot_dir, "identity": pod_identity,
+                                             "container": c.name, "health_url": c.url + "/health",
+                                             "health_timeout": 120})
+    assert result.get("failed") is False and result["restored"] is False, result
+    assert [c.generate(p) for p in PROMPTS] == w["expected"]  # a cold start serves correct answers too
+    assert c.info()["metadata"]["restored"] is False
+    return result
+
+
+def test_one_corrupted_byte_falls_back_to_a_cold_start(warm_snapshot, containers, tmp_path):
+    w = warm_snapshot
+    snap = copy_snapshot(w, tmp_path / "corrupt")
+    pages = sorted(f for f in os.listdir(os.path.join(snap, "host", "criu")) if f.startswith("pages-"))[0]
+    path = os.path.join(snap, "host", "criu", pages)
+    with open(path, "r+b") as handle:
+        handle.seek(4096)
+        byte = handle.read(1)
+        handle.seek(4096)
+        handle.write(bytes([byte[0] ^ 0x40]))
+    check = run_module("snapshot_verify", {"snapshot_dir": snap, "identity": identity(w["pod"])})
+    assert check["valid"] is False and check["reasons"] == ["checksum_mismatch: host/criu/%s" % pages], check
+    strict = run_module("snapshot_verify", {"snapshot_dir": snap, "fail_on_invalid": True})
+    assert strict["failed"] and "checksum_mismatch" in strict["msg"]
+    result = cold_fallback(w, snap, identity(w["pod"]), containers)
+    assert result["reason"] == "checksum_mismatch: host/criu/%s" % pages
+    assert os.path.exists(path), "an invalid snapshot is never deleted silently"
+
+
+def test_missing_snapshot_falls_back_to_a_cold_start(warm_snapshot, containers, tmp_path):
+    w = warm_snapshot
+    result = cold_fallback(w, snapshot_path(tmp_path / "empty", w["pod"]), identity(w["pod"]), containers)
+    assert result["reason"].startswith("missing:"), result
+
+
+def test_snapshot_from_another_image_falls_back(warm_snapshot, containers, tmp_path):
+    w = warm_snapshot
+    other = "inferops/workload:other-%s" % uuid.uuid4().hex[:6]
+    build = tmp_path / "ctx"
+    build.mkdir()
+    (build / "Dockerfile").write_text("FROM %s\nLABEL org.inferops.variant=%s\n" % (w["image"], other))
+    subprocess.run(["docker", "build", "-q", "-t", other, str(build)], check=True, capture_output=True,
+                   env=dict(os.environ, DOCKER_BUILDKIT="0"))
+    try:
+        result = cold_fallback(w, snapshot_path(w["root"], w["pod"]), identity(w["pod"]), containers, image=other)
+        assert result["reason"].startswith("image_mismatch:"), result
+    finally:
+        docker("rmi", "-f", other, check=False)
+
+
+def test_snapshot_of_another_pod_is_refused(warm_snapshot, containers):
+    w = warm_snapshot
+    result = cold_fallback(w, snapshot_path(w["root"], w["pod"]), identity("some-other-pod"), containers)
+    assert result["reason"].startswith("identity_mismatch:"), result
+
+
+def test_generation_timeout_cleans_up_and_records_failed(docker_env, containers, tmp_path):
+    device_dir = tmp_path / "npu"
+    device_dir.mkdir(mode=0o700)
+    pod = "late-%s" % uuid.uuid4().hex[:4]
+    c = containers(pod, docker_env, device_dir, free_port()).run()
+    c.wait_ready()
+    expected = c.generate("x")
+    snap = snapshot_path(tmp_path / "snapshots", pod)
+    staging = os.path.join(os.path.dirname(snap), ".%s.partial" % pod)
+
+    no_device = run_module("host_checkpoint", {"container": pod, "snapshot_dir": snap, "identity": identity(pod)})
+    assert no_device["failed"] and "npu_snapshot_backup" in no_device["msg"], no_device
+
+    run_module("npu_snapshot_backup", {"container": pod, "lock": True, "snapshot_dir": snap, "identity": identity(pod)})
+    assert os.path.exists(os.path.join(staging, "device", "device.json"))
+    late = run_module("host_checkpoint", {"container": pod, "snapshot_dir": snap, "identity": identity(pod),
+                                          "timeout": 0.01})
+    assert late["failed"] and "timeout" in late["msg"] and late["status"] == "failed", late
+    assert not os.path.exists(snap) and not os.path.exists(staging), "a failed generation leaves nothing behind"
+    status = json.loads(open(os.path.join(os.path.dirname(snap), ".%s.status.json" % pod)).read())
+    assert status["status"] == "failed" and "timeout" in status["reason"]
+    assert [h["status"] for h in status["history"]] == ["generating", "failed"]
+
+    resumed = run_module("npu_snapshot_lock", {"container": pod, "state": "unlocked"})  # the service comes back
+    assert resumed["state"] == "RUNNING"
+    assert c.generate("x") == expected
+
+    gone = run_module("host_checkpoint", {"container": "no-such-%s" % pod, "snapshot_dir": snap,
+                                          "identity": identity(pod)})
+    assert gone["failed"] and "no container named" in gone["msg"], gone
