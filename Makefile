@@ -10,7 +10,7 @@ SIMULATOR := $(BUILD)/simulator/libascendcl.so
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export INFEROPS_ACL_LIBRARY ?= $(CURDIR)/$(SIMULATOR)
 
-.PHONY: help venv simulator collection schemas env demo test unit integration sanity build-collection clean
+.PHONY: help venv simulator collection schemas env image demo test unit integration sanity build-collection clean
 
 help:
 	@echo "make demo        generate -> break -> restore on this machine (simulated NPU)"
@@ -40,7 +40,10 @@ schemas:
 env:
 	bash scripts/env/setup.sh
 
-demo: venv simulator collection
+image: simulator
+	bash scripts/build-workload-image.sh
+
+demo: venv simulator collection env image
 	$(BIN)/ansible-playbook playbooks/demo.yml
 
 unit: venv simulator collection

@@ -278,10 +278,10 @@ class Checkpointer:
                 "the process is %s, not BACKED_UP: its device memory would not be in the checkpoint. Run "
                 "inferops.snapshot.npu_snapshot_backup first" % reply["state"], state=reply["state"])
         if reply["pid"] != self.device_part.get("pid"):
+            recorded = self.device_part.get("pid")
             raise RuntimeRefusedError(
                 "the device part in %s was recorded for pid %s, but the target process is pid %s: it belongs to "
-                "another process; take the device snapshot again" % (self.staging_dir, self.device_part.get("pid"),
-                                                                   reply["pid"]))
+                "another process; take the device snapshot again" % (self.staging_dir, recorded, reply["pid"]))
 
     def checkpoint(self):
         params = self.params

@@ -111,7 +111,7 @@ valid:
   type: bool
   sample: false
 reasons:
-  description: Why it cannot, one C(kind: detail) string per problem (empty when valid).
+  description: Why it cannot, one string per problem, C(<kind>:) followed by the detail (empty when valid).
   returned: always
   type: list
   elements: str

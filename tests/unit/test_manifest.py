@@ -21,6 +21,10 @@ def fields(**over):
 
 
 def make_snapshot(root, sizes=(3000, 70000, 0)):
+    return sealed_snapshot(root, sizes)[0]
+
+
+def sealed_snapshot(root, sizes=(3000, 70000, 0)):
     final = root / "default" / "svc" / "p0" / "pod-a"
     staging = root / "default" / "svc" / "p0" / ".pod-a.partial"
     (staging / "host").mkdir(parents=True)
@@ -34,7 +38,7 @@ def make_snapshot(root, sizes=(3000, 70000, 0)):
 
 
 def test_sealed_snapshot_verifies_and_sha256sum_agrees(tmp_path):
-    final, manifest, digest = make_snapshot(tmp_path)
+    final, manifest, digest = sealed_snapshot(tmp_path)
     assert not (tmp_path / "default/svc/p0/.pod-a.partial").exists()
     valid, reasons, details = manifest_utils.verify(str(final), min_size=1000, expect={"identity": IDENTITY})
     assert (valid, reasons) == (True, [])
@@ -47,12 +51,12 @@ def test_sealed_snapshot_verifies_and_sha256sum_agrees(tmp_path):
 
 
 def test_one_corrupted_byte_is_found(tmp_path):
-    final, _, _ = make_snapshot(tmp_path)
+    final = make_snapshot(tmp_path)
     target = final / "host" / "pages-1.img"
     data = bytearray(target.read_bytes())
     data[12345] ^= 0x01
     target.write_bytes(bytes(data))
-    valid, reasons, _ = manifest_utils.verify(str(final))
+    valid, reasons = manifest_utils.verify(str(final))[:2]
     assert not valid and reasons == ["checksum_mismatch: host/pages-1.img"]
 
 
@@ -65,15 +69,15 @@ def test_one_corrupted_byte_is_found(tmp_path):
     (lambda d: (d / "host" / "link").symlink_to("/etc/passwd"), "unsafe_file"),
 ])
 def test_tampering_is_reported(tmp_path, mutate, expected):
-    final, _, _ = make_snapshot(tmp_path)
+    final = make_snapshot(tmp_path)
     mutate(final)
-    valid, reasons, _ = manifest_utils.verify(str(final))
+    valid, reasons = manifest_utils.verify(str(final))[:2]
     assert not valid
     assert any(reason.startswith(expected) for reason in reasons), reasons
 
 
 def test_manifest_rewritten_with_fixed_checksums_still_fails_schema(tmp_path):
-    final, _, _ = make_snapshot(tmp_path)
+    final = make_snapshot(tmp_path)
     manifest = json.loads((final / "manifest.json").read_text())
     del manifest["identity"]
     (final / "manifest.json").write_text(json.dumps(manifest))
@@ -81,7 +85,7 @@ def test_manifest_rewritten_with_fixed_checksums_still_fails_schema(tmp_path):
     digest = hashlib.sha256((final / "manifest.json").read_bytes()).hexdigest()
     sums = [("%s  manifest.json" % digest) if line.endswith("manifest.json") else line for line in sums]
     (final / "checksum.sha256").write_text("\n".join(sums) + "\n")
-    valid, reasons, _ = manifest_utils.verify(str(final))
+    valid, reasons = manifest_utils.verify(str(final))[:2]
     assert not valid and reasons[0].startswith("manifest_invalid:"), reasons
 
 
@@ -92,27 +96,27 @@ def test_manifest_rewritten_with_fixed_checksums_still_fails_schema(tmp_path):
     ({"runtime_version": "9.2.0"}, "runtime_mismatch"),
 ])
 def test_stale_or_foreign_snapshots_are_invalid(tmp_path, expect, expected):
-    final, _, _ = make_snapshot(tmp_path)
-    valid, reasons, _ = manifest_utils.verify(str(final), expect=expect)
+    final = make_snapshot(tmp_path)
+    valid, reasons = manifest_utils.verify(str(final), expect=expect)[:2]
     assert not valid and reasons[0].startswith(expected), reasons
 
 
 def test_same_criu_major_is_compatible(tmp_path):
-    final, _, _ = make_snapshot(tmp_path)
+    final = make_snapshot(tmp_path)
     assert manifest_utils.verify(str(final), expect={"criu_version": "4.3.0"})[0]
 
 
 def test_too_small_and_missing(tmp_path):
-    final, _, _ = make_snapshot(tmp_path, sizes=(10,))
-    valid, reasons, _ = manifest_utils.verify(str(final), min_size=10 ** 6)
+    final = make_snapshot(tmp_path, sizes=(10,))
+    valid, reasons = manifest_utils.verify(str(final), min_size=10 ** 6)[:2]
     assert not valid and reasons[0].startswith("too_small")
-    valid, reasons, _ = manifest_utils.verify(str(tmp_path / "nope"))
+    valid, reasons = manifest_utils.verify(str(tmp_path / "nope"))[:2]
     assert not valid and reasons[0].startswith("missing")
 
 
 def test_publish_replaces_an_older_snapshot_without_leftovers(tmp_path):
-    final, first, _ = make_snapshot(tmp_path)
-    final2, second, _ = make_snapshot(tmp_path, sizes=(5,))
+    final = make_snapshot(tmp_path)
+    final2, second = sealed_snapshot(tmp_path, sizes=(5,))[:2]
     assert final == final2 and second["total_bytes"] == 7
     assert sorted(os.listdir(final.parent)) == ["pod-a"]
 
