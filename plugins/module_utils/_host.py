@@ -103,15 +103,20 @@ def create_args(record, name, env_overrides=None):
     return args
 
 
+def whole_seconds(seconds):
+    """coreutils `timeout` takes whole seconds: round up, at least 1."""
+    return max(1, int(seconds + 0.999))
+
+
 def timed(argv, seconds):
     """Wrap argv in coreutils `timeout` so a hung checkpoint or restore cannot hang the task."""
-    return ["timeout", "--kill-after=10", "%d" % max(1, int(seconds + 0.999))] + list(argv)
+    return ["timeout", "--kill-after=10", "%d" % whole_seconds(seconds)] + list(argv)
 
 
 def run_timed(module, argv, seconds, what):
     rc, out, err = module.run_command(timed(argv, seconds))
     if rc in (TIMEOUT_RC, 137):
-        raise SnapshotTimeout("%s did not finish within %d s and was stopped" % (what, seconds), cmd=argv, rc=rc,
+        raise SnapshotTimeout("%s did not finish within %d s and was stopped" % (what, whole_seconds(seconds)), cmd=argv, rc=rc,
                               stdout=out, stderr=err)
     if rc != 0:
         raise CommandError("%s failed (rc=%d): %s" % (what, rc, (err or out).strip()[-2000:]), cmd=argv, rc=rc,

@@ -171,8 +171,13 @@ versions:
   returned: success
   type: dict
   sample: {docker: 20.10.24, criu: 4.2.1, runc: 1.1.5, runtime: 9.1.0}
+progress:
+  description: Progress lines (stage, bytes hashed, elapsed time); shown at -v.
+  returned: always
+  type: list
+  elements: str
 durations:
-  description: Seconds per stage (C(preflight), C(checkpoint), C(record), C(seal), C(publish)) and C(total).
+  description: Seconds per stage (C(preflight), C(checkpoint), C(seal), C(publish)) and C(total).
   returned: always
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}
@@ -200,7 +205,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as
 from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
 from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, Stopwatch, run_module
+from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, Progress, Stopwatch, run_module
 from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
 from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils._errors import (
@@ -342,18 +347,24 @@ def main_logic(module):
         module.exit_json(changed=True, status="completed", versions=job.versions, **result)
 
     snapshot.write_status(job.snapshot_dir, "generating", identity=job.identity)
+    progress = Progress(module, "host_checkpoint %s" % job.snapshot_dir)
+    result["progress"] = progress.lines
     try:
+        progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]), force=True)
         with job.watch.stage("checkpoint"):
             job.checkpoint()
+        progress.note("checkpoint done in %.2f s; sealing" % job.watch.durations["checkpoint"], force=True)
         job.remaining("sealing")
         with job.watch.stage("seal"):
             fields = job.fields()
             if fields["device"] is None:
                 del fields["device"]
-            manifest, digest, hashing = snapshot.seal(job.staging_dir, fields, workers=params["workers"])
+            manifest, digest, hashing = snapshot.seal(job.staging_dir, fields, workers=params["workers"],
+                                                      progress=progress.bytes_done)
         job.remaining("publishing")
         with job.watch.stage("publish"):
             snapshot.publish(job.staging_dir, job.snapshot_dir)
+        progress.lines.append(progress.final("published %d bytes" % manifest["total_bytes"]))
     except Exception as exc:
         snapshot.discard(job.staging_dir)
         reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
