@@ -92,3 +92,15 @@ def test_create_args_rebuild_the_recorded_container():
     assert args[args.index("--volume") + 1] == "/d:/d" and args[args.index("--network") + 1] == "host"
     assert "--runtime" not in args and "--ipc" not in args
     assert args[-4:] == ["--", "sha256:" + "a" * 64, "python3", "app.py"]
+
+
+def test_work_dir_with_a_mount_below_is_never_removed(tmp_path):
+    from ansible_collections.inferops.snapshot.plugins.module_utils import _criu as criu
+    work = tmp_path / "work"
+    (work / "cgyard" / "cpu").mkdir(parents=True)
+    info = tmp_path / "mountinfo"
+    info.write_text("36 35 98:0 / %s/cgyard/cpu rw - cgroup cgroup rw,cpu\n" % work)
+    assert criu.mounts_below(str(work), str(info)) == ["%s/cgyard/cpu" % work]
+    info.write_text("36 35 98:0 / /elsewhere rw - ext4 /dev/x rw\n")
+    assert criu.mounts_below(str(work), str(info)) == []
+    assert criu.remove_work_dir(str(work)) is True and not work.exists()
