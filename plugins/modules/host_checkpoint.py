@@ -26,6 +26,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.identity.REQUIRED
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
 attributes:
@@ -54,27 +55,6 @@ options:
         M(inferops.snapshot.npu_snapshot_backup).
     type: path
     required: true
-  identity:
-    description: Identity of the pod the snapshot belongs to, recorded in the manifest; O(identity.pod) must be a component of O(snapshot_dir).
-    type: dict
-    required: true
-    suboptions:
-      namespace:
-        description: Namespace (or site) of the service.
-        type: str
-        required: true
-      service:
-        description: Name of the inference service.
-        type: str
-        required: true
-      instance:
-        description: Instance of the service.
-        type: str
-        required: true
-      pod:
-        description: Pod or container name.
-        type: str
-        required: true
   leave_running:
     description: Keep the process running after the checkpoint (it stays BACKED_UP until resumed).
     type: bool

@@ -23,6 +23,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.identity
   - inferops.snapshot.control_endpoint
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
@@ -42,28 +43,6 @@ options:
         another user. Directories are created 0700 and files 0600.
     type: path
     required: true
-  identity:
-    description:
-      - Identity of the pod the snapshot belongs to, recorded in the device part. The O(identity.pod)
-        name must be a component of O(snapshot_dir).
-    type: dict
-    suboptions:
-      namespace:
-        description: Namespace (or site) of the service.
-        type: str
-        required: true
-      service:
-        description: Name of the inference service.
-        type: str
-        required: true
-      instance:
-        description: Instance of the service (for example the P or D instance index).
-        type: str
-        required: true
-      pod:
-        description: Pod or container name, unique within the instance.
-        type: str
-        required: true
   lock:
     description:
       - Lock a RUNNING process first. When false, a RUNNING process is an error (lock it with

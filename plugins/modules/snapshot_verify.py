@@ -21,6 +21,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.identity
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
 attributes:
@@ -40,27 +41,6 @@ options:
     description: The snapshot's files must add up to at least this many bytes (guards against empty files).
     type: int
     default: 1024
-  identity:
-    description:
-      - Pod identity the snapshot must belong to. A snapshot of another pod is invalid.
-    type: dict
-    suboptions:
-      namespace:
-        description: Namespace (or site) of the service.
-        type: str
-        required: true
-      service:
-        description: Name of the inference service.
-        type: str
-        required: true
-      instance:
-        description: Instance of the service.
-        type: str
-        required: true
-      pod:
-        description: Pod or container name.
-        type: str
-        required: true
   image:
     description:
       - Image the restored container would run, as an image id (C(sha256:...)) or a name Docker resolves
