@@ -24,8 +24,10 @@ def test_build_install_and_use_the_installed_collection(tmp_path):
         assert not any(n == excluded or n.startswith(excluded + "/") for n in names), excluded
 
     installed = tmp_path / "collections"
-    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(installed),
-                    str(tarballs[0])], check=True, capture_output=True, text=True)
+    # Not through the checkout's link (make exports ANSIBLE_COLLECTIONS_PATH): a clean install.
+    clean = {k: v for k, v in os.environ.items() if k != "ANSIBLE_COLLECTIONS_PATH"}
+    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--force", "-p", str(installed),
+                    str(tarballs[0])], check=True, capture_output=True, text=True, env=clean)
     assert (installed / "ansible_collections" / "inferops" / "snapshot" / "plugins" / "modules").is_dir()
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(installed), ANSIBLE_NOCOLOR="1")
     doc = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "--json", "inferops.snapshot.snapshot_restore"],
