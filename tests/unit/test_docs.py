@@ -1,0 +1,196 @@
+"""The user documentation stays true to the code: the module reference is generated from the modules
+and current, the generator reads the docs the way ansible-doc does, the error messages that
+troubleshooting.md is keyed by exist in the code, and relative links resolve."""
+
+import ast
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from conftest import COLLECTIONS, REPO, ensure_collection_link
+
+DOCS = REPO / "docs"
+GENERATOR = REPO / "scripts" / "gen_module_docs.py"
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("gen_module_docs", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = load_generator()
+
+
+def module_names():
+    return sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if not p.name.startswith("_"))
+
+
+def test_module_reference_is_current():
+    proc = subprocess.run([sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_module_has_a_section_in_the_reference():
+    text = (DOCS / "modules.md").read_text(encoding="utf-8")
+    sections = re.findall(r"^## (\S+)$", text, flags=re.M)
+    assert sorted(sections) == module_names()
+
+
+def _normalise(value):
+    """ansible-doc turns a one-line description into a string or a list as written; compare as lists."""
+    if isinstance(value, dict):
+        return {key: (_as_list(item) if key == "description" else _normalise(item)) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_normalise(item) for item in value]
+    return value
+
+
+def _as_list(value):
+    return [_normalise(item) for item in value] if isinstance(value, list) else [value]
+
+
+def test_generator_reads_each_module_as_ansible_doc_does():
+    """Fragments merged, suboptions and attributes included: the same documentation ansible-doc shows."""
+    ensure_collection_link()
+    names = ["inferops.snapshot.%s" % name for name in module_names()]
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "--json", "-t", "module"] + names,
+                          capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert sorted(shown) == names, proc.stderr
+    for name in module_names():
+        ours = gen.read_module(str(REPO / "plugins" / "modules" / ("%s.py" % name)))
+        theirs = shown["inferops.snapshot.%s" % name]
+        for key in ("options", "attributes", "notes", "short_description", "version_added"):
+            assert _normalise(ours["doc"].get(key)) == _normalise(theirs["doc"].get(key)), (name, key)
+        assert _normalise(ours["returns"]) == _normalise(theirs["return"] or {}), name
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("C(state=locked)", "`state=locked`"),
+    ("O(restore_before_unlock=false) and RV(valid)", "`restore_before_unlock=false` and `valid`"),
+    ("O(ignore:foo)", "`foo`"),
+    ("M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked)",
+     "[`inferops.snapshot.npu_snapshot_lock`](#npu_snapshot_lock) `state=unlocked`"),
+    ("M(community.docker.docker_container)", "`community.docker.docker_container`"),
+    ("a <name> | b", "a &lt;name&gt; \\| b"),
+    ("C(a|b) and C(.<name>.partial)", "`a\\|b` and `.<name>.partial`"),
+    ("I(never) B(ever)", "*never* **ever**"),
+    ("two\n  lines", "two lines"),
+    ("L(moby 37344,https://github.com/moby/moby/issues/37344)", "[moby 37344](https://github.com/moby/moby/issues/37344)"),
+])
+def test_markup_becomes_markdown(text, expected):
+    assert gen.markup(text, known={"npu_snapshot_lock"}) == expected
+
+
+def test_a_fragment_from_outside_the_collection_is_a_clear_error():
+    with pytest.raises(gen.DocError, match="only resolves inferops.snapshot"):
+        gen.add_fragments({"extends_documentation_fragment": ["community.docker.docker"]})
+
+
+def test_a_new_module_is_picked_up(tmp_path, monkeypatch):
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    for name in ("snapshot_verify.py", "zz_cleanup.py", "snapshot_status.py"):
+        (modules / name).write_text(
+            'DOCUMENTATION = r"""\nmodule: %s\nshort_description: Test C(x)\ndescription: d\noptions: {}\n"""\n'
+            'EXAMPLES = ""\nRETURN = ""\n' % name[:-3])
+    monkeypatch.setattr(gen, "MODULES_DIR", str(modules))
+    text = gen.render()
+    assert re.findall(r"^## (\S+)$", text, flags=re.M) == ["snapshot_verify", "snapshot_status", "zz_cleanup"]
+    assert "| [`inferops.snapshot.zz_cleanup`](#zz_cleanup) | Test `x` |" in text
+
+
+# --------------------------------------------------------------------- troubleshooting keys
+
+def code_strings():
+    """Every string constant in plugins/ (adjacent literals are one constant in the AST), plus the
+    ACL error descriptions the binding builds from its table ('507905 ACL_ERROR_...: ...')."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils import _acl as acl
+    found = [acl.describe_error(code) for code in acl.ERRORS]
+    for path in (REPO / "plugins").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.append(node.value)
+    return found
+
+
+def troubleshooting_keys():
+    """Headings '### `message`' quote a message of the collection; '…' stands for the variable parts."""
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    return re.findall(r"^### `([^`]+)`", text, flags=re.M)
+
+
+def test_troubleshooting_is_keyed_by_messages_the_code_really_has():
+    keys = troubleshooting_keys()
+    assert len(keys) >= 20, keys
+    strings = code_strings()
+    missing = []
+    for key in keys:
+        for piece in (part.strip() for part in key.split("…")):
+            if piece and not any(piece in s for s in strings):
+                missing.append((key, piece))
+    assert not missing, "troubleshooting.md quotes messages the code does not have: %r" % missing
+
+
+def test_troubleshooting_ends_with_the_roles_section():
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings[-1] == "Roles and playbooks"
+
+
+# --------------------------------------------------------------------- links
+
+def slug(heading):
+    """GitHub's heading anchor: lower case, punctuation dropped (except - and _), spaces to '-'."""
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).lower()
+    kept = "".join(ch for ch in heading if ch in " -" or unicodedata.category(ch)[0] in "LMN"
+                   or unicodedata.category(ch) == "Pc")
+    return kept.replace(" ", "-")
+
+
+def anchors(path):
+    seen = {}
+    result = set()
+    in_code = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        match = re.match(r"^#{1,6} (.+)$", line)
+        if match and not in_code:
+            base = slug(match.group(1).strip())
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            result.add(base if count == 0 else "%s-%d" % (base, count))
+    return result
+
+
+def doc_links():
+    for path in sorted(DOCS.glob("*.md")) + [REPO / "README.md"]:
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+        text = re.sub(r"`[^`\n]*`", "", text)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if not re.match(r"^[a-z]+://", target):
+                yield path, target
+
+
+def test_relative_links_resolve():
+    broken = []
+    for path, target in doc_links():
+        file_part, _sep, anchor = target.partition("#")
+        destination = (path.parent / file_part).resolve() if file_part else path
+        if not destination.exists():
+            broken.append((path.name, target, "no such file"))
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            broken.append((path.name, target, "no such heading"))
+    assert not broken, broken
