@@ -140,13 +140,16 @@ def read_module(path):
     for name in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
         if name not in raw:
             raise DocError("%s has no %s" % (os.path.relpath(path, ROOT), name))
-    doc = yaml.safe_load(raw["DOCUMENTATION"])
+    try:
+        doc = yaml.safe_load(raw["DOCUMENTATION"])
+        returns = yaml.safe_load(raw["RETURN"]) or {}
+    except yaml.YAMLError as exc:
+        raise DocError("%s: its DOCUMENTATION or RETURN is not valid YAML: %s" % (os.path.relpath(path, ROOT), exc))
     module = os.path.splitext(os.path.basename(path))[0]
     if not isinstance(doc, dict) or doc.get("module") != module:
         raise DocError("%s: DOCUMENTATION must be a mapping with module: %s" % (os.path.relpath(path, ROOT), module))
     doc = add_fragments(copy.deepcopy(doc))
-    return {"name": module, "doc": doc, "examples": raw["EXAMPLES"].strip("\n"),
-            "returns": yaml.safe_load(raw["RETURN"]) or {}}
+    return {"name": module, "doc": doc, "examples": raw["EXAMPLES"].strip("\n"), "returns": returns}
 
 
 def module_paths():

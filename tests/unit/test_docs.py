@@ -93,6 +93,13 @@ def test_markup_becomes_markdown(text, expected):
     assert gen.markup(text, known={"npu_snapshot_lock"}) == expected
 
 
+def test_a_module_with_broken_yaml_is_named(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text('DOCUMENTATION = """\nmodule: broken\ndescription: a: b\n"""\nEXAMPLES = ""\nRETURN = ""\n')
+    with pytest.raises(gen.DocError, match="broken.py: its DOCUMENTATION or RETURN is not valid YAML"):
+        gen.read_module(str(path))
+
+
 def test_a_fragment_from_outside_the_collection_is_a_clear_error():
     with pytest.raises(gen.DocError, match="only resolves inferops.snapshot"):
         gen.add_fragments({"extends_documentation_fragment": ["community.docker.docker"]})
