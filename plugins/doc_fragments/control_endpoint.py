@@ -43,9 +43,10 @@ options:
     description:
       - Seconds each snapshot operation may take inside the process. On expiry the task fails with the
         last observed state; the ACL call itself cannot be interrupted and the agent refuses further
-        requests until it ends.
+        requests until it ends. The default is above the ACL runtime's own 60 s wait for its
+        background threads, so a lock that cannot complete reports error 507905.
     type: float
-    default: 60
+    default: 90
   docker_cli:
     description:
       - Docker CLI executable used to resolve O(container).

@@ -187,10 +187,11 @@ def resolve_library(explicit=None, environ=None, defaults=DEFAULT_LIBRARY_PATHS)
         if os.path.isfile(path):
             return path
     if explicit:
-        hint = "check the library_path setting"
+        hint = "check the explicit library path (the agent's --library option or INFEROPS_ACL_LIBRARY)"
     else:
         hint = (
-            "set library_path explicitly, or ASCEND_HOME_PATH to the CANN installation "
+            "give the path explicitly (the agent's --library option or INFEROPS_ACL_LIBRARY), or set "
+            "ASCEND_HOME_PATH to the CANN installation "
             "(e.g. source /usr/local/Ascend/ascend-toolkit/set_env.sh)"
         )
     raise AclLibraryError("%s not found; tried: %s; %s" % (LIBRARY_NAME, ", ".join(tried), hint))

@@ -240,8 +240,8 @@ def _parse_args(argv):
         prog="inferops-agent",
         description="Run an inference engine with the inferops.snapshot control agent in its process.")
     parser.add_argument("--socket", default=os.environ.get(SOCKET_ENV),
-                        help="unix socket to listen on (default $%s or %s, file agent.<pid>.sock)"
-                        % (SOCKET_DIR_ENV, DEFAULT_SOCKET_DIR))
+                        help="unix socket to listen on (default $%s, else agent.<pid>.sock in $%s or %s)"
+                        % (SOCKET_ENV, SOCKET_DIR_ENV, DEFAULT_SOCKET_DIR))
     parser.add_argument("--library", default=os.environ.get(LIBRARY_ENV),
                         help="path to libascendcl.so (default: from ASCEND_HOME_PATH or the CANN install)")
     parser.add_argument("engine", nargs=argparse.REMAINDER,

@@ -25,7 +25,8 @@ CONTROL_TARGET_ARGS = dict(
     endpoint=dict(type="str"),
     endpoint_paths=dict(type="dict"),
     agent_socket_dir=dict(type="path", default=control.DEFAULT_AGENT_SOCKET_DIR),
-    timeout=dict(type="float", default=60.0),
+    # Above the real runtime's own 60 s lock wait, so a slow lock reports 507905, not a timeout.
+    timeout=dict(type="float", default=90.0),
     docker_cli=dict(type="str", default="docker"),
 )
 IDENTITY_OPTIONS = dict(

@@ -17,12 +17,17 @@ description:
     M(inferops.snapshot.npu_snapshot_backup) recorded there, then writes C(manifest.json) (valid against
     the collection's manifest schema) and C(checksum.sha256) (C(sha256sum -c) compatible) and publishes
     the whole snapshot at O(snapshot_dir) with one atomic rename.
-  - On failure or timeout everything it wrote (the staging directory, device part included) is removed,
-    and the status beside the snapshot (C(.<name>.status.json)) says C(failed) with the reason. On
-    success the status is C(completed) with the checksum.
+  - When the checkpoint, sealing or publishing fails or runs past O(timeout), everything it wrote (the
+    staging directory, device part included) is removed, and the status beside the snapshot
+    (C(.<name>.status.json)) says C(failed) with the reason. On success the status is C(completed) with
+    the checksum. A failed preflight check (bad parameters, CRIU or Docker unusable, no device part)
+    changes nothing on disk.
   - The process must be BACKED_UP (device memory copied into host memory) so that the checkpoint
     carries the device state; a leave-running checkpoint leaves it BACKED_UP, resume it with
     M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked).
+requirements:
+  - jsonschema (Python library) on the target host
+  - CRIU >= 4.2 on PATH, C(criu check) passing; root
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -101,7 +106,6 @@ options:
     description: Files hashed in parallel while sealing. Default is the number of CPUs.
     type: int
 notes:
-  - Requires CRIU >= 4.2 on PATH (C(criu check) must pass) and root.
   - Environment values of the container are stored (0600) in C(host/container.json) to recreate it; they
     are never returned or logged.
 seealso:
@@ -127,8 +131,8 @@ snapshot_dir:
   type: str
   sample: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0
 status:
-  description: Status recorded beside the snapshot (C(completed), or C(failed) on failure).
-  returned: always
+  description: Status recorded beside the snapshot (C(completed), or C(failed) when a started generation failed).
+  returned: when a generation ran, or a snapshot was kept
   type: str
   sample: completed
 checksum:
@@ -151,9 +155,14 @@ versions:
   returned: success
   type: dict
   sample: {docker: 20.10.24, criu: 4.2.1, runc: 1.1.5, runtime: 9.1.0}
+manifest_path:
+  description: Path of the published manifest.
+  returned: success
+  type: str
+  sample: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0/manifest.json
 progress:
   description: Progress lines (stage, bytes hashed, elapsed time); shown at -v.
-  returned: always
+  returned: when a generation ran
   type: list
   elements: str
 durations:

@@ -20,6 +20,8 @@ description:
     C(.<name>.partial) of O(snapshot_dir). The snapshot becomes visible at O(snapshot_dir) only when the
     host part is complete and the whole directory is published by one atomic rename.
   - Idempotent, a process that is already BACKED_UP with its device part recorded is left alone.
+requirements:
+  - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

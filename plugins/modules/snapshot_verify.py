@@ -18,6 +18,8 @@ description:
     matches what would run now (pod identity, image id, CRIU major version, ACL runtime version).
   - An invalid snapshot is a result (RV(valid=false) with RV(reasons)), not a task failure, unless
     O(fail_on_invalid=true). Bad parameters are a failure. Nothing is ever deleted.
+requirements:
+  - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
