@@ -146,7 +146,7 @@ def test_missing_library_names_every_path_tried(tmp_path):
     message = str(exc.value)
     for path in [home / "lib64" / "libascendcl.so", home / "runtime" / "lib64" / "libascendcl.so", *defaults]:
         assert str(path) in message
-    assert "ASCEND_HOME_PATH" in message and "library_path" in message
+    assert "ASCEND_HOME_PATH" in message and "INFEROPS_ACL_LIBRARY" in message and "--library" in message
 
 
 def test_runtime_with_missing_library_raises_library_error(tmp_path):
