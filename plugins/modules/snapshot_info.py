@@ -1,0 +1,287 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: snapshot_info
+short_description: Everything the roles need to know about one pod's snapshot and container, in one read-only call
+version_added: 0.1.0
+description:
+  - Reports whether the pod's snapshot is published, its status record (C(generating), C(completed),
+    C(failed)), whether it verifies (as M(inferops.snapshot.snapshot_verify) does, against the image the
+    container runs), and the pod's container - whether it exists and runs, its image, the device snapshot
+    path it was started with (C(VLLM_NPU_SNAPSHOT_PATH)), the snapshot it was restored from - and the
+    snapshot state of its engine (C(RUNNING), C(LOCKED), C(BACKED_UP)) through the engine's control endpoint.
+  - RV(usable) is true when the snapshot verifies and its status is C(completed) (or there is no record):
+    a generation can then be skipped and a restore can use it.
+  - Changes nothing. Container environment values are never returned, only the device snapshot path.
+author:
+  - inferops.snapshot maintainers (@inferops)
+extends_documentation_fragment:
+  - inferops.snapshot.identity.REQUIRED
+  - inferops.snapshot.attributes
+  - inferops.snapshot.attributes.ACTIONGROUP
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; runs in check mode too.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  snapshot_dir:
+    description: The pod's snapshot directory.
+    type: path
+    required: true
+  container:
+    description: Name of the pod's container, if it has one on this host.
+    type: str
+  npu_dir:
+    description: The pod's device (NPU) snapshot path; reported as RV(npu_dir_exists).
+    type: path
+  verify:
+    description: Hash every file and compare with the manifest (as M(inferops.snapshot.snapshot_verify)).
+    type: bool
+    default: true
+  image:
+    description:
+      - Image the snapshot must have been taken from (id or name). Default is the image the container runs,
+        when it exists.
+    type: str
+  min_size:
+    description: Minimum total size of the snapshot's files.
+    type: int
+    default: 1024
+  criu_version:
+    description: As in M(inferops.snapshot.snapshot_verify); C(auto) asks this host's CRIU, C(skip) does not check.
+    type: str
+    default: auto
+  runtime_version:
+    description: ACL runtime version the engine would load, checked when given.
+    type: str
+  device_state:
+    description: Ask the running engine for its snapshot state through its agent socket.
+    type: bool
+    default: true
+  agent_socket_dir:
+    description: Where the engine's agent keeps its socket, inside the container.
+    type: path
+    default: /run/inferops-snapshot
+  metadata_path:
+    description: Path inside the container of the metadata file a restore writes (read for RV(container.restored_from)).
+    type: path
+    default: /run/inferops-snapshot/metadata.json
+  docker_cli:
+    description: Docker CLI executable.
+    type: str
+    default: docker
+  workers:
+    description: Files hashed in parallel.
+    type: int
+seealso:
+  - module: inferops.snapshot.snapshot_verify
+  - module: inferops.snapshot.snapshot_status
+"""
+
+EXAMPLES = r"""
+- name: Is there a usable snapshot of vllm-0, and is its engine ready for one?
+  inferops.snapshot.snapshot_info:
+    snapshot_dir: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0
+    identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}
+    container: vllm-0
+  register: info
+
+- name: Skip the generation when it is there
+  ansible.builtin.debug:
+    msg: "usable snapshot {{ info.status.checksum }}; engine {{ info.device_state }}"
+  when: info.usable
+"""
+
+RETURN = r"""
+published:
+  description: Whether a snapshot directory is published at O(snapshot_dir).
+  returned: always
+  type: bool
+staging:
+  description: Whether a C(.partial) staging sibling exists (a generation is running, or crashed).
+  returned: always
+  type: bool
+status:
+  description: The status record beside the snapshot (null when there is none).
+  returned: always
+  type: dict
+  sample: {status: completed, checksum: 5f2b..., updated_at: "2026-11-29T12:00:00.000000Z"}
+valid:
+  description: Whether the snapshot verifies (null when O(verify=false)).
+  returned: always
+  type: bool
+reasons:
+  description: Why it does not, as in M(inferops.snapshot.snapshot_verify).
+  returned: always
+  type: list
+  elements: str
+usable:
+  description: Verifies and its status is C(completed) (or there is no status record).
+  returned: always
+  type: bool
+checksum:
+  description: SHA-256 of the snapshot's C(checksum.sha256) (null when not published).
+  returned: always
+  type: str
+bytes:
+  description: Bytes hashed by the verification.
+  returned: always
+  type: int
+throughput_mb_s:
+  description: Hashing throughput of the verification.
+  returned: always
+  type: float
+container:
+  description:
+    - The container (C(exists), C(id), C(name), C(running), C(status), C(pid), C(image_id), C(image),
+      C(npu_snapshot_path) - its C(VLLM_NPU_SNAPSHOT_PATH) -, C(restored_from)); C({exists false}) when there is none.
+  returned: always
+  type: dict
+device_state:
+  description: Snapshot state of the running engine (C(RUNNING), C(LOCKED), C(BACKED_UP)), null when unknown.
+  returned: always
+  type: str
+  sample: RUNNING
+device_busy_with:
+  description:
+    - A snapshot operation that timed out for its caller but still runs inside the ACL runtime (C(lock),
+      C(backup), ...); the engine's state can still change when it ends. Null when none.
+  returned: always
+  type: str
+  sample: lock
+device_state_error:
+  description: Why the state is unknown (engine not running, agent not reachable).
+  returned: always
+  type: str
+npu_dir_exists:
+  description: Whether O(npu_dir) exists (null when not given).
+  returned: always
+  type: bool
+"""
+
+import hashlib
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control
+from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device
+from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
+from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
+from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, run_module
+from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
+from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError, SnapshotError
+
+
+def container_info(module, docker):
+    params = module.params
+    if not params["container"]:
+        return {"exists": False}
+    try:
+        info = docker.inspect_container(params["container"])
+    except ParameterError:  # no such container
+        return {"exists": False, "name": params["container"]}
+    return retention.container_facts(info, params["metadata_path"])
+
+
+def engine_state(module, container):
+    """(state, operation still running inside the runtime or None, error or None)."""
+    if not container.get("running"):
+        return None, None, "the container is not running"
+    try:
+        client = control.AgentSocketClient(control.agent_socket_for_pid(container["pid"],
+                                                                        module.params["agent_socket_dir"]))
+        reply = client.request(protocol.OP_STATE, 10)
+        return reply["state"], reply.get("busy_with"), None
+    except SnapshotError as exc:
+        return None, None, exc.msg
+
+
+def main_logic(module):
+    params = module.params
+    snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
+    identity = device.check_identity(params["identity"], snapshot_dir)
+    docker = DockerCli(module, params["docker_cli"])
+    container = container_info(module, docker)
+    published = os.path.isdir(snapshot_dir) and not os.path.islink(snapshot_dir)
+    record = snapshot.read_status(snapshot_dir)
+    result = dict(changed=False, snapshot_dir=snapshot_dir, published=published, status=record,
+                  staging=os.path.lexists(paths.staging_dir_for(snapshot_dir)), container=container,
+                  valid=None, reasons=[], bytes=0, throughput_mb_s=None, checksum=None, usable=False)
+    if published and os.path.isfile(os.path.join(snapshot_dir, manifest_utils.CHECKSUMS)):
+        with open(os.path.join(snapshot_dir, manifest_utils.CHECKSUMS), "rb") as handle:
+            result["checksum"] = hashlib.sha256(handle.read()).hexdigest()
+    if params["npu_dir"]:
+        result["npu_dir_exists"] = os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
+    else:
+        result["npu_dir_exists"] = None
+
+    if params["verify"]:
+        image = params["image"]
+        if image and not image.startswith("sha256:"):
+            image = docker.image_id(image)
+        elif not image and container.get("exists"):
+            image = container["image_id"]
+        criu = params["criu_version"]
+        criu = None if criu == "skip" else (CriuCli(module).version() if criu == "auto" else criu)
+        expect = {"identity": identity, "image_id": image, "criu_version": criu,
+                  "runtime_version": params["runtime_version"]}
+        valid, reasons, details = manifest_utils.verify(snapshot_dir, params["min_size"], expect, params["workers"])
+        hashing = details["hashing"] or {}
+        result.update(valid=valid, reasons=reasons, bytes=details["bytes"],
+                      throughput_mb_s=hashing.get("throughput_mb_s"))
+        result["usable"] = bool(valid and (record is None or record.get("status") == "completed"))
+        if valid and record is not None and record.get("status") != "completed":
+            result["reasons"] = ["status: the record says %s, not completed" % record.get("status")]
+
+    if params["device_state"]:
+        result["device_state"], result["device_busy_with"], result["device_state_error"] = engine_state(module,
+                                                                                                        container)
+    else:
+        result.update(device_state=None, device_busy_with=None, device_state_error="not asked (device_state=false)")
+    module.exit_json(**result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            snapshot_dir=dict(type="path", required=True),
+            identity=dict(type="dict", required=True, options=IDENTITY_OPTIONS),
+            container=dict(type="str"),
+            npu_dir=dict(type="path"),
+            verify=dict(type="bool", default=True),
+            image=dict(type="str"),
+            min_size=dict(type="int", default=1024),
+            criu_version=dict(type="str", default="auto"),
+            runtime_version=dict(type="str"),
+            device_state=dict(type="bool", default=True),
+            agent_socket_dir=dict(type="path", default=control.DEFAULT_AGENT_SOCKET_DIR),
+            metadata_path=dict(type="path", default=retention.DEFAULT_METADATA_PATH),
+            docker_cli=dict(type="str", default="docker"),
+            workers=dict(type="int"),
+        ),
+        supports_check_mode=True,
+    )
+    if not schema.HAS_JSONSCHEMA:
+        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
+    run_module(module, main_logic)
+
+
+if __name__ == "__main__":
+    main()

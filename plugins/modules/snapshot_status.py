@@ -1,0 +1,216 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: snapshot_status
+short_description: Read or record the generation status of a pod's snapshot, and clean up after a failure
+version_added: 0.1.0
+description:
+  - The status of a snapshot lives beside it on the host, in C(.<pod>.status.json) next to the snapshot
+    directory, so it survives the snapshot's removal. It is one of C(generating), C(completed) or C(failed),
+    with the reason, the checksum (when completed), the time of the last change and a short history.
+    M(inferops.snapshot.host_checkpoint) writes it for the host part; this module lets the roles record
+    what happens around it (warmup, device snapshot, timeouts).
+  - Without O(status) the module only reads the record.
+  - O(status=failed) with O(clean=true) removes everything this pod's generation wrote, so that a restore
+    can never pick up half a snapshot - the published snapshot, its C(.partial) staging sibling and
+    O(extra_paths) (for example the pod's device snapshot path) - and keeps the record with the reason.
+  - O(status=completed) requires a published snapshot; the checksum defaults to the SHA-256 of its
+    C(checksum.sha256).
+author:
+  - inferops.snapshot maintainers (@inferops)
+extends_documentation_fragment:
+  - inferops.snapshot.identity.REQUIRED
+  - inferops.snapshot.attributes
+  - inferops.snapshot.attributes.ACTIONGROUP
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  idempotent:
+    support: full
+    details: Recording the status and reason already recorded, with nothing left to remove, changes nothing.
+options:
+  snapshot_dir:
+    description: The pod's snapshot directory (published or not). The record is its sibling C(.<name>.status.json).
+    type: path
+    required: true
+  status:
+    description: The status to record. Omit it to read the record only.
+    type: str
+    choices: [generating, completed, failed]
+  reason:
+    description: Why (required with O(status=failed)). Recorded, returned and kept in the history.
+    type: str
+  checksum:
+    description: With O(status=completed), the snapshot's fingerprint. Default is the SHA-256 of its C(checksum.sha256).
+    type: str
+  clean:
+    description:
+      - With O(status=failed), remove the published snapshot, its staging sibling and O(extra_paths).
+    type: bool
+    default: true
+  extra_paths:
+    description:
+      - Further paths of this pod to remove with O(status=failed) and O(clean=true), for example the pod's
+        device (NPU) snapshot directory. Each must be absolute, safe (see M(inferops.snapshot.npu_snapshot_backup))
+        and contain O(identity.pod) as a component, so that only this pod's files can be removed.
+    type: list
+    elements: path
+    default: []
+seealso:
+  - module: inferops.snapshot.host_checkpoint
+  - module: inferops.snapshot.snapshot_info
+"""
+
+EXAMPLES = r"""
+- name: Mark the generation failed after a device snapshot error and remove what it left
+  inferops.snapshot.snapshot_status:
+    snapshot_dir: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0
+    identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}
+    status: failed
+    reason: "device snapshot failed: ACL error 507905 (lock timeout)"
+    extra_paths:
+      - /var/lib/inferops/npu/default/qwen/p0/vllm-0
+
+- name: Read it
+  inferops.snapshot.snapshot_status:
+    snapshot_dir: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0
+    identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}
+  register: record
+"""
+
+RETURN = r"""
+record:
+  description: The status record after the task (null when there is none). In check mode, the record it would write.
+  returned: always
+  type: dict
+  sample: {status: failed, reason: "timeout: ...", updated_at: "2026-11-29T12:00:00.000000Z", history: []}
+status:
+  description: The status after the task (null when there is no record).
+  returned: always
+  type: str
+  sample: completed
+previous:
+  description: The status before the task (null when there was no record).
+  returned: always
+  type: str
+  sample: generating
+removed:
+  description: Paths removed (in check mode, that would be removed).
+  returned: always
+  type: list
+  elements: str
+status_path:
+  description: Where the record lives.
+  returned: always
+  type: str
+  sample: /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.status.json
+"""
+
+import hashlib
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device
+from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
+from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, run_module
+from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+
+
+def removable(snapshot_dir, identity, extra_paths):
+    """The paths a failed generation of this pod may have left, each checked to belong to the pod."""
+    candidates = [snapshot_dir, paths.staging_dir_for(snapshot_dir)]
+    for index, path in enumerate(extra_paths):
+        field = "extra_paths[%d]" % index
+        path = paths.validate_snapshot_dir(path, field=field)
+        if identity["pod"] not in path.split("/"):
+            raise ParameterError("%s: %r does not contain the pod name %r; only this pod's own paths can be removed"
+                                 % (field, path, identity["pod"]), path=path)
+        candidates.append(path)
+    return [path for path in candidates if os.path.lexists(path)]
+
+
+def fingerprint(snapshot_dir):
+    digest = hashlib.sha256()
+    with open(os.path.join(snapshot_dir, manifest_utils.CHECKSUMS), "rb") as handle:
+        digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def main_logic(module):
+    params = module.params
+    snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
+    identity = device.check_identity(params["identity"], snapshot_dir)
+    record = snapshot.read_status(snapshot_dir)
+    previous = (record or {}).get("status")
+    result = dict(previous=previous, status_path=snapshot.status_path(snapshot_dir), removed=[])
+    wanted = params["status"]
+    if wanted is None:
+        module.exit_json(changed=False, record=record, status=previous, **result)
+
+    fields = {"identity": identity}
+    if wanted == "failed":
+        if not params["reason"]:
+            raise ParameterError("reason: required with status=failed; say why the generation failed")
+        to_remove = removable(snapshot_dir, identity, params["extra_paths"]) if params["clean"] else []
+    else:
+        to_remove = []
+        if params["extra_paths"]:
+            raise ParameterError("extra_paths: only used with status=failed")
+    if wanted == "completed":
+        if not os.path.isfile(os.path.join(snapshot_dir, manifest_utils.MANIFEST)):
+            raise ParameterError("status: cannot record completed, no snapshot is published at %s" % snapshot_dir)
+        fields["checksum"] = params["checksum"] or fingerprint(snapshot_dir)
+
+    same = (record is not None and previous == wanted and record.get("reason") == params["reason"]
+            and all(record.get(key) == value for key, value in fields.items()))
+    result["removed"] = to_remove
+    diff = dict(before=dict(status=previous, reason=(record or {}).get("reason"), paths=to_remove),
+                after=dict(status=wanted, reason=params["reason"], paths=[]))
+    if same and not to_remove:
+        module.exit_json(changed=False, record=record, status=previous, **result)
+    if module.check_mode:
+        preview = dict(record or {}, status=wanted, reason=params["reason"], **fields)
+        module.exit_json(changed=True, record=preview, status=wanted, diff=diff, **result)
+
+    for path in to_remove:
+        paths.remove_tree(path)
+    if same:
+        new_record = record
+    else:
+        new_record = snapshot.write_status(snapshot_dir, wanted, reason=params["reason"], **fields)
+    module.exit_json(changed=True, record=new_record, status=wanted, diff=diff, **result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            snapshot_dir=dict(type="path", required=True),
+            identity=dict(type="dict", required=True, options=IDENTITY_OPTIONS),
+            status=dict(type="str", choices=["generating", "completed", "failed"]),
+            reason=dict(type="str"),
+            checksum=dict(type="str"),
+            clean=dict(type="bool", default=True),
+            extra_paths=dict(type="list", elements="path", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    if not schema.HAS_JSONSCHEMA:
+        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
+    run_module(module, main_logic)
+
+
+if __name__ == "__main__":
+    main()
