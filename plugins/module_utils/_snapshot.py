@@ -52,6 +52,20 @@ def write_status(snapshot_dir, status, reason=None, **fields):
     return record
 
 
+def record_restore(snapshot_dir, entry, keep=20):
+    """Add one restore attempt to the snapshot's status record: ``last_restore`` and ``restores``.
+
+    The generation status (``status``, ``history``) is left as it is: a restore does not change
+    whether the snapshot was generated. Written by the restore-on-create runtime and readable
+    by anything that reads the status record.
+    """
+    record = read_status(snapshot_dir) or {}
+    record["last_restore"] = entry
+    record["restores"] = (record.get("restores") or [])[-(keep - 1):] + [entry]
+    paths.write_file_atomic(status_path(snapshot_dir), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    return record
+
+
 def seal(staging_dir, fields, workers=None, progress=None):
     """Write manifest.json and checksum.sha256 into ``staging_dir``; return (manifest, checksum digest, stats).
 

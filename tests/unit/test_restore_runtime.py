@@ -1,0 +1,391 @@
+"""The restore-on-create runtime's logic, its shim and its entry point, without Docker.
+
+The only stand-ins are at the process boundary: a fake runc and a fake python (scripts that record
+their argv), and os.execv replaced by a recorder where the runtime would replace itself."""
+
+import ast
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import BIN, COLLECTIONS, REPO, ensure_collection_link
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _restore_runtime as rr
+
+ROLE = REPO / "roles" / "snapshot_node"
+CID = "ab" * 32
+
+
+class RoleLoader(yaml.SafeLoader):
+    """YAML as Ansible reads it, as far as the role's vars need (``!unsafe`` strings)."""
+
+
+RoleLoader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+
+
+def shipped_module_utils():
+    return yaml.load((ROLE / "vars" / "main.yml").read_text(), Loader=RoleLoader)["__snapshot_node_module_utils"]
+
+
+CONTAINERD_GLOBALS = ["--root", "/var/run/docker/runtime-runc/moby", "--log", "/b/log.json", "--log-format", "json"]
+
+
+# -- argv ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, expected", [
+    (CONTAINERD_GLOBALS + ["create", "--bundle", "/b", "--pid-file", "/b/init.pid", CID],
+     (CONTAINERD_GLOBALS, "create", ["--bundle", "/b", "--pid-file", "/b/init.pid", CID])),
+    (CONTAINERD_GLOBALS + ["start", CID], (CONTAINERD_GLOBALS, "start", [CID])),
+    (["--debug", "--root=/r", "kill", CID, "15"], (["--debug", "--root=/r"], "kill", [CID, "15"])),
+    (["--root", "create", "delete", "--force", CID], (["--root", "create"], "delete", ["--force", CID])),
+    (["--version"], (["--version"], None, [])),
+])
+def test_split_argv_finds_the_subcommand_after_global_options(argv, expected):
+    assert rr.split_argv(argv) == expected
+
+
+def test_parse_create_reads_every_form_of_the_options():
+    parsed = rr.parse_create(["--bundle=/b", "--pid-file", "/b/p", "--console-socket", "/s", "--no-pivot", CID])
+    assert (parsed["bundle"], parsed["pid_file"], parsed["console_socket"], parsed["flags"], parsed["id"]) == \
+        ("/b", "/b/p", "/s", ["--no-pivot"], CID)
+    parsed = rr.parse_create(["-b", "/c", "--preserve-fds", "2", "--weird", CID])
+    assert parsed["bundle"] == "/c" and parsed["preserve_fds"] == "2" and parsed["unknown"] == ["--weird"]
+    assert rr.global_value(CONTAINERD_GLOBALS, "--root") == "/var/run/docker/runtime-runc/moby"
+    assert rr.global_value(["--root=/x"], "--root") == "/x" and rr.global_value([], "--root", "d") == "d"
+
+
+# -- the container's request -------------------------------------------------------------------------
+
+CONFIG = rr.load_config(None)
+
+
+def spec(env=None, annotations=None, mounts=None):
+    doc = {"process": {"env": ["%s=%s" % kv for kv in (env or {}).items()], "user": {"uid": 0, "gid": 0}},
+           "root": {"path": "rootfs"}, "mounts": mounts or []}
+    if annotations is not None:
+        doc["annotations"] = annotations
+    return doc
+
+
+def test_no_request_without_the_marker():
+    assert rr.restore_request(spec({"PATH": "/bin", "INFEROPS_RESTORE_FROM": ""}), CONFIG) is None
+    assert not rr.asks_for_restore(spec({"X": "org.inferops.restore-from"}))
+
+
+def test_request_from_env_with_node_defaults():
+    request = rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/snap/p"}), CONFIG)
+    assert request == {"snapshot": "/snap/p", "timeout": 60.0, "policy": "once", "identity": None, "device": True,
+                       "runtime_version": None, "image_id": None, "metadata_file": "/run/inferops-snapshot/metadata.json",
+                       "agent_socket_dir": "/run/inferops-snapshot", "problems": [], "annotated": []}
+
+
+def test_annotations_win_over_env_and_parse():
+    request = rr.restore_request(spec(
+        {"INFEROPS_RESTORE_FROM": "/from-env", "INFEROPS_RESTORE_POLICY": "once", "INFEROPS_METADATA_FILE": "/m/x.json"},
+        {"org.inferops.restore-from": "/from-annotation", "org.inferops.restore-policy": "always",
+         "org.inferops.restore-timeout": "12.5", "org.inferops.restore-identity": "ns/svc/p0/pod-a",
+         "org.inferops.restore-device": "false", "org.inferops.restore-image-id": "sha256:" + "0" * 64}), CONFIG)
+    assert request["snapshot"] == "/from-annotation" and request["policy"] == "always"
+    assert request["timeout"] == 12.5 and request["device"] is False and request["metadata_file"] == "/m/x.json"
+    assert request["identity"] == {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod-a"}
+    assert request["image_id"] == "sha256:" + "0" * 64 and request["problems"] == []
+    assert "snapshot" in request["annotated"] and "metadata_file" not in request["annotated"]
+
+
+def test_the_restored_process_reads_the_paths_of_its_old_environment():
+    """A restored process keeps its old env: where it reads metadata and listens is decided there."""
+    request = rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/s", "INFEROPS_METADATA_FILE": "/new/m.json"}), CONFIG)
+    old = {"INFEROPS_METADATA_FILE": "/old/m.json", "INFEROPS_AGENT_SOCKET_DIR": "/old/agent"}
+    assert rr.restored_process_paths(request, old, CONFIG) == ("/old/m.json", "/old/agent")
+    assert rr.restored_process_paths(request, {}, CONFIG) == ("/run/inferops-snapshot/metadata.json",
+                                                              "/run/inferops-snapshot")
+    annotated = rr.restore_request(spec(annotations={"org.inferops.restore-from": "/s",
+                                                     "org.inferops.metadata-file": "/a/m.json"}), CONFIG)
+    assert rr.restored_process_paths(annotated, old, CONFIG)[0] == "/a/m.json"
+    with pytest.raises(rr.Fallback, match="bad_request"):
+        rr.restored_process_paths(request, {"INFEROPS_AGENT_SOCKET_DIR": "rel"}, CONFIG)
+
+
+def test_unparseable_settings_are_problems_not_guesses():
+    request = rr.restore_request(spec({
+        "INFEROPS_RESTORE_FROM": "/s", "INFEROPS_RESTORE_TIMEOUT": "0", "INFEROPS_RESTORE_POLICY": "sometimes",
+        "INFEROPS_RESTORE_IDENTITY": "a/b", "INFEROPS_RESTORE_DEVICE": "maybe", "INFEROPS_METADATA_FILE": "rel/x"}),
+        CONFIG)
+    text = " | ".join(request["problems"])
+    for word in ("restore-timeout", "restore-policy", "restore-identity", "restore-device", "metadata_file"):
+        assert word in text, text
+
+
+def test_first_error_line_is_the_cause_not_the_noise_or_the_unwinding():
+    log = (b"(00.01) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n"
+           b"(00.20) 1: info\n(00.26) pie: 1: Error (criu/pie/restorer.c:1907): Can't read pages data (-9)\n"
+           b"(00.28) Error (criu/cr-restore.c:2331): Restoring FAILED.\n"
+           b"(00.29) Error (criu/cgroup.c:2055): cg: cgroupd: recv req error: No such file or directory\n")
+    assert "Can't read pages data" in rr.first_error_line(log)
+    assert rr.first_error_line(b"nothing wrong\n") is None
+
+
+def test_under_mount_names_the_deepest_hiding_mount():
+    s = spec(mounts=[{"destination": "/run"}, {"destination": "/run/inferops-snapshot"}, {"destination": "/"}])
+    assert rr.under_mount(s, "/run/inferops-snapshot/metadata.json") == "/run/inferops-snapshot"
+    assert rr.under_mount(s, "/runner/x") is None
+
+
+# -- writing into a container's root -----------------------------------------------------------------
+
+def test_write_in_root_creates_private_dirs_and_file(tmp_path):
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        rr.write_in_root(fd, "/run/inferops-snapshot/metadata.json", b'{"a": 1}')
+    finally:
+        os.close(fd)
+    target = root / "run" / "inferops-snapshot" / "metadata.json"
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600 and stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+    assert sorted(os.listdir(target.parent)) == ["metadata.json"]
+
+
+def test_write_in_root_never_follows_a_planted_link(tmp_path):
+    root, outside = tmp_path / "rootfs", tmp_path / "host-etc"
+    root.mkdir()
+    outside.mkdir()
+    (root / "run").symlink_to(outside)
+    fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError):
+            rr.write_in_root(fd, "/run/metadata.json", b"x")
+        (root / "etc").mkdir()
+        (root / "etc" / "passwd").symlink_to(outside / "passwd")
+        with pytest.raises(OSError):
+            rr.open_dirs_in_root(fd, ["etc", "passwd"])
+    finally:
+        os.close(fd)
+    assert os.listdir(outside) == []
+
+
+def test_read_metadata_through_proc_root(tmp_path):
+    path = tmp_path / "meta" / "m.json"
+    path.parent.mkdir()
+    path.write_text('{"restored": true}')
+    assert rr.read_metadata(os.getpid(), str(path)) == {"restored": True}
+    assert rr.read_metadata(os.getpid(), str(tmp_path / "none.json")) is None
+
+
+# -- the runtime's calls, with a fake runc -----------------------------------------------------------
+
+@pytest.fixture
+def fake_node(tmp_path):
+    """Node settings pointing at a fake runc that records its argv (one JSON line per call)."""
+    calls = tmp_path / "runc-calls"
+    runc = tmp_path / "runc"
+    runc.write_text("#!/bin/sh\nprintf '%%s\\n' \"$*\" >> %s\nexit 0\n" % calls)
+    runc.chmod(0o755)
+    roots = tmp_path / "snapshots"
+    roots.mkdir(mode=0o700)
+    config = dict(rr.DEFAULTS, runc=str(runc), state_dir=str(tmp_path / "state"), log_file=str(tmp_path / "rt.log"),
+                  snapshot_roots=[str(roots)], docker_root=str(tmp_path / "docker"))
+    (tmp_path / "node.json").write_text(json.dumps(config))
+    return {"config": rr.load_config(str(tmp_path / "node.json")), "calls": calls, "runc": str(runc),
+            "roots": roots, "tmp": tmp_path}
+
+
+class Exec(BaseException):  # like a real execv, never caught by the runtime
+    pass
+
+
+def run(node, argv):
+    """Run one runtime call; returns ('exec', argv) when it replaced itself, else ('rc', rc)."""
+    def execv(path, args):
+        raise Exec(args)
+    try:
+        return "rc", rr.Runtime(node["config"], argv, execv=execv).main()
+    except Exec as exc:
+        return "exec", exc.args[0]
+
+
+def log_records(node):
+    path = node["tmp"] / "rt.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def bundle(node, env=None, annotations=None, mounts=None):
+    b = node["tmp"] / "bundle"
+    (b / "rootfs").mkdir(parents=True, exist_ok=True)
+    (b / "config.json").write_text(json.dumps(spec(env, annotations, mounts)))
+    return str(b)
+
+
+def test_unmarked_calls_are_handed_to_runc_unchanged(fake_node):
+    b = bundle(fake_node, {"PATH": "/bin"})
+    for argv in (CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID],
+                 CONTAINERD_GLOBALS + ["start", CID], CONTAINERD_GLOBALS + ["kill", CID, "15"]):
+        assert run(fake_node, argv) == ("exec", [fake_node["runc"]] + argv)
+    assert log_records(fake_node) == []
+
+
+def test_start_after_a_restore_is_a_no_op_once(fake_node):
+    state = Path(fake_node["config"]["state_dir"]) / CID
+    state.mkdir(parents=True)
+    (state / "restored").write_text("")
+    assert run(fake_node, CONTAINERD_GLOBALS + ["start", CID]) == ("rc", 0)
+    assert run(fake_node, CONTAINERD_GLOBALS + ["start", CID]) == ("exec", [fake_node["runc"]] + CONTAINERD_GLOBALS
+                                                                   + ["start", CID])
+
+
+def test_delete_runs_runc_then_drops_the_state(fake_node):
+    state = Path(fake_node["config"]["state_dir"]) / CID
+    (state / "work").mkdir(parents=True)
+    assert run(fake_node, CONTAINERD_GLOBALS + ["delete", "--force", CID]) == ("rc", 0)
+    assert fake_node["calls"].read_text().split("\n")[0] == " ".join(CONTAINERD_GLOBALS + ["delete", "--force", CID])
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("missing", "missing:"), ("outside", "unsafe_path:"), ("bad", "bad_request:"), ("once", "policy_once:")])
+def test_unusable_requests_start_cold_with_the_reason(fake_node, case, reason):
+    snap = str(fake_node["roots"] / "ns" / "svc" / "p0" / "pod")
+    env = {"INFEROPS_RESTORE_FROM": snap, "POD_IP": "10.0.0.9"}
+    if case == "outside":
+        env["INFEROPS_RESTORE_FROM"] = str(fake_node["tmp"] / "elsewhere" / "pod")
+    elif case == "bad":
+        env["INFEROPS_RESTORE_POLICY"] = "never"
+    elif case == "once":
+        once = Path(fake_node["config"]["state_dir"]) / "restored-once"
+        once.mkdir(parents=True)
+        (once / CID).write_text("")
+    b = bundle(fake_node, env)
+    argv = CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID]
+    assert run(fake_node, argv) == ("exec", [fake_node["runc"]] + argv)
+    record = log_records(fake_node)[-1]
+    assert record["event"] == "restore" and record["outcome"] == "cold" and record["reason"].startswith(reason), record
+    assert record["container"] == CID and "total" in record["durations"]
+    assert "10.0.0.9" not in (fake_node["tmp"] / "rt.log").read_text()
+    metadata = json.loads((Path(b) / "rootfs/run/inferops-snapshot/metadata.json").read_text())
+    assert metadata["restored"] is False and metadata["env"]["POD_IP"] == "10.0.0.9"
+    assert metadata["reason"] == record["reason"]
+    assert not (Path(fake_node["config"]["state_dir"]) / CID).exists()
+
+
+def test_cold_metadata_is_not_written_under_a_mount(fake_node):
+    b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": str(fake_node["roots"] / "x")},
+               mounts=[{"destination": "/run", "type": "tmpfs"}])
+    run(fake_node, ["create", "--bundle", b, CID])
+    assert not (Path(b) / "rootfs" / "run").exists()
+    assert any(r["event"] == "metadata" and "/run" in r["action"] for r in log_records(fake_node))
+
+
+# -- the role ships what the restore path imports -------------------------------------------------------
+
+def imports_of(name, seen):
+    if name in seen:
+        return
+    seen.add(name)
+    tree = ast.parse((REPO / "plugins" / "module_utils" / name).read_text())
+    prefix = "ansible_collections.inferops.snapshot.plugins.module_utils"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix):
+            if node.module == prefix:
+                for alias in node.names:
+                    imports_of(alias.name + ".py", seen)
+            else:
+                imports_of(node.module.rsplit(".", 1)[1] + ".py", seen)
+
+
+def test_role_ships_every_module_util_the_restore_path_imports():
+    needed = set()
+    imports_of("_restore_runtime.py", needed)
+    imports_of("_control.py", needed)  # imported lazily for the device restore
+    shipped = set(shipped_module_utils())
+    assert needed <= shipped, "add %s to roles/snapshot_node/vars/main.yml" % sorted(needed - shipped)
+
+
+# -- the shim and the entry point, as installed --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    """The shim rendered by Ansible's template module, with a fake runc and a fake python."""
+    base = tmp_path_factory.mktemp("shim")
+    for name in ("runc", "python"):
+        script = base / name
+        script.write_text("#!/bin/sh\nprintf '%s %%s\\n' \"$*\" >> %s\n" % (name, base / "calls"))
+        script.chmod(0o755)
+    (base / "lib").mkdir()
+    (base / "lib" / "inferops_restore_runtime.py").write_text("")
+    ensure_collection_link()
+    out = base / "shim.sh"
+    variables = {"snapshot_node_runc": str(base / "runc"), "snapshot_node_state_dir": str(base / "state"),
+                 "snapshot_node_python": str(base / "python"), "snapshot_node_lib_dir": str(base / "lib")}
+    proc = subprocess.run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, "-e", json.dumps(variables),
+                           "-m", "ansible.builtin.template",
+                           "-a", "src=%s dest=%s mode=0755" % (ROLE / "templates" / "inferops-restore-runtime.sh.j2", out)],
+                          env=dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS)), capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return base
+
+
+def call_shim(shim, args):
+    calls = shim / "calls"
+    if calls.exists():
+        calls.unlink()
+    subprocess.run(["sh", str(shim / "shim.sh")] + args, check=True, cwd=str(shim))
+    return calls.read_text().strip()
+
+
+def test_shim_passes_unmarked_calls_to_runc_and_marked_ones_to_python(shim):
+    b = shim / "bundle"
+    b.mkdir(exist_ok=True)
+    create = CONTAINERD_GLOBALS + ["create", "--bundle", str(b), "--pid-file", str(b / "init.pid"), CID]
+    (b / "config.json").write_text(json.dumps(spec({"PATH": "/bin"})))
+    assert call_shim(shim, create) == "runc " + " ".join(create)
+    (b / "config.json").write_text(json.dumps(spec({"INFEROPS_RESTORE_FROM": "/s"})))
+    assert call_shim(shim, create) == "python -I %s %s" % (shim / "lib" / "inferops_restore_runtime.py", " ".join(create))
+    eq_form = ["create", "--bundle=%s" % b, CID]
+    assert call_shim(shim, eq_form).startswith("python ")
+    (b / "config.json").write_text(json.dumps(spec(annotations={"org.inferops.restore-from": "/s"})))
+    assert call_shim(shim, ["--debug"] + create).startswith("python ")
+    for args in (CONTAINERD_GLOBALS + ["start", CID], CONTAINERD_GLOBALS + ["kill", CID, "9"], ["--version"],
+                 ["--root", "/x", "delete", "--force", CID]):
+        assert call_shim(shim, args) == "runc " + " ".join(args)
+    (shim / "state" / CID).mkdir(parents=True)
+    for args in (CONTAINERD_GLOBALS + ["start", CID], ["delete", "--force", CID]):
+        assert call_shim(shim, args).startswith("python ")
+    assert call_shim(shim, CONTAINERD_GLOBALS + ["kill", CID, "9"]).startswith("runc ")
+
+
+def test_entry_point_without_ansible_or_module_utils_falls_back_to_runc(tmp_path):
+    """The node's python3 has no Ansible: the entry point supplies the urllib six moves; with no
+    module_utils at all it logs and hands the call to runc."""
+    lib = tmp_path / "lib"
+    target = lib / "ansible_collections" / "inferops" / "snapshot" / "plugins" / "module_utils"
+    target.mkdir(parents=True)
+    for name in shipped_module_utils():
+        (target / name).write_bytes((REPO / "plugins" / "module_utils" / name).read_bytes())
+    entry = ROLE / "files" / "inferops_restore_runtime.py"
+    code = ("import sys; sys.path.insert(0, %r); import runpy; g = runpy.run_path(%r, run_name='x'); "
+            "g['_alias_six_urllib'](); from ansible_collections.inferops.snapshot.plugins.module_utils import "
+            "_control, _restore_runtime; print('ok')" % (str(lib), str(entry)))
+    proc = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True, check=False)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "inferops_restore_runtime.py").write_bytes(entry.read_bytes())
+    runc = tmp_path / "runc"
+    runc.write_text("#!/bin/sh\necho \"runc $*\" > %s\n" % (tmp_path / "ran"))
+    runc.chmod(0o755)
+    (empty / "runtime.json").write_text(json.dumps({"runc": str(runc), "log_file": str(tmp_path / "rt.log")}))
+    subprocess.run(["/usr/bin/python3", "-I", str(empty / "inferops_restore_runtime.py"), "create", "--bundle", "/b",
+                    CID], check=True, capture_output=True)
+    assert (tmp_path / "ran").read_text().strip() == "runc create --bundle /b %s" % CID
+    record = json.loads((tmp_path / "rt.log").read_text())
+    assert record["event"] == "error" and "cannot load the restore path" in record["error"]
