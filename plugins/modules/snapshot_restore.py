@@ -24,6 +24,11 @@ description:
     environment into the container, because a restored process keeps the environment of the process that
     was checkpointed.
   - Any failure of the restore itself (CRIU error, device busy) also ends in a cold start with the reason.
+  - With O(method=runtime) the host and device restore, the metadata file and the fallback are done by the
+    restore-on-create runtime that the P(inferops.snapshot.snapshot_node#role) role installs on the node. The
+    module creates the container with that runtime and C(INFEROPS_RESTORE_FROM), starts it normally and reports
+    what the runtime did (from the snapshot's status record). This skips Docker's checkpoint upload and is much
+    faster for large snapshots.
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -115,6 +120,22 @@ options:
   workers:
     description: Files hashed in parallel during verification.
     type: int
+  method:
+    description:
+      - How the host part is restored.
+      - V(docker) places the CRIU images in the container's C(checkpoints/) directory and runs
+        C(docker start --checkpoint) (needs dockerd's experimental mode).
+      - V(runtime) creates the container with C(--runtime) O(runtime_name) and C(INFEROPS_RESTORE_FROM) and
+        starts it; the restore-on-create runtime verifies the snapshot again, restores host and device state,
+        writes the metadata file, or starts the container cold. The snapshot must lie below one of the node's
+        C(snapshot_node_snapshot_roots). An existing O(container) must have been created that way.
+    type: str
+    choices: [docker, runtime]
+    default: docker
+  runtime_name:
+    description: Name of the restore-on-create runtime in dockerd (the role's C(snapshot_node_runtime_name)), for O(method=runtime).
+    type: str
+    default: inferops-restore
 notes:
   - The engine's listening ports must be free (the original container deleted) before the restore, as its
     sockets are restored as they were.
@@ -137,6 +158,14 @@ EXAMPLES = r"""
 - name: Say which path was taken
   ansible.builtin.debug:
     msg: "{{ 'restored' if restore.restored else 'cold start: ' ~ restore.reason }}"
+
+- name: The same through the restore-on-create runtime (role inferops.snapshot.snapshot_node on the node)
+  inferops.snapshot.snapshot_restore:
+    snapshot_dir: /var/lib/inferops/snapshots/default/qwen/p0/vllm-0
+    identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}
+    container: vllm-0
+    method: runtime
+    health_url: http://127.0.0.1:8000/health
 """
 
 RETURN = r"""
@@ -163,9 +192,15 @@ created:
   returned: success
   type: bool
 placement:
-  description: How the images were placed for Docker (C(hardlink) or C(copy)).
+  description: How the images were placed for Docker (C(hardlink) or C(copy)); C(runtime) with O(method=runtime).
   returned: when restored
   type: str
+runtime_record:
+  description:
+    - With O(method=runtime), what the runtime recorded for this container (outcome, reason, per-stage durations),
+      from the snapshot's status record (C(last_restore)) or the metadata file it wrote into the container.
+  returned: when O(method=runtime)
+  type: dict
 metadata_env_keys:
   description: Names (not values) of the variables written to the metadata file.
   returned: success
@@ -191,7 +226,9 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _device a
 from ansible_collections.inferops.snapshot.plugins.module_utils import _host as host
 from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
 from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
+from ansible_collections.inferops.snapshot.plugins.module_utils import _restore_runtime as restore_runtime
 from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
 from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, Stopwatch, run_module
 from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
 from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
@@ -308,6 +345,65 @@ class Restorer:
         actions, reply = device.resume(client, self.params["timeout"])
         return actions
 
+    # method=runtime: the restore-on-create runtime does the restore when the container is created
+    def require_runtime(self):
+        name = self.params["runtime_name"]
+        rc, out, err = self.docker.run(["info", "--format", "{{json .Runtimes}}"], check=False)
+        try:
+            known = json.loads(out) if rc == 0 else {}
+        except ValueError:
+            known = {}
+        if name not in known:
+            raise ParameterError(
+                "runtime_name: dockerd has no runtime %r (it knows %s); install it on this node with the "
+                "inferops.snapshot.snapshot_node role, or use method=docker" % (name, ", ".join(sorted(known)) or "none"),
+                runtimes=sorted(known))
+
+    def ensure_runtime_container(self):
+        """The container, created with the restore-on-create runtime and the snapshot it restores from."""
+        name = self.params["runtime_name"]
+        if self.container_id:
+            info = self.docker.inspect_container(self.container_id)
+            env = dict(item.split("=", 1) for item in (info.get("Config") or {}).get("Env") or [] if "=" in item)
+            if (info.get("HostConfig") or {}).get("Runtime") != name or \
+                    env.get(restore_runtime.REQUEST_ENV) != self.snapshot_dir:
+                raise ParameterError(
+                    "container: %r exists but was not created with --runtime %s and %s=%s, so the runtime would "
+                    "not restore it; remove it and let this module create it, or use method=docker"
+                    % (self.params["container"], name, restore_runtime.REQUEST_ENV, self.snapshot_dir))
+            return
+        record = host.read_container_record(self.snapshot_dir)
+        record = dict(record, host_config=dict(record["host_config"], Runtime=name))
+        env = dict(self.params["env"])
+        env[restore_runtime.REQUEST_ENV] = self.snapshot_dir
+        if not self.params["device_restore"]:
+            env["INFEROPS_RESTORE_DEVICE"] = "false"
+        self.docker.run(host.create_args(record, self.params["container"], env))
+        self.container_id = self.docker.container_id(self.params["container"])
+        self.created = True
+
+    def start_through_runtime(self):
+        """`docker start`; the runtime restores (or starts cold) inside it. Returns what it recorded."""
+        before = (snapshot.read_status(self.snapshot_dir) or {}).get("last_restore")
+        host.run_timed(self.module, [self.docker.executable, "start", self.container_id], self.params["timeout"],
+                       "docker start with the restore-on-create runtime")
+        last = (snapshot.read_status(self.snapshot_dir) or {}).get("last_restore")
+        if last and last != before and last.get("container") == self.container_id:
+            return last
+        # No status record (the runtime refused the path, or could not write it): ask the metadata file.
+        metadata = restore_runtime.read_metadata(self.docker.running_pid(self.container_id),
+                                                 self.params["metadata_path"])
+        if metadata and metadata.get("container_id") == self.container_id:
+            return {"container": self.container_id, "outcome": "restored" if metadata.get("restored") else "cold",
+                    "reason": metadata.get("reason"), "source": "metadata file"}
+        return {"container": self.container_id, "outcome": "unknown",
+                "reason": "runtime %r recorded nothing for this container; is it the inferops restore-on-create "
+                          "runtime?" % self.params["runtime_name"]}
+
+    def env_keys(self):
+        info = self.docker.inspect_container(self.container_id)
+        return sorted(item.split("=", 1)[0] for item in (info.get("Config") or {}).get("Env") or [] if "=" in item)
+
     def cold_start(self):
         state = (self.docker.inspect_container(self.container_id).get("State") or {})
         if state.get("Running"):
@@ -333,6 +429,24 @@ def main_logic(module):
     result.update(verify=verdict)
     if module.check_mode:
         module.exit_json(changed=True, restored=verdict["valid"], reason=reason, **result)
+
+    if verdict["valid"] and params["method"] == "runtime":
+        with watch.stage("prepare"):
+            job.require_runtime()
+            job.ensure_runtime_container()
+        with watch.stage("host_restore"):  # the runtime restores host and device state within the start
+            record = job.start_through_runtime()
+        restored = record.get("outcome") == "restored"
+        reason = None if restored else "the restore-on-create runtime started the container cold: %s" % record.get("reason")
+        if not restored:
+            module.warn(reason)
+        if params["health_url"]:
+            with watch.stage("health"):
+                wait_healthy(params["health_url"], params["health_timeout"])
+        watch.durations["total"] = round(time.monotonic() - started, 6)
+        module.exit_json(changed=True, restored=restored, reason=reason, container_id=job.container_id,
+                         created=job.created, metadata_env_keys=job.env_keys(), placement="runtime",
+                         runtime_record=record, **result)
 
     restored = False
     with watch.stage("prepare"):
@@ -379,6 +493,8 @@ def main():
             agent_socket_dir=dict(type="path", default=control.DEFAULT_AGENT_SOCKET_DIR),
             docker_cli=dict(type="str", default="docker"),
             workers=dict(type="int"),
+            method=dict(type="str", default="docker", choices=["docker", "runtime"]),
+            runtime_name=dict(type="str", default="inferops-restore"),
         ),
         supports_check_mode=True,
     )
