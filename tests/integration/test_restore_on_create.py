@@ -1,0 +1,480 @@
+"""Restore on create: the snapshot_node role installs the restore-on-create runtime on the real
+(shared) dockerd, and containers recreated with a plain `docker run --runtime` come back from their
+snapshot -- or cold, when the snapshot is not usable. No mocks: real dockerd, containerd, runc,
+CRIU and the sample workload on the simulated NPU.
+
+The runtime is installed under a name, paths and a state directory of its own for this test run
+and removed at the end (state=absent, SIGHUP); dockerd is never restarted."""
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import uuid
+
+import pytest
+
+from conftest import BIN, COLLECTIONS, REPO, WorkloadContainer, docker, ensure_collection_link, free_port, http_get, run_module
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+
+PROMPTS = ["what is an NPU?", "restore me on create", "数据"]
+WARMUP = 8.0
+RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
+
+
+def identity(pod):
+    return {"namespace": "default", "service": "sample", "instance": "p0", "pod": pod}
+
+
+def reset_device(device_dir):
+    """What deleting the pod does to the NPU: its memory is gone."""
+    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
+                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
+
+
+def runtimes():
+    return json.loads(docker("info", "--format", "{{json .Runtimes}}"))
+
+
+def read_daemon_json():
+    with open("/etc/docker/daemon.json") as handle:
+        return json.load(handle)
+
+
+class Node:
+    """The snapshot_node role run against localhost with this test run's own names and paths."""
+
+    def __init__(self, base):
+        tag = uuid.uuid4().hex[:6]
+        self.base = base
+        self.name = "inferops-test-%s" % tag
+        self.runtime_path = base / "bin" / "inferops-restore-runtime"
+        self.lib_dir = base / "lib"
+        self.state_dir = "/run/inferops-test-%s" % tag
+        self.log_file = base / "log" / "restore.log"
+        self.roots = base / "snapshots"
+        self.roots.mkdir(mode=0o700)
+        self.vars = {
+            "snapshot_node_runtime_name": self.name,
+            "snapshot_node_runtime_path": str(self.runtime_path),
+            "snapshot_node_lib_dir": str(self.lib_dir),
+            "snapshot_node_state_dir": self.state_dir,
+            "snapshot_node_log_file": str(self.log_file),
+            "snapshot_node_snapshot_roots": [str(self.roots)],
+            "snapshot_node_restore_timeout": 30,
+        }
+        self.playbook = base / "node.yml"
+        self.playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n"
+                                 "  roles:\n    - role: inferops.snapshot.snapshot_node\n")
+
+    def run_role(self, check=False, **overrides):
+        """Run the role; returns (ok, changed, failed, output)."""
+        ensure_collection_link()
+        extra = dict(self.vars, **overrides)
+        vars_file = self.base / ("vars-%d.json" % time.monotonic_ns())
+        vars_file.write_text(json.dumps(extra))
+        command = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
+                   "-e", "@%s" % vars_file, str(self.playbook)]
+        if check:
+            command.append("--check")
+        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_LOCALHOST_WARNING="False")
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+        match = RECAP.search(proc.stdout)
+        assert match, "no play recap (rc=%d)\n%s\n%s" % (proc.returncode, proc.stdout[-5000:], proc.stderr[-3000:])
+        ok, changed, _unreachable, failed = (int(g) for g in match.groups())
+        return ok, changed, failed, proc.stdout + proc.stderr
+
+    def log_records(self, container_id=None, event="restore"):
+        if not self.log_file.exists():
+            return []
+        records = [json.loads(line) for line in self.log_file.read_text().splitlines() if line.strip()]
+        return [r for r in records if r.get("event") == event and (container_id is None or r.get("container") == container_id)]
+
+
+@pytest.fixture(scope="module")
+def node(docker_env, tmp_path_factory):
+    """The runtime installed through the role: check mode first, then twice (idempotence)."""
+    base = tmp_path_factory.mktemp("node")
+    n = Node(base)
+    before = read_daemon_json()
+    ok, changed, failed, out = n.run_role(check=True)
+    n.check_run = (ok, changed, failed)
+    assert failed == 0, out[-5000:]
+    assert read_daemon_json() == before and not n.runtime_path.exists(), "check mode changed the node"
+    ok, changed, failed, out = n.run_role()
+    assert failed == 0 and changed > 0, out[-5000:]
+    n.first_run = (ok, changed, failed)
+    ok, changed, failed, out = n.run_role()
+    n.second_run = (ok, changed, failed, out)
+    try:
+        yield n
+    finally:
+        ok, changed, failed, out = n.run_role(snapshot_node_state="absent", snapshot_node_force_remove=True)
+        n.removal = (ok, changed, failed)
+        after = read_daemon_json()
+        assert failed == 0, out[-5000:]
+        assert n.name not in runtimes() and n.name not in (after.get("runtimes") or {}), after
+        assert {k: v for k, v in after.items() if k != "runtimes"} == {k: v for k, v in before.items() if k != "runtimes"}
+        assert not n.runtime_path.exists() and not n.lib_dir.exists() and not os.path.exists(n.state_dir)
+
+
+def test_role_installs_registers_idempotently(node):
+    assert node.check_run[2] == 0
+    assert node.second_run[1] == 0, "second run changed something:\n%s" % node.second_run[3][-5000:]
+    assert node.name in runtimes(), runtimes()
+    daemon = read_daemon_json()
+    assert daemon["runtimes"][node.name] == {"path": str(node.runtime_path)}
+    assert daemon.get("experimental") is True, "other daemon.json keys are kept"
+    assert os.access(node.runtime_path, os.X_OK)
+    with open("/etc/criu/runc.conf") as handle:
+        assert "tcp-close" in handle.read().split()
+    settings = json.loads((node.lib_dir / "runtime.json").read_text())
+    assert settings["snapshot_roots"] == [str(node.roots)] and settings["criu"].startswith("/")
+
+
+class RuntimeContainer(WorkloadContainer):
+    """The workload container, run with the restore-on-create runtime."""
+
+    def __init__(self, runtime, *args, **kwargs):
+        super(RuntimeContainer, self).__init__(*args, **kwargs)
+        self.runtime = runtime
+
+    def create_args(self):
+        return ["--runtime", self.runtime] + super(RuntimeContainer, self).create_args()
+
+    @property
+    def id(self):
+        return docker("inspect", "--format", "{{.Id}}", self.name)
+
+
+def wait_answer(container, timeout=120):
+    """Seconds until the first correct answer is served (polling /v1/generate)."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        try:
+            status, body = http_get(container.url + "/v1/generate?prompt=" + urllib.parse.quote(PROMPTS[0]), timeout=5)
+            if status == 200:
+                return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("%s never answered; logs:\n%s" % (container.name, docker("logs", container.name, check=False)))
+
+
+def generate_snapshot(container, snapshot_dir, pod):
+    target = {"container": container.name}
+    backup = run_module("npu_snapshot_backup", dict(target, lock=True, snapshot_dir=snapshot_dir, identity=identity(pod)))
+    assert backup["changed"] and backup["state"] == "BACKED_UP", backup
+    checkpoint = run_module("host_checkpoint", {"container": container.name, "snapshot_dir": snapshot_dir,
+                                                "identity": identity(pod), "timeout": 120})
+    assert checkpoint["changed"] and checkpoint["status"] == "completed", (checkpoint.get("msg"),
+                                                                           checkpoint.get("criu_log_tail"))
+    resumed = run_module("npu_snapshot_lock", dict(target, state="unlocked"))
+    assert resumed["actions"] == ["restore", "unlock"], resumed
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def warm(node, docker_env, tmp_path_factory):
+    """A warmed-up workload container and its snapshot below the node's snapshot root."""
+    base = tmp_path_factory.mktemp("warm")
+    device_dir = base / "npu"
+    device_dir.mkdir(mode=0o700)
+    pod = "roc-%s" % uuid.uuid4().hex[:6]
+    snapshot_dir = str(node.roots / "default" / "sample" / "p0" / pod)
+    port = free_port()
+    original = WorkloadContainer(pod, docker_env, device_dir, port, WORKLOAD_WARMUP_SECONDS=WARMUP)
+    started = time.monotonic()
+    original.run()
+    original.wait_ready(timeout=WARMUP + 60)
+    expected = [original.generate(p) for p in PROMPTS]
+    cold_seconds = time.monotonic() - started
+    info = original.info()
+    generate_snapshot(original, snapshot_dir, pod)
+    assert [original.generate(p) for p in PROMPTS] == expected
+    original.remove()
+    made = []
+
+    def recreate(name=None, **env):
+        env.setdefault("WORKLOAD_WARMUP_SECONDS", WARMUP)
+        c = RuntimeContainer(node.name, name or "%s-%s" % (pod, uuid.uuid4().hex[:4]), docker_env, device_dir,
+                             port, **env)
+        made.append(c)
+        return c
+
+    yield dict(pod=pod, snapshot_dir=snapshot_dir, expected=expected, cold_seconds=cold_seconds, info=info,
+               device_dir=device_dir, recreate=recreate, image=docker_env, port=port)
+    for c in made:
+        c.remove()
+
+
+def assert_cold(node, container, warm, reason_start):
+    """The container started normally: a new process that warmed up, serving correct answers."""
+    container.wait_ready(timeout=WARMUP + 90)
+    assert [container.generate(p) for p in PROMPTS] == warm["expected"], "a cold start serves correct answers too"
+    info = container.info()
+    assert info["started_at"] != warm["info"]["started_at"] and info["phase"] == "serving"
+    assert info["started_at"] + WARMUP <= info["ready_at"] + 0.5, "a cold start warms up"
+    records = node.log_records(container.id)
+    assert records and records[-1]["outcome"] == "cold", records
+    assert records[-1]["reason"].startswith(reason_start), records[-1]
+    assert info["metadata"]["restored"] is False and info["metadata"]["reason"] == records[-1]["reason"]
+    return records[-1], info
+
+
+def test_recreated_container_comes_back_warm_with_identical_answers(node, warm):
+    reset_device(warm["device_dir"])
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=warm["snapshot_dir"], POD_IP="10.9.8.7")
+    started = time.monotonic()
+    c.run()
+    wait_answer(c)
+    first_answer = time.monotonic() - started  # docker run included
+    answers = [c.generate(p) for p in PROMPTS]
+    assert answers == warm["expected"], "the device memory was not restored"
+    info = c.info()
+    assert info["started_at"] == warm["info"]["started_at"], "not the warmed-up process: it started again"
+    assert info["pid"] == warm["info"]["pid"] and info["snapshot_state"] == "RUNNING"
+    assert info["metadata"]["restored"] is True and info["metadata"]["env"]["POD_IP"] == "10.9.8.7"
+    assert info["metadata"]["container_id"] == c.id
+    assert first_answer < warm["cold_seconds"] / 2, (first_answer, warm["cold_seconds"])
+
+    record = node.log_records(c.id)[-1]
+    assert record["outcome"] == "restored" and record["reason"] is None, record
+    assert record["snapshot"] == warm["snapshot_dir"] and record["name"] == c.name
+    assert record["device_actions"] == ["restore", "unlock"]
+    for stage in ("prepare", "verify", "host_restore", "metadata", "device_restore", "total"):
+        assert stage in record["durations"], record["durations"]
+    assert "10.9.8.7" not in node.log_file.read_text(), "env values never go to the log"
+    status = snapshot.read_status(warm["snapshot_dir"])
+    assert status["status"] == "completed" and status["last_restore"]["outcome"] == "restored"
+    assert status["last_restore"]["container"] == c.id
+    # the snapshot is untouched by the restore: it still verifies
+    valid, reasons, _details = manifest_utils.verify(warm["snapshot_dir"], 1024, {})
+    assert valid, reasons
+    print("\nrestore on create: first correct answer %.2f s after docker run (cold start %.2f s); stages %s"
+          % (first_answer, warm["cold_seconds"], record["durations"]))
+
+    # the restored process is the container's: exec, top and its old environment (hence the metadata file)
+    environ = docker("exec", c.name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ")
+    assert "INFEROPS_RESTORE_FROM" not in environ and "POD_IP" not in environ
+    assert "_agent.py" in docker("top", c.name)
+    # docker restart: policy "once" -> the restart starts cold, and serves correct answers
+    docker("restart", "--time", "5", c.name)
+    assert_cold(node, c, warm, "policy_once:")
+    # docker stop / start / rm behave as with runc
+    docker("stop", "--time", "5", c.name)
+    assert docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", c.name) == "exited 0"
+    docker("start", c.name)
+    c.wait_ready(timeout=WARMUP + 60)
+    container_id = c.id
+    docker("rm", "-f", c.name)
+    assert not os.path.exists(os.path.join(node.state_dir, container_id))
+
+
+def test_restore_policy_always_restores_again_on_restart(node, warm):
+    reset_device(warm["device_dir"])
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=warm["snapshot_dir"], INFEROPS_RESTORE_POLICY="always")
+    c.run()
+    wait_answer(c)
+    assert c.info()["started_at"] == warm["info"]["started_at"]
+    docker("stop", "--time", "5", c.name)
+    reset_device(warm["device_dir"])
+    docker("start", c.name)
+    wait_answer(c)
+    assert [c.generate(p) for p in PROMPTS] == warm["expected"]
+    assert c.info()["started_at"] == warm["info"]["started_at"]
+    assert [r["outcome"] for r in node.log_records(c.id)] == ["restored", "restored"]
+    c.remove()
+
+
+def corrupt_copy(node, warm, suffix, mutate, reseal=False):
+    """A copy of the snapshot below the node's root, broken by ``mutate(snapshot_dir)``.
+
+    reseal=True writes fresh checksums and manifest after the damage: a snapshot that verifies but
+    cannot be restored, to reach the CRIU failure paths behind verification.
+    """
+    src = warm["snapshot_dir"]
+    dst = str(node.roots / suffix / "sample" / "p0" / warm["pod"])
+    os.makedirs(os.path.dirname(dst), mode=0o700)
+    if not reseal:
+        shutil.copytree(src, dst)
+        mutate(dst)
+        return dst
+    staging = os.path.join(os.path.dirname(dst), ".%s.partial" % warm["pod"])
+    shutil.copytree(src, staging)
+    manifest = json.loads(open(os.path.join(staging, "manifest.json")).read())
+    mutate(staging)
+    fields = {k: v for k, v in manifest.items() if k not in ("files", "total_bytes", "schema_version")}
+    snapshot.seal(staging, fields)
+    snapshot.publish(staging, dst)
+    return dst
+
+
+def pages_file(directory):
+    images = os.path.join(directory, "host", "criu")
+    return os.path.join(images, sorted(f for f in os.listdir(images) if f.startswith("pages-"))[0])
+
+
+def flip_byte(directory):
+    with open(pages_file(directory), "r+b") as handle:
+        handle.seek(8192)
+        byte = handle.read(1)
+        handle.seek(8192)
+        handle.write(bytes([byte[0] ^ 0x20]))
+
+
+def test_corrupted_snapshot_comes_back_cold(node, warm):
+    snap = corrupt_copy(node, warm, "corrupt", flip_byte)
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=snap)
+    c.run()
+    record, _info = assert_cold(node, c, warm, "checksum_mismatch: host/criu/pages-")
+    assert "verify" not in record["durations"] or record["durations"]["verify"] >= 0
+    assert snapshot.read_status(snap) is None or snapshot.read_status(snap)["last_restore"]["outcome"] == "cold"
+    assert os.path.exists(pages_file(snap)), "an invalid snapshot is never deleted"
+    c.remove()
+
+
+@pytest.mark.parametrize("case", ["outside_roots", "missing", "bad_timeout"])
+def test_unusable_requests_come_back_cold(node, warm, tmp_path, case):
+    if case == "outside_roots":
+        outside = tmp_path / "elsewhere" / warm["pod"]
+        shutil.copytree(warm["snapshot_dir"], str(outside))
+        env, reason = {"INFEROPS_RESTORE_FROM": str(outside)}, "unsafe_path:"
+    elif case == "missing":
+        env, reason = {"INFEROPS_RESTORE_FROM": str(node.roots / "nothing" / warm["pod"])}, "missing:"
+    else:
+        env, reason = {"INFEROPS_RESTORE_FROM": warm["snapshot_dir"], "INFEROPS_RESTORE_TIMEOUT": "soon"}, "bad_request:"
+    c = warm["recreate"](**env)
+    c.run()
+    assert_cold(node, c, warm, reason)
+    c.remove()
+
+
+def truncate_pages(directory):
+    path = pages_file(directory)
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) // 2)
+
+
+def delete_pages(directory):
+    os.unlink(pages_file(directory))
+
+
+@pytest.mark.parametrize("case", ["criu_error", "criu_hang"])
+def test_restore_failures_behind_verification_fall_back_cold(node, warm, case):
+    """A snapshot whose checksums are right but whose images are not: CRIU fails, or spins forever
+    on a truncated pages image. Either way the container starts cold, within the time limit, and
+    nothing is left mounted or half-restored."""
+    mutate = delete_pages if case == "criu_error" else truncate_pages
+    snap = corrupt_copy(node, warm, "resealed-" + case, mutate, reseal=True)
+    valid, reasons, _details = manifest_utils.verify(snap, 1024, {})
+    assert valid, reasons
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=snap, INFEROPS_RESTORE_TIMEOUT="5")
+    started = time.monotonic()
+    c.run()
+    record, _info = assert_cold(node, c, warm, "criu_failed:" if case == "criu_error" else "timeout:")
+    if case == "criu_error":
+        assert "pages" in record["reason"], record  # the cause from the CRIU log, not its unwinding
+    assert record["durations"]["total"] < 5 + 15, record
+    assert time.monotonic() - started < 5 + 15 + WARMUP + 30
+    with open("/proc/self/mountinfo") as handle:
+        leftovers = [line for line in handle if node.state_dir in line or "/criu-root" in line and c.id in line]
+    assert leftovers == [], leftovers
+    c.remove()
+
+
+def test_device_restore_failure_removes_the_restored_process_and_starts_cold(node, warm):
+    """The host restore succeeds but the NPU is held by another process, so the ACL runtime refuses
+    RESTORE: the runtime kills the restored process again and the container starts cold.
+
+    The lock is released as soon as the attempt is logged, before the cold-started engine opens the
+    device (that takes it well over 100 ms: runc create, start, Python, the agent)."""
+    reset_device(warm["device_dir"])
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=warm["snapshot_dir"])
+    holder = os.open(str(warm["device_dir"] / "device0"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        run = subprocess.Popen(["docker", "run", "-d"] + c.create_args(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not [r for r in node.log_records() if r.get("name") == c.name] and time.monotonic() < deadline:
+            time.sleep(0.002)
+    finally:
+        os.close(holder)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    record, _info = assert_cold(node, c, warm, "device_restore_failed:")
+    assert "busy" in record["reason"] or "507909" in record["reason"], record
+    assert record["durations"]["host_restore"] > 0 and record["restored_pid"], record
+    assert not os.path.exists("/proc/%d" % record["restored_pid"]) or \
+        "python" not in open("/proc/%d/cmdline" % record["restored_pid"]).read()
+    c.remove()
+
+
+def test_container_without_the_marker_starts_exactly_as_with_runc(node, warm):
+    script = "echo out; echo err >&2; cat /proc/self/status | grep -c NSpid; exit 3"
+    results = []
+    for runtime in ("runc", node.name):
+        proc = subprocess.run(["docker", "run", "--rm", "--network", "none", "--runtime", runtime, warm["image"],
+                               "sh", "-c", script], capture_output=True, text=True, timeout=120, check=False)
+        results.append((proc.returncode, proc.stdout, proc.stderr))
+    assert results[0] == results[1] == (3, "out\n1\n", "err\n"), results
+    before = len(node.log_records())
+    c = warm["recreate"]()
+    c.run()
+    assert_ready = c.wait_ready(timeout=WARMUP + 60)
+    assert assert_ready["phase"] == "serving"
+    assert [c.generate(p) for p in PROMPTS] == warm["expected"]
+    assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", c.name) == node.name
+    assert len(node.log_records()) == before, "an unmarked container never reaches the restore path"
+    assert not os.path.exists(os.path.join(node.state_dir, c.id))
+    docker("stop", "--time", "5", c.name)
+    assert docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", c.name) == "exited 0"
+    c.remove()
+
+
+def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
+    """snapshot_restore method=runtime: the module creates the container with the runtime and starts it;
+    compared with method=docker (docker start --checkpoint) on the same snapshot."""
+    seconds = {}
+    for method in ("docker", "runtime"):
+        name = "%s-%s" % (warm["pod"], method)
+        reset_device(warm["device_dir"])
+        started = time.monotonic()
+        try:
+            result = run_module("snapshot_restore", {
+                "snapshot_dir": warm["snapshot_dir"], "identity": identity(warm["pod"]), "container": name,
+                "method": method, "runtime_name": node.name, "env": {"POD_IP": "10.4.4.4"},
+                "health_url": "http://127.0.0.1:%d/health" % warm["port"], "health_timeout": 60})
+            seconds[method] = time.monotonic() - started
+            assert result.get("failed") is False and result["restored"] is True, result
+            c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"])
+            assert [c.generate(p) for p in PROMPTS] == warm["expected"]
+            info = c.info()
+            assert info["started_at"] == warm["info"]["started_at"]
+            assert info["metadata"]["env"]["POD_IP"] == "10.4.4.4" and info["metadata"]["restored"] is True
+            if method == "runtime":
+                assert result["placement"] == "runtime" and result["created"] is True
+                assert result["runtime_record"]["outcome"] == "restored", result["runtime_record"]
+                assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", name) == node.name
+                again = run_module("snapshot_restore", {"snapshot_dir": warm["snapshot_dir"], "method": method,
+                                                        "identity": identity(warm["pod"]), "container": name,
+                                                        "runtime_name": node.name})
+                assert again["changed"] is False, again
+        finally:
+            docker("rm", "-f", name, check=False)
+    print("\nsnapshot_restore to healthy: method=docker %.2f s, method=runtime %.2f s" % (seconds["docker"], seconds["runtime"]))
+
+    missing = run_module("snapshot_restore", {"snapshot_dir": warm["snapshot_dir"], "identity": identity(warm["pod"]),
+                                              "container": "%s-none" % warm["pod"], "method": "runtime",
+                                              "runtime_name": "no-such-runtime-%s" % uuid.uuid4().hex[:4]})
+    assert missing["failed"] and "snapshot_node" in missing["msg"], missing
