@@ -1,0 +1,244 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: k8s_snapshot_pods_info
+short_description: Read an inference service's pods, instances and snapshot state from the Kubernetes API, and wait for them
+version_added: 0.1.0
+description:
+  - Lists the pods of an inference service (label O(service_label)C(=<service>)), groups them into instances
+    (label O(instance_label)), chooses the instance to snapshot (O(instance), else the first) and describes each of
+    its pods - node, engine container and its runtime id, identity (namespace/service/instance/pod), the snapshot
+    paths the O(config) gives it, whether it carries the C(VLLM_NPU_SNAPSHOT_PATH) env, and the snapshot state in its
+    C(snapshot.inferops.org/*) annotations.
+  - Also reads the service's record ConfigMap C(inferops-snapshot-<service>) (which snapshots were completed, on which
+    node) and lists the pods waiting for a restore decision (scheduling gate C(inferops.org/snapshot-restore)), with the
+    ones that have a completed snapshot to verify as RV(candidates).
+  - With O(wait_for), waits until the pods are running (a container id in their status) or Ready, and fails after
+    O(wait_timeout) seconds with the last observed state of every pod still missing. It fails at once when a pod
+    failed or its snapshot status annotation says C(failed).
+  - Reads only; it never changes anything in the cluster.
+author:
+  - inferops.snapshot maintainers (@inferops)
+extends_documentation_fragment:
+  - inferops.snapshot.k8s_auth
+  - inferops.snapshot.k8s_auth.SERVICE
+  - inferops.snapshot.attributes
+  - inferops.snapshot.k8s_auth.ACTIONGROUP
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; it runs (and waits) in check mode too.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  wait_for:
+    description:
+      - C(none) reads once. C(running) waits until each pod has a container id in its status (its container was created
+        or restored). C(ready) waits until each pod is Ready (for an engine with C(VLLM_NPU_SNAPSHOT_PATH), warmup done
+        and the device snapshot taken) and has a container id.
+    type: str
+    choices: [none, running, ready]
+    default: none
+  wait_pods:
+    description: Names of the pods to wait for. Default is the pods of the chosen instance.
+    type: list
+    elements: str
+  wait_timeout:
+    description: Seconds to wait with O(wait_for) before failing with the last observed state.
+    type: float
+    default: 300
+  wait_sleep:
+    description: Seconds between two reads while waiting.
+    type: float
+    default: 0.5
+seealso:
+  - module: inferops.snapshot.k8s_snapshot_pods
+  - ref: inferops.snapshot.k8s_snapshot_generate
+    description: The role that generates a service's snapshots in Kubernetes.
+"""
+
+EXAMPLES = r"""
+- name: Which instance of qwen would be snapshotted, and where
+  inferops.snapshot.k8s_snapshot_pods_info:
+    namespace: inference
+    service: qwen
+    config:
+      enabled: true
+      npuSnapshotPath: /mnt/snapshots/npu
+      hostSnapshotPath: /mnt/snapshots/host
+  register: plan
+
+- name: Wait until the instance's engines are warm and their device snapshot is taken
+  inferops.snapshot.k8s_snapshot_pods_info:
+    namespace: inference
+    service: qwen
+    instance: "{{ plan.instance }}"
+    wait_for: ready
+    wait_timeout: 300
+"""
+
+RETURN = r"""
+enabled:
+  description: Whether the service has snapshots on (a valid O(config) with C(enabled=true)).
+  returned: always
+  type: bool
+disabled_reason:
+  description: Why nothing is to be done, when RV(enabled) is false.
+  returned: always
+  type: str
+config:
+  description: The O(config) with the schema's defaults filled in (C(timeoutSeconds) 300, C(minSizeBytes) 1024).
+  returned: always
+  type: dict
+instances:
+  description: The service's instances in natural order, each with its pod names.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{name: p0, pods: [qwen-p0-0, qwen-p0-1]}, {name: p1, pods: [qwen-p1-0]}]
+unlabelled:
+  description: Pods of the service without the O(instance_label) label (they belong to no instance).
+  returned: always
+  type: list
+  elements: str
+instance:
+  description: The chosen instance (null when the service has no pods).
+  returned: always
+  type: str
+  sample: p0
+pods:
+  description:
+    - The chosen instance's pods. Each has C(name), C(uid), C(node), C(phase), C(ready), C(gated), C(controller)
+      (C(Kind/name) or null), C(container), C(container_id) and C(container_runtime) (from C(docker://<id>)),
+      C(image), C(identity), C(npu_path), C(host_path), C(env_ok) (it carries C(VLLM_NPU_SNAPSHOT_PATH) with its path),
+      C(snapshot) (C(status), C(reason), C(checksum) from its annotations) and C(restore) (C(status), C(reason)).
+  returned: always
+  type: list
+  elements: dict
+gated:
+  description: Pods of the service held by the scheduling gate C(inferops.org/snapshot-restore), described like RV(pods).
+  returned: always
+  type: list
+  elements: dict
+record:
+  description: The service's record ConfigMap, one entry per pod name (identity, node, host_path, status, checksum, ...).
+  returned: always
+  type: dict
+candidates:
+  description: Gated pods with a completed snapshot in the record, each to verify on its C(node) before a restore.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{name: qwen-p0-0, node: node-a, host_path: /mnt/snapshots/host/inference/qwen/p0/qwen-p0-0, image: qwen:1.2}]
+completed:
+  description: Every pod of the chosen instance is annotated C(completed) and recorded so with the same checksum.
+  returned: always
+  type: bool
+waited:
+  description: With O(wait_for), the last observed state of each awaited pod (phase, ready, node, containerID, state).
+  returned: when O(wait_for) is not C(none)
+  type: dict
+elapsed:
+  description: Seconds spent waiting.
+  returned: when O(wait_for) is not C(none)
+  type: float
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s as k8s
+from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.inferops.snapshot.plugins.module_utils._common import run_module
+from ansible_collections.inferops.snapshot.plugins.module_utils._errors import SnapshotError, SnapshotTimeout
+
+
+def arrived(pod, container_name, wait_for):
+    ready = svc.is_ready(pod) if wait_for == "ready" else True
+    return ready and svc.container_id(pod, container_name)[1] is not None
+
+
+def describe_state(state):
+    return ", ".join("%s=%s" % (key, value) for key, value in sorted(state.items()) if key != "state")
+
+
+def wait(module, client, params, result, clock=time.monotonic):
+    names = params["wait_pods"] if params["wait_pods"] is not None else [pod["name"] for pod in result["pods"]]
+    started = clock()
+    last = {}
+    while True:
+        missing = []
+        for pod_name in names:
+            pod = client.get_pod(params["namespace"], pod_name)
+            if pod is None:
+                last[pod_name] = {"phase": None, "exists": False}
+                missing.append(pod_name)
+                continue
+            _index, container = svc.engine_container(pod, params["container"])
+            last[pod_name] = svc.summary(pod, container.get("name"))
+            if last[pod_name]["phase"] in ("Failed", "Succeeded"):
+                raise SnapshotError("pod %s/%s stopped (phase %s) while waiting for it to be %s"
+                                    % (params["namespace"], pod_name, last[pod_name]["phase"], params["wait_for"]),
+                                    waited=last, elapsed=round(clock() - started, 3))
+            if svc.annotations(pod).get(svc.A_STATUS) == svc.STATUS_FAILED:
+                raise SnapshotError("pod %s/%s: snapshot status is failed: %s" % (
+                    params["namespace"], pod_name, svc.annotations(pod).get(svc.A_REASON)), waited=last,
+                    elapsed=round(clock() - started, 3))
+            if not arrived(pod, container.get("name"), params["wait_for"]):
+                missing.append(pod_name)
+        elapsed = round(clock() - started, 3)
+        if not missing:
+            return last, elapsed
+        if elapsed >= params["wait_timeout"]:
+            details = "; ".join("%s: %s" % (pod_name, describe_state(last[pod_name])) for pod_name in missing)
+            raise SnapshotTimeout("timeout: pods not %s within %.0f s: %s" % (params["wait_for"], params["wait_timeout"],
+                                                                              details),
+                                  waited=last, elapsed=elapsed, missing=missing)
+        time.sleep(params["wait_sleep"])
+
+
+def main_logic(module):
+    params = module.params
+    client = k8s.K8sClient.from_params(params)
+    result = svc.read_service(client, params)
+    if params["wait_for"] != "none":
+        if params["wait_timeout"] < 0:
+            raise SnapshotError("wait_timeout: must be 0 or more seconds, got %s" % params["wait_timeout"])
+        try:
+            result["waited"], result["elapsed"] = wait(module, client, params, result)
+        except SnapshotError as exc:
+            exc.result.update(result)
+            raise
+    module.exit_json(changed=False, **result)
+
+
+def main():
+    argument_spec = dict(k8s.AUTH_ARGS)
+    argument_spec.update(svc.SERVICE_ARGS)
+    argument_spec.update(
+        wait_for=dict(type="str", default="none", choices=["none", "running", "ready"]),
+        wait_pods=dict(type="list", elements="str"),
+        wait_timeout=dict(type="float", default=300.0),
+        wait_sleep=dict(type="float", default=0.5),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    if not k8s.HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=k8s.KUBERNETES_IMPORT_ERROR)
+    if not schema.HAS_JSONSCHEMA:
+        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
+    run_module(module, main_logic)
+
+
+if __name__ == "__main__":
+    main()
