@@ -151,6 +151,7 @@ APT_PACKAGES=(
     gcc make libc6-dev                            # simulator library
     python3 python3-venv                          # json merge here, project venv
     iproute2 curl procps ca-certificates          # tests and diagnostics
+    openssh-server                                # sshd of the multi-host tests' own namespaced hosts
 )
 
 step_apt() {

@@ -1,0 +1,190 @@
+"""The snapshot roles and playbooks run with ansible-playbook against the real dockerd: input rejected
+before anything runs, check mode, idempotence, waiting for the warmup, an instance undone as a whole
+when one pod fails, and cleanup. The molecule scenarios (extensions/molecule) cover the seed's test table."""
+
+import json
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from conftest import docker, free_port, http_get, run_module
+from _roles_helpers import local_inventory, run_playbook, finish, status_record
+
+PROMPTS = ["what is an NPU?", "数据"]
+
+
+def config(root, **extra):
+    return dict({"enabled": True, "hostSnapshotPath": str(root / "host"), "npuSnapshotPath": str(root / "npu"),
+                 "timeoutSeconds": 120}, **extra)
+
+
+def inventory(root, service, pods, instance="p0", **extra):
+    return local_inventory(snapshot_config=config(root, **extra), snapshot_service={"namespace": "t", "name": service},
+                           snapshot_instances=[{"name": instance, "pods": pods}])
+
+
+def listing(root):
+    found = []
+    for directory, dirs, files in os.walk(str(root)):
+        found += [os.path.relpath(os.path.join(directory, name), str(root)) for name in dirs + files]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"snapshot_instances": [{"name": "p0", "pods": [{"container": "x"}]}]},
+     "Validating arguments against arg spec"),
+    ({"snapshot_instances": [{"name": "p0", "pods": [{"name": "x", "readyness_url": "y"}]}]},
+     "readyness_url"),
+    ({"snapshot_config": {"enabled": True, "npuSnapshotPath": "/a", "hostSnapshotPath": "relative"}},
+     "snapshot_config is invalid at hostSnapshotPath"),
+    ({"snapshot_config": {"enabled": "maybe"}}, "snapshot_config is invalid at enabled"),
+    ({"snapshot_instances": [{"name": "p0", "pods": [{"name": "a"}, {"name": "a"}]}]}, "pod 'a' appears twice"),
+])
+def test_bad_input_is_rejected_before_anything_runs(tmp_path, bad, words):
+    inv = inventory(tmp_path, "bad", [{"name": "no-such-container-%s" % uuid.uuid4().hex[:6]}])
+    inv["all"]["hosts"]["npu-host"].update(bad)
+    playbooks = ("generate.yml", "restore.yml", "verify.yml", "cleanup.yml") if "hostSnapshotPath" in words else \
+        ("generate.yml",)
+    for playbook in playbooks:
+        run = run_playbook(tmp_path / "runs", playbook, inv)
+        assert run.rc != 0 and words in run.stdout, (playbook, run)
+        assert run.recap["npu-host"]["changed"] == 0, (playbook, run)
+    assert not (tmp_path / "host").exists() and not (tmp_path / "npu").exists()
+
+
+@pytest.fixture
+def pod_factory(docker_env, containers, tmp_path):
+    def make(name=None, readiness=True, **env):
+        name = name or "roles-%s" % uuid.uuid4().hex[:6]
+        device_dir = tmp_path / ("dev-" + name)
+        device_dir.mkdir(mode=0o700)
+        c = containers(name, docker_env, device_dir, free_port(), WORKLOAD_DEVICE_MB="16", WORKLOAD_HOST_MB="4", **env)
+        pod = {"name": name}
+        if readiness:
+            pod["readiness_url"] = c.url + "/health"
+        return c, pod
+    return make
+
+
+def test_generate_check_mode_then_idempotent_second_run(tmp_path, pod_factory):
+    c, pod = pod_factory()
+    c.run().wait_ready()
+    expected = [c.generate(p) for p in PROMPTS]
+    inv = inventory(tmp_path, "idem", [pod])
+    snap = tmp_path / "host" / "t" / "idem" / "p0" / pod["name"]
+
+    preview = run_playbook(tmp_path / "runs", "generate.yml", inv, check=True)
+    assert preview.rc == 0 and preview.recap["npu-host"]["changed"] >= 1, preview
+    assert "would snapshot pod %s" % pod["name"] in preview.stdout
+    host = preview.facts["npu-host"]
+    assert host["snapshot_generate_outcome"]["status"] == "would_generate"
+    assert [r["status"] for r in host["snapshot_generate_results"]] == ["would_generate"]
+    assert not (tmp_path / "host").exists() and not (tmp_path / "npu").exists(), "check mode wrote something"
+    assert c.info()["snapshot_state"] == "RUNNING"
+
+    first = run_playbook(tmp_path / "runs", "generate.yml", inv)
+    assert first.rc == 0 and first.recap["npu-host"]["changed"] >= 3, first
+    result = first.facts["npu-host"]["snapshot_generate_results"][0]
+    assert result["status"] == "completed" and result["snapshot_dir"] == str(snap)
+    record = status_record(snap)
+    assert record["status"] == "completed" and record["checksum"] == result["checksum"]
+    assert [c.generate(p) for p in PROMPTS] == expected and c.info()["snapshot_state"] == "RUNNING"
+
+    again = run_playbook(tmp_path / "runs", "generate.yml", inv)
+    assert again.rc == 0 and again.recap["npu-host"]["changed"] == 0, again
+    assert "%s: unchanged" % pod["name"] in again.stdout and "a completed snapshot is already there" in again.stdout
+    assert again.facts["npu-host"]["snapshot_generate_outcome"]["status"] == "unchanged"
+    assert status_record(snap)["updated_at"] == record["updated_at"], "the second run rewrote the status"
+
+    preview_again = run_playbook(tmp_path / "runs", "generate.yml", inv, check=True)
+    assert preview_again.rc == 0 and preview_again.recap["npu-host"]["changed"] == 0, preview_again
+
+    verify = run_playbook(tmp_path / "runs", "verify.yml", inv, check=True)
+    assert verify.rc == 0 and verify.recap["npu-host"]["changed"] == 0, verify
+    checked = verify.facts["npu-host"]["snapshot_verify_results"][0]
+    assert checked["usable"] and checked["valid"] and checked["status"] == "completed"
+
+
+def test_waits_for_the_warmup_file_and_undoes_the_whole_instance_when_one_pod_fails(tmp_path, pod_factory):
+    ready = "/tmp/inferops-warmed-up"
+    a, pod_a = pod_factory(readiness=False)
+    pod_a["readiness_file"] = ready
+    b, pod_b = pod_factory(WORKLOAD_STUCK_BACKGROUND_THREAD="1", ACL_SIM_LOCK_TIMEOUT_MS="1000")
+    for c in (a, b):
+        c.run().wait_ready()
+    expected = [a.generate(p) for p in PROMPTS]
+    inv = inventory(tmp_path, "pair", [pod_a, pod_b])
+    snap_a = tmp_path / "host" / "t" / "pair" / "p0" / pod_a["name"]
+
+    running = run_playbook(tmp_path / "runs", "generate.yml", inv, extra_vars=[{"snapshot_generate_fail_on_error": False}],
+                           popen=True)
+    deadline = time.monotonic() + 60
+    while (status_record(snap_a) or {}).get("status") != "generating" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the role must still be waiting: the file that says "warmed up" is not there yet
+    record = status_record(snap_a)
+    assert record["status"] == "generating" and record["reason"] == "waiting for the warmup", record
+    assert a.info()["snapshot_state"] == "RUNNING" and not snap_a.exists()
+    docker("exec", a.name, "touch", ready)
+    run = finish(running)
+
+    assert run.rc == 0, run
+    host = run.facts["npu-host"]
+    assert host["snapshot_generate_outcome"]["status"] == "failed", host
+    results = {r["pod"]: r for r in host["snapshot_generate_results"]}
+    assert results[pod_b["name"]]["reason"].startswith("device snapshot of pod %s failed" % pod_b["name"])
+    assert "507905" in results[pod_b["name"]]["reason"]
+    assert results[pod_a["name"]]["reason"].startswith("instance p0 failed at pod %s: " % pod_b["name"])
+    assert str(snap_a) in results[pod_a["name"]]["removed"], "pod a's completed snapshot must go with the instance"
+    history_a = [h["status"] for h in status_record(snap_a)["history"]]
+    assert history_a[-2:] == ["completed", "failed"], history_a
+    assert listing(tmp_path / "host") == sorted(["t", "t/pair", "t/pair/p0", "t/pair/p0/.%s.status.json" % pod_a["name"],
+                                                 "t/pair/p0/.%s.status.json" % pod_b["name"]])
+    assert not (tmp_path / "npu").exists() or listing(tmp_path / "npu") == ["t", "t/pair", "t/pair/p0"]
+    assert host["snapshot_generate_engines"][pod_a["name"]]["engine"] == "RUNNING"
+    assert host["snapshot_generate_engines"][pod_b["name"]] == {"engine": "RUNNING", "serving": True}
+    assert [a.generate(p) for p in PROMPTS] == expected and [b.generate(p) for p in PROMPTS] == expected
+
+    cleaned = run_playbook(tmp_path / "runs", "cleanup.yml", inv)
+    assert cleaned.rc == 0 and cleaned.recap["npu-host"]["changed"] == 1, cleaned
+    result = cleaned.facts["npu-host"]["snapshot_cleanup_result"]
+    assert result["summary"]["failed"] == 2 and not os.listdir(str(tmp_path / "host" / "t" / "pair" / "p0"))
+    again = run_playbook(tmp_path / "runs", "cleanup.yml", inv)
+    assert again.rc == 0 and again.recap["npu-host"]["changed"] == 0, again
+
+
+def test_snapshot_status_records_failed_and_removes_only_the_pods_paths(tmp_path):
+    identity = {"namespace": "t", "service": "s", "instance": "p0", "pod": "pod-x"}
+    snap = tmp_path / "host" / "t" / "s" / "p0" / "pod-x"
+    npu = tmp_path / "npu" / "t" / "s" / "p0" / "pod-x"
+    staging = snap.parent / ".pod-x.partial"
+    for path in (snap, npu, staging):
+        path.mkdir(parents=True, mode=0o700)
+    args = {"snapshot_dir": str(snap), "identity": identity, "status": "failed", "reason": "timeout: late",
+            "extra_paths": [str(npu)]}
+
+    refused = run_module("snapshot_status", dict(args, extra_paths=[str(tmp_path / "npu")]))
+    assert refused["failed"] and "does not contain the pod name 'pod-x'" in refused["msg"], refused
+    assert npu.exists()
+
+    preview = run_module("snapshot_status", args, check=True)
+    assert preview["changed"] and sorted(preview["removed"]) == sorted([str(snap), str(staging), str(npu)])
+    assert snap.exists() and status_record(snap) is None
+
+    done = run_module("snapshot_status", args)
+    assert done["changed"] and done["status"] == "failed" and done["previous"] is None
+    assert not snap.exists() and not staging.exists() and not npu.exists()
+    record = status_record(snap)
+    assert record["status"] == "failed" and record["reason"] == "timeout: late" and record["identity"] == identity
+
+    again = run_module("snapshot_status", args)
+    assert again["changed"] is False and again["removed"] == []
+    read = run_module("snapshot_status", {"snapshot_dir": str(snap), "identity": identity})
+    assert read["changed"] is False and read["status"] == "failed"
+    no_snapshot = run_module("snapshot_status", {"snapshot_dir": str(snap), "identity": identity, "status": "completed"})
+    assert no_snapshot["failed"] and "no snapshot is published" in no_snapshot["msg"]
+    no_reason = run_module("snapshot_status", {"snapshot_dir": str(snap), "identity": identity, "status": "failed"})
+    assert no_reason["failed"] and no_reason["msg"].startswith("reason: required")
