@@ -292,6 +292,19 @@ def annotation_changes(pod, wanted):
     return changes
 
 
+def with_annotations(pod, changes):
+    """A copy of ``pod`` with annotation ``changes`` applied as a merge patch would (None removes)."""
+    new = copy.deepcopy(pod)
+    merged = dict(annotations(pod))
+    for key, value in changes.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    new.setdefault("metadata", {})["annotations"] = merged
+    return new
+
+
 def recreation_manifest(pod, container_index, container, extra_annotations):
     """The pod as it would be created again: same name, labels and spec, server-set fields dropped,
     ``container`` in place of the engine container and ``extra_annotations`` merged."""

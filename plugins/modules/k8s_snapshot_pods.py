@@ -225,13 +225,14 @@ class PodChanger:
                     restore_from, node, reason = None, None, (
                         "the pod is bound to node %s by its nodeSelector but its snapshot is on node %s" % (pinned, node))
                 _index, container = svc.engine_container(pod, self.params["container"])
-                metadata = svc.restore_metadata(pod, container, restore_from is not None, restore_from, reason)
-                changes = svc.annotation_changes(pod, {
-                    svc.RESTORE_FROM_ANNOTATION: restore_from,
-                    svc.A_RESTORE: svc.RESTORE_PENDING if restore_from else svc.RESTORE_COLD,
-                    svc.A_RESTORE_REASON: reason,
-                    svc.A_METADATA: json.dumps(metadata, sort_keys=True),
-                })
+                wanted = {svc.RESTORE_FROM_ANNOTATION: restore_from,
+                          svc.A_RESTORE: svc.RESTORE_PENDING if restore_from else svc.RESTORE_COLD,
+                          svc.A_RESTORE_REASON: reason}
+                # the environment as the kubelet will resolve it, downward-API references to these annotations included
+                released = svc.with_annotations(pod, wanted)
+                metadata = svc.restore_metadata(released, container, restore_from is not None, restore_from, reason)
+                wanted[svc.A_METADATA] = json.dumps(metadata, sort_keys=True)
+                changes = svc.annotation_changes(pod, wanted)
                 first = {"metadata": {"annotations": changes}}
                 if node:
                     first["spec"] = {"nodeSelector": {svc.HOSTNAME_LABEL: node}}

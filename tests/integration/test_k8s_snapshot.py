@@ -1,0 +1,385 @@
+"""Kubernetes mode end to end: the roles k8s_snapshot_generate and k8s_snapshot_restore run through
+ansible-playbook against a Kubernetes API emulator over real HTTP (kubernetes client, kubernetes.core),
+with the node side on the real dockerd + CRIU and the simulated NPU. The test plays the kubelet
+(_k8s_helpers.Kubelet) and, where a controller would recreate a pod, recreates it itself.
+
+The seed design's test table, Kubernetes rows: config injection (annotations + env), device snapshot
+taken by the engine before Ready, host snapshot + checksum -> completed, restore on recreation with the
+new environment, failure -> failed + cleaned + serving, timeout, and the compatibility rows: no config,
+disabled, first deployment without a snapshot, another image version.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import yaml
+
+from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, write_inventory, write_kubeconfig
+from conftest import REPO, docker, free_port, http_get
+
+NODE = "node-a"
+PROMPTS = ["what is an NPU?", "snapshot me", "the quick brown fox"]
+pytestmark = pytest.mark.timeout(600)
+
+
+class Cluster:
+    def __init__(self, base, image):
+        self.base, self.image = base, image
+        self.server = ApiServer()
+        self.url = self.server.url
+        self.kubeconfig = write_kubeconfig(base / "kubeconfig", self.url)
+        self.kubelet = Kubelet(self.url, NODE, base / "kubelet", "k8stest-" + uuid.uuid4().hex[:6])
+        self.inventory = write_inventory(base / "inventory.json", NODE, self.kubeconfig)
+
+    def close(self):
+        self.kubelet.stop()
+        self.server.stop()
+
+
+class Service:
+    """One inference service in its own namespace: its pods, snapshot roots and playbook runs."""
+
+    def __init__(self, cluster, base, namespace, name="qwen"):
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+        self.api = Api(cluster.url, namespace)
+        self.base = base
+        self.npu_root = base / "npu-snapshots"
+        self.host_root = base / "host-snapshots"
+        for root in (self.npu_root, self.host_root):
+            root.mkdir(mode=0o700, exist_ok=True)
+        self.ports, self.devices = {}, {}
+
+    def config(self, **overrides):
+        config = {"enabled": True, "npuSnapshotPath": str(self.npu_root), "hostSnapshotPath": str(self.host_root)}
+        config.update(overrides)
+        return config
+
+    def manifest(self, pod, instance, **kwargs):
+        if pod not in self.ports:
+            self.ports[pod] = free_port()
+            self.devices[pod] = self.base / ("npu-device-" + pod)
+            self.devices[pod].mkdir(mode=0o700)
+        kwargs.setdefault("node", None if kwargs.get("gated") else NODE)
+        image = kwargs.pop("image", self.cluster.image)
+        return workload_pod(pod, self.namespace, self.name, instance, image, self.ports[pod], self.devices[pod],
+                            self.npu_root, **kwargs)
+
+    def create(self, pod, instance, **kwargs):
+        return self.api.create(self.manifest(pod, instance, **kwargs))
+
+    def play(self, playbook, config, **extra):
+        variables = {"k8s_snapshot_namespace": self.namespace, "k8s_snapshot_service": self.name,
+                     "k8s_snapshot_node_group": "k8s_nodes"}
+        if config is not None:
+            variables["k8s_snapshot_config"] = config
+        variables.update(extra)
+        return run_playbook(playbook, self.cluster.inventory, variables)
+
+    def generate(self, config, **extra):
+        return self.play("k8s_generate.yml", config, **extra)
+
+    def restore(self, config, **extra):
+        return self.play("k8s_restore.yml", config, **extra)
+
+    def url(self, pod):
+        return "http://127.0.0.1:%d" % self.ports[pod]
+
+    def answers(self, pod):
+        result = []
+        for prompt in PROMPTS:
+            status, body = http_get(self.url(pod) + "/v1/generate?prompt=" + prompt.replace(" ", "%20"), timeout=30)
+            assert status == 200, (pod, status, body)
+            result.append(body["answer"])
+        return result
+
+    def info(self, pod):
+        return http_get(self.url(pod) + "/v1/info")[1]
+
+    def wait_ready(self, pod, timeout=90):
+        def ready():
+            current = self.api.pod(pod)
+            conditions = ((current or {}).get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        self.api.wait(ready, "pod %s Ready" % pod, timeout)
+
+    def snapshot_dir(self, instance, pod, root=None):
+        return str((root or self.host_root) / self.namespace / self.name / instance / pod)
+
+    def reset_device(self, pod):
+        """What deleting the pod does to its NPU: the device memory is gone."""
+        subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
+                       capture_output=True, env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(self.devices[pod])))
+
+    def recreate(self, pod, instance, **kwargs):
+        """A controller's recreation after an abnormal deletion: the same pod, held by the restore gate."""
+        self.api.delete(pod)
+        self.cluster.kubelet.wait_removed(self.namespace, pod)
+        self.reset_device(pod)
+        return self.create(pod, instance, gated=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_env, tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("k8s"), docker_env)
+    yield c
+    c.close()
+    assert c.kubelet.errors == [], "the kubelet simulation failed:\n" + "\n".join(c.kubelet.errors)
+
+
+def recap_changed(output):
+    line = [line for line in output.splitlines() if line.startswith("localhost ")][-1]
+    return int(line.split("changed=")[1].split()[0])
+
+
+def sha256(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def generated(cluster, tmp_path_factory):
+    """First deployment: service qwen with instances p0 (two pods) and p1 (one pod), created without any
+    snapshot settings; the generation role then snapshots p0."""
+    svc = Service(cluster, tmp_path_factory.mktemp("gen"), "infer")
+    pods = {"qwen-p0-0": "p0", "qwen-p0-1": "p0", "qwen-p1-0": "p1"}
+    for pod, instance in pods.items():
+        svc.create(pod, instance)
+    uids = {pod: svc.api.pod(pod)["metadata"]["uid"] for pod in pods}
+    svc.wait_ready("qwen-p1-0")
+    expected = svc.answers("qwen-p1-0")
+    started = time.monotonic()
+    rc, output = svc.generate(svc.config())
+    return dict(svc=svc, rc=rc, output=output, uids=uids, expected=expected, seconds=time.monotonic() - started)
+
+
+def test_generation_injects_the_config_and_snapshots_the_first_instance(generated, cluster):
+    svc, api = generated["svc"], generated["svc"].api
+    assert generated["rc"] == 0, generated["output"][-4000:]
+    for pod in ("qwen-p0-0", "qwen-p0-1"):
+        npu_path = svc.snapshot_dir("p0", pod, root=svc.npu_root)
+        host_path = svc.snapshot_dir("p0", pod)
+        ann = api.annotations(pod)
+        # config injection: annotations and env, each path with the pod's own identity
+        assert ann["snapshot.inferops.org/identity"] == "infer/qwen/p0/" + pod
+        assert ann["snapshot.inferops.org/npu-path"] == npu_path
+        assert ann["snapshot.inferops.org/host-path"] == host_path
+        assert ann["snapshot.inferops.org/timeout-seconds"] == "300"
+        assert api.env(pod)["VLLM_NPU_SNAPSHOT_PATH"] == npu_path
+        # a bare pod gets the env by being recreated: same name, new uid, same node
+        assert api.pod(pod)["metadata"]["uid"] != generated["uids"][pod]
+        assert api.pod(pod)["spec"]["nodeName"] == NODE
+        # the engine took the device snapshot itself, at its NPU path, before it reported Ready
+        record = json.loads(open(os.path.join(npu_path, "device-snapshot.json")).read())
+        assert record["state"] == "BACKED_UP"
+        # host snapshot on the node, completed, with the checksum in the annotations
+        assert ann["snapshot.inferops.org/status"] == "completed", ann
+        assert "snapshot.inferops.org/reason" not in ann
+        assert ann["snapshot.inferops.org/checksum"] == sha256(os.path.join(host_path, "checksum.sha256"))
+        assert ann["snapshot.inferops.org/node"] == NODE
+        assert int(ann["snapshot.inferops.org/total-bytes"]) > 24 * 1024 * 1024  # device memory travels in it
+        manifest = json.loads(open(os.path.join(host_path, "manifest.json")).read())
+        assert manifest["identity"] == {"namespace": "infer", "service": "qwen", "instance": "p0", "pod": pod}
+        proc = subprocess.run(["sha256sum", "--check", "--strict", "--quiet", "checksum.sha256"], cwd=host_path,
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        # the instance serves again: engine resumed, same answers as an engine never snapshotted
+        info = svc.info(pod)
+        assert info["snapshot_state"] == "RUNNING" and info["phase"] == "serving", info
+        assert svc.answers(pod) == generated["expected"]
+    # the other instance is untouched
+    assert api.pod("qwen-p1-0")["metadata"]["uid"] == generated["uids"]["qwen-p1-0"]
+    assert "VLLM_NPU_SNAPSHOT_PATH" not in api.env("qwen-p1-0")
+    assert not any(key.startswith("snapshot.inferops.org/") for key in api.annotations("qwen-p1-0"))
+    assert not os.path.exists(svc.snapshot_dir("p1", "qwen-p1-0"))
+    # the service's record outlives the pods
+    record = {key: json.loads(value) for key, value in api.configmap("inferops-snapshot-qwen")["data"].items()}
+    assert sorted(record) == ["qwen-p0-0", "qwen-p0-1"]
+    assert record["qwen-p0-0"]["status"] == "completed" and record["qwen-p0-0"]["node"] == NODE
+    assert record["qwen-p0-0"]["checksum"] == api.annotations("qwen-p0-0")["snapshot.inferops.org/checksum"]
+
+
+def test_generation_run_again_changes_nothing(generated):
+    svc = generated["svc"]
+    before = {pod: svc.api.pod(pod) for pod in ("qwen-p0-0", "qwen-p0-1", "qwen-p1-0")}
+    rc, output = svc.generate(svc.config())
+    assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+    assert "already has completed snapshots" in output
+    assert {pod: svc.api.pod(pod)["metadata"] for pod in before} == {pod: p["metadata"] for pod, p in before.items()}
+
+
+def test_recreated_pod_is_restored_from_its_snapshot_with_its_new_environment(generated, cluster):
+    svc, api = generated["svc"], generated["svc"].api
+    pod = "qwen-p0-0"
+    warmed_since = svc.info(pod)["started_at"]
+    deleted_at = time.time()
+    svc.recreate(pod, "p0", extra_env={"GENERATION": "2"})
+    assert api.pod(pod)["spec"]["schedulingGates"], "held until the restore role decides"
+    rc, output = svc.restore(svc.config())
+    assert rc == 0, output[-4000:]
+    ann = api.annotations(pod)
+    assert ann["org.inferops.restore-from"] == svc.snapshot_dir("p0", pod)
+    assert ann["snapshot.inferops.org/restore"] == "restored", "%s\n%s" % (ann, cluster.kubelet.events[-4:])
+    assert "snapshot.inferops.org/restore-reason" not in ann
+    spec = api.pod(pod)["spec"]
+    assert not spec.get("schedulingGates") and spec["nodeSelector"] == {"kubernetes.io/hostname": NODE}
+    assert (pod, "restored", None) in cluster.kubelet.events
+    # the warmed-up process is back, device memory included (the device was wiped)
+    info = svc.info(pod)
+    assert info["started_at"] == warmed_since < deleted_at and info["snapshot_state"] == "RUNNING", info
+    assert svc.answers(pod) == generated["expected"]
+    # and it reads its new environment from the metadata file (its own env is the old pod's)
+    metadata = info["metadata"]
+    assert metadata["env"]["GENERATION"] == "2" and metadata["env"]["POD_NAME"] == pod, metadata
+    assert metadata["uid"] == api.pod(pod)["metadata"]["uid"] and metadata["restore_requested"] is True
+    # nothing waits any more: a second run changes nothing
+    rc, output = svc.restore(svc.config())
+    assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+
+
+def test_recreated_pods_without_a_usable_snapshot_start_normally(generated, cluster, tmp_path):
+    svc, api = generated["svc"], generated["svc"].api
+    other = "inferops/workload:k8s-other-%s" % uuid.uuid4().hex[:6]
+    (tmp_path / "Dockerfile").write_text("FROM %s\nLABEL org.inferops.variant=%s\n" % (cluster.image, other))
+    subprocess.run(["docker", "build", "-q", "-t", other, str(tmp_path)], check=True, capture_output=True,
+                   env=dict(os.environ, DOCKER_BUILDKIT="0"))
+    try:
+        svc.recreate("qwen-p0-1", "p0", image=other)  # a new image version: its snapshot does not match
+        svc.recreate("qwen-p1-0", "p1")  # never snapshotted: first start
+        rc, output = svc.restore(svc.config())
+        assert rc == 0, output[-4000:]
+        other_version = api.annotations("qwen-p0-1")
+        assert other_version["snapshot.inferops.org/restore"] == "cold"
+        assert "image_mismatch" in other_version["snapshot.inferops.org/restore-reason"], other_version
+        assert "org.inferops.restore-from" not in other_version
+        first = api.annotations("qwen-p1-0")
+        assert first["snapshot.inferops.org/restore"] == "cold"
+        assert first["snapshot.inferops.org/restore-reason"].startswith("no snapshot recorded for infer/qwen/p1/qwen-p1-0")
+        for pod in ("qwen-p0-1", "qwen-p1-0"):
+            assert not api.pod(pod)["spec"].get("schedulingGates")
+            assert not api.pod(pod)["spec"].get("nodeSelector")
+            assert (pod, "started", None) in cluster.kubelet.events[-6:]
+            svc.wait_ready(pod)
+            assert svc.answers(pod) == generated["expected"]  # a normal start warms up and serves right
+            assert svc.info(pod)["metadata"]["restore_requested"] is False
+        # the snapshot of the other version is not deleted: it is still valid for its own image
+        assert os.path.exists(os.path.join(svc.snapshot_dir("p0", "qwen-p0-1"), "manifest.json"))
+    finally:
+        svc.api.delete("qwen-p0-1")
+        cluster.kubelet.wait_removed(svc.namespace, "qwen-p0-1")
+        docker("rmi", "-f", other, check=False)
+
+
+def test_no_config_or_disabled_changes_nothing(cluster, tmp_path):
+    svc = Service(cluster, tmp_path, "plain")
+    svc.create("qwen-p0-0", "p0", node="elsewhere")  # a node this kubelet does not run: no container needed
+    before = svc.api.pod("qwen-p0-0")
+    for config in (None, {"enabled": False}):
+        rc, output = svc.generate(config)
+        assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+        assert "the service runs without snapshots" in output
+        assert svc.api.pod("qwen-p0-0") == before
+    assert svc.api.configmap("inferops-snapshot-qwen") is None
+    assert not list(svc.host_root.iterdir()) and not list(svc.npu_root.iterdir())
+    # snapshots off, a pod recreated with the gate: it is only released, and starts normally
+    gated = svc.manifest("qwen-p0-1", "p0", gated=True)
+    gated["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "elsewhere"}
+    svc.api.create(gated)
+    rc, output = svc.restore({"enabled": False})
+    assert rc == 0, output[-3000:]
+    released = svc.api.pod("qwen-p0-1")
+    assert not released["spec"].get("schedulingGates")
+    assert released["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "elsewhere"}
+    assert not any(key.startswith(("snapshot.inferops.org/", "org.inferops.")) for key in svc.api.annotations("qwen-p0-1"))
+    # a config that is not valid is refused before anything happens, naming the field
+    rc, output = svc.generate({"enabled": True, "npuSnapshotPath": "relative/path", "hostSnapshotPath": "/var/lib/x"})
+    assert rc != 0 and "npuSnapshotPath" in output, output[-3000:]
+    assert svc.api.pod("qwen-p0-0") == before
+
+
+@pytest.fixture(scope="module")
+def failing(cluster, tmp_path_factory):
+    """Instance p0 of service llama: two engines, Ready and snapshotted for each failure test."""
+    svc = Service(cluster, tmp_path_factory.mktemp("fail"), "failing", name="llama")
+    for pod in ("llama-p0-0", "llama-p0-1"):
+        svc.create(pod, "p0")
+    return svc
+
+
+def assert_failed_cleaned_and_serving(svc, reason_part):
+    for pod in ("llama-p0-0", "llama-p0-1"):
+        ann = svc.api.annotations(pod)
+        assert ann["snapshot.inferops.org/status"] == "failed", ann
+        assert reason_part in ann["snapshot.inferops.org/reason"], ann
+        assert "snapshot.inferops.org/checksum" not in ann
+        for root in (svc.host_root, svc.npu_root):
+            path = svc.snapshot_dir("p0", pod, root=root)
+            assert not os.path.lexists(path), "a failed generation leaves no snapshot: %s" % path
+            assert not os.path.lexists(os.path.join(os.path.dirname(path), ".%s.partial" % pod))
+        info = svc.info(pod)
+        assert info["snapshot_state"] == "RUNNING" and info["phase"] == "serving", info
+        assert len(svc.answers(pod)) == len(PROMPTS)
+    record = json.loads(svc.api.configmap("inferops-snapshot-llama")["data"]["llama-p0-1"])
+    assert record["status"] == "failed" and reason_part in record["reason"]
+
+
+def test_host_snapshot_failure_cleans_the_instance_and_restores_serving(failing):
+    svc = failing
+    trap = svc.snapshot_dir("p0", "llama-p0-1")
+    os.makedirs(os.path.dirname(trap), mode=0o700)
+    os.symlink("/etc", trap)  # the second pod's snapshot path is unusable: its host snapshot fails
+    rc, output = svc.generate(svc.config())
+    assert rc != 0 and "snapshot generation of instance p0 of llama failed" in output, output[-4000:]
+    assert_failed_cleaned_and_serving(svc, "symbolic link")
+    assert os.path.exists("/etc/hostname"), "cleaning a path that is a symlink never follows it"
+
+
+def test_generation_timeout_cleans_the_instance_and_restores_serving(failing):
+    svc = failing
+    rc, output = svc.generate(svc.config(timeoutSeconds=1))
+    assert rc != 0, output[-4000:]
+    assert_failed_cleaned_and_serving(svc, "timeout (snapshotConfig.timeoutSeconds=1 s)")
+
+
+def test_pods_that_never_get_ready_are_started_again_without_the_snapshot_env(failing):
+    svc = failing
+    svc.create("llama-p9-0", "p9", warmup=60)  # its warmup outlasts the wait
+    rc, output = svc.generate(svc.config(), k8s_snapshot_instance="p9", k8s_snapshot_warmup_timeout=3)
+    assert rc != 0, output[-4000:]
+    ann = svc.api.annotations("llama-p9-0")
+    assert ann["snapshot.inferops.org/status"] == "failed"
+    assert "pods not ready within 3 s: llama-p9-0" in ann["snapshot.inferops.org/reason"], ann
+    # recreated without VLLM_NPU_SNAPSHOT_PATH: after its warmup it serves instead of waiting for a snapshot
+    assert "VLLM_NPU_SNAPSHOT_PATH" not in svc.api.env("llama-p9-0")
+    assert ann["snapshot.inferops.org/npu-path"] == svc.snapshot_dir("p9", "llama-p9-0", root=svc.npu_root)
+
+
+def test_the_rbac_in_the_docs_is_exactly_what_the_roles_use(cluster):
+    """Every request the roles made (they authenticate with the kubeconfig's token; the test and its
+    kubelet do not) is allowed by the Role in docs/kubernetes.md, and every verb it grants was used."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    documents = [doc for block in text.split("```yaml")[1:] for doc in yaml.safe_load_all(block.split("```")[0])]
+    role = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == "Role"][0]
+    granted = {(verb, resource, name) for rule in role["rules"] for resource in rule["resources"]
+               for verb in rule["verbs"] for name in rule.get("resourceNames") or [None]}
+    token = "Bearer not-checked-by-the-emulator"
+    made = [entry[1:] for entry in cluster.server.emulator.seen if entry[0] == token]
+    assert made, "the roles made no request with the kubeconfig's token"
+    used = set()
+    for verb, resource, name in made:
+        if resource.startswith("/"):
+            assert resource in ("/version", "/api", "/apis") or resource.startswith(("/api/", "/apis/")), resource
+            continue
+        if (verb, resource, None) in granted:
+            used.add((verb, resource, None))
+            continue
+        # resourceNames: the example Role names service qwen's record; the tests also run service llama
+        named = name and (verb, resource, name.replace("llama", "qwen")) in granted
+        assert named, "the roles used %s %s %s, which the documented Role does not grant" % (verb, resource, name)
+        used.add((verb, resource, name.replace("llama", "qwen")))
+    assert used == granted, "the documented Role grants more than the roles use: %s" % sorted(granted - used)
