@@ -66,8 +66,10 @@ def record_restore(snapshot_dir, entry, keep=20):
     return record
 
 
-def seal(staging_dir, fields, workers=None, progress=None):
+def seal(staging_dir, fields, workers=None, progress=None, known=None):
     """Write manifest.json and checksum.sha256 into ``staging_dir``; return (manifest, checksum digest, stats).
+
+    ``known``: digests of files hashed while they were written (see _manifest.Follower); not read again.
 
     ``fields`` supplies everything but ``files`` and ``total_bytes``, which come from hashing.
     """
@@ -75,7 +77,7 @@ def seal(staging_dir, fields, workers=None, progress=None):
         if os.path.lexists(os.path.join(staging_dir, stale)):
             os.unlink(os.path.join(staging_dir, stale))
     relpaths = manifest_utils.list_files(staging_dir)
-    hashes, stats = manifest_utils.hash_files(staging_dir, relpaths, workers=workers, progress=progress)
+    hashes, stats = manifest_utils.seal_hashes(staging_dir, relpaths, workers=workers, progress=progress, known=known)
     files, total = manifest_utils.manifest_files(hashes)
     manifest = dict(fields, schema_version=1, files=files, total_bytes=total)
     schema.validate("manifest", manifest, "manifest")

@@ -103,8 +103,15 @@ options:
     type: str
     default: docker
   workers:
-    description: Files hashed in parallel while sealing. Default is the number of CPUs.
+    description: Files and chunks hashed in parallel while sealing. Default is the number of CPUs.
     type: int
+  hash_during_checkpoint:
+    description:
+      - Hash the big image files while CRIU writes them, reading them from the page cache while they are
+        still there, so that sealing does not read them a second time. V(false) hashes everything after
+        the checkpoint.
+    type: bool
+    default: true
 notes:
   - Environment values of the container are stored (0600) in C(host/container.json) to recreate it; they
     are never returned or logged.
@@ -171,7 +178,9 @@ durations:
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}
 hashing:
-  description: Hashing statistics of the seal (bytes, seconds, workers, throughput_mb_s).
+  description:
+    - Hashing statistics of the seal (bytes, seconds, workers, throughput_mb_s), and how many files and bytes
+      were already hashed during the checkpoint (followed_files, followed_bytes).
   returned: success
   type: dict
 criu_log_tail:
@@ -224,6 +233,7 @@ class Checkpointer:
         self.versions = {}
         self.info = None
         self.pid = None
+        self.follower = None
 
     def remaining(self, stage):
         left = self.params["timeout"] - (time.monotonic() - self.started)
@@ -284,20 +294,33 @@ class Checkpointer:
             paths.remove_tree(image_dir)  # a leftover of an interrupted run: never mix two checkpoints
         paths.ensure_dir(os.path.dirname(image_dir))
         seconds = self.remaining("the checkpoint")
-        if params["engine"] == "docker":
-            if params["method"] == "runc":
-                paths.ensure_dir(image_dir)
-                host.runc_checkpoint(self.module, self.info["Id"], image_dir, params["leave_running"], seconds,
-                                     root=params["runc_root"])
+        if params["engine"] == "criu" or params["method"] == "runc":
+            paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
+        if params["hash_during_checkpoint"]:
+            self.follower = manifest_utils.Follower(image_dir, prefix=os.path.relpath(image_dir, self.staging_dir),
+                                                    workers=params["workers"]).start()
+        try:
+            if params["engine"] == "docker":
+                if params["method"] == "runc":
+                    host.runc_checkpoint(self.module, self.info["Id"], image_dir, params["leave_running"], seconds,
+                                         root=params["runc_root"])
+                else:
+                    host.docker_checkpoint(self.module, self.docker, self.info["Id"], image_dir, params["leave_running"],
+                                           seconds)
+                os.chmod(image_dir, paths.DIR_MODE)
+                host.write_container_record(self.staging_dir, self.info)
             else:
-                host.docker_checkpoint(self.module, self.docker, self.info["Id"], image_dir, params["leave_running"],
-                                       seconds)
-            os.chmod(image_dir, paths.DIR_MODE)
-            host.write_container_record(self.staging_dir, self.info)
-        else:
-            paths.ensure_dir(image_dir)
-            host.criu_dump(self.module, CriuCli(self.module).executable, self.pid, image_dir,
-                           params["leave_running"], seconds)
+                host.criu_dump(self.module, CriuCli(self.module).executable, self.pid, image_dir,
+                               params["leave_running"], seconds)
+        except Exception:
+            if self.follower:
+                self.follower.abort()
+                self.follower = None
+            raise
+
+    def hashed_during_checkpoint(self):
+        """Digests of the files hashed while the checkpoint wrote them ({} when not following)."""
+        return self.follower.finish() if self.follower else {}
 
     def fields(self):
         image = None
@@ -349,12 +372,14 @@ def main_logic(module):
             if fields["device"] is None:
                 del fields["device"]
             manifest, digest, hashing = snapshot.seal(job.staging_dir, fields, workers=params["workers"],
-                                                      progress=progress.bytes_done)
+                                                      progress=progress.bytes_done, known=job.hashed_during_checkpoint())
         job.remaining("publishing")
         with job.watch.stage("publish"):
             snapshot.publish(job.staging_dir, job.snapshot_dir)
         progress.lines.append(progress.final("published %d bytes" % manifest["total_bytes"]))
     except Exception as exc:
+        if job.follower:
+            job.follower.abort()
         snapshot.discard(job.staging_dir)
         reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
         snapshot.write_status(job.snapshot_dir, "failed", reason=reason)
@@ -386,6 +411,7 @@ def main():
             runc_root=dict(type="path", default=host.DOCKER_RUNC_ROOT),
             docker_cli=dict(type="str", default="docker"),
             workers=dict(type="int"),
+            hash_during_checkpoint=dict(type="bool", default=True),
         ),
         mutually_exclusive=[("container", "pid")],
         supports_check_mode=True,
