@@ -10,13 +10,14 @@ SIMULATOR := $(BUILD)/simulator/libascendcl.so
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export INFEROPS_ACL_LIBRARY ?= $(CURDIR)/$(SIMULATOR)
 
-.PHONY: help venv simulator collection schemas env image demo test unit integration sanity build-collection clean
+.PHONY: help venv simulator collection schemas env image demo test unit integration sanity build-collection bench clean
 
 help:
 	@echo "make demo        generate -> break -> restore on this machine (simulated NPU)"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make env         install and start dockerd + CRIU and build the base image (root)"
 	@echo "make unit | integration | sanity | build-collection"
+	@echo "make bench       cold start vs restore, verify and checkpoint speed (root, ~40 min; BENCH_ARGS=--quick: ~2 min)"
 
 $(BIN)/python: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,10 @@ build-collection: venv
 test: venv simulator collection
 	$(BIN)/python -m pytest tests -q
 	bash scripts/sanity.sh
+
+# Not part of the test suite: results/<stamp>/{bench.json,results.md,chart.png}; see docs/benchmarks.md.
+bench: venv simulator collection env
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD)

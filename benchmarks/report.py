@@ -1,0 +1,382 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Markdown tables and a PNG chart from a benchmarks/run.py result (bench.json).
+
+    .venv/bin/python benchmarks/report.py results/latest/bench.json   # rewrite results.md and chart.png beside it
+
+Every number in the tables is the median of the runs (n is given); nothing here is extrapolated.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import sys
+
+TTFA = [("cold_start", "cold start (docker run, warmup included)"),
+        ("snapshot_restore", "snapshot_restore via ansible-playbook"),
+        ("snapshot_restore_cold_cache", "snapshot_restore via ansible-playbook, snapshot not in page cache"),
+        ("raw_docker_start_checkpoint", "raw docker start --checkpoint + device restore"),
+        ("prototype_runtime_docker_run", "prototype restore-on-create runtime (docker run) + device restore"),
+        ("raw_criu_restore_bare", "raw criu restore (bare process) + device restore")]
+STAGES = ["verify", "prepare", "host_restore", "device_restore", "health"]
+CHECKPOINT = [("raw_criu_dump", "raw criu dump (bare process)"),
+              ("host_checkpoint_criu", "host_checkpoint engine=criu"),
+              ("raw_runc_checkpoint", "raw runc checkpoint"),
+              ("raw_runc_checkpoint_tmpfs", "raw runc checkpoint to tmpfs"),
+              ("host_checkpoint_runc_hash_after", "host_checkpoint method=runc, hash_during_checkpoint=false"),
+              ("host_checkpoint_runc", "host_checkpoint method=runc"),
+              ("raw_docker_checkpoint", "raw docker checkpoint create"),
+              ("host_checkpoint_docker", "host_checkpoint method=docker")]
+HOST_RESTORE = [("raw_criu_restore_bare", "raw criu restore (bare)"),
+                ("prototype_runtime_docker_run", "prototype runtime: docker run"),
+                ("raw_docker_start_checkpoint", "raw docker start --checkpoint"),
+                ("snapshot_restore", "snapshot_restore host_restore stage")]
+VERIFY = [("snapshot_verify_module", "snapshot_verify (ansible task)"),
+          ("snapshot_verify_inprocess", "_manifest.verify in-process"),
+          ("snapshot_verify_inprocess_1worker", "_manifest.verify in-process, 1 worker"),
+          ("sha256sum_c", "sha256sum -c"),
+          ("sha256sum_parallel", "sha256sum, one per file, xargs -P nproc"),
+          ("read_only", "read only, no hashing")]
+
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
+
+
+def pick(samples, section, variant, size=None, key="seconds"):
+    out = []
+    for s in samples:
+        if s["section"] == section and s["variant"] == variant and (size is None or s["size_mb"] == size):
+            value = s
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            out.append(value)
+    return [v for v in out if v is not None]
+
+
+def med(samples, section, variant, size=None, key="seconds"):
+    return median(pick(samples, section, variant, size, key))
+
+
+def fmt(value, digits=2, unit=""):
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return "%.0f%s" % (value, unit)
+        return ("%." + str(digits) + "f%s") % (value, unit)
+    return "%s%s" % (value, unit)
+
+
+def gb(size_mb):
+    return "%g GiB" % (size_mb / 1024.0)
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def ttfa_variants(result):
+    variants = list(TTFA)
+    for method in reversed(result.get("restore_methods", [])[1:]):
+        variants.insert(3, ("snapshot_restore_%s_cold_cache" % method,
+                            "snapshot_restore method=%s via ansible-playbook, snapshot not in page cache" % method))
+        variants.insert(3, ("snapshot_restore_" + method, "snapshot_restore method=%s via ansible-playbook" % method))
+    return variants
+
+
+def sizes(samples, section="ttfa"):
+    return sorted(set(s["size_mb"] for s in samples if s["section"] == section and s["size_mb"] is not None))
+
+
+def n_of(samples, section, variant, size):
+    return len(pick(samples, section, variant, size))
+
+
+def render(result):
+    samples = result["samples"]
+    m = result["machine"]
+    out = ["# inferops.snapshot benchmark results\n"]
+    out.append("Run %s to %s (%s s), `benchmarks/run.py %s`. Medians of n runs; the load average is the 1-minute "
+               "value read at each sample.\n" % (result["started_at"], result.get("finished_at"), result.get("duration_s"),
+                                                 " ".join(result["args"].get("argv") or [])))
+    load1 = [s["load1"] for s in samples]
+    out.append(table(["machine", ""], [
+        ["CPU", "%s, %s cores (%s)" % (m["cpu_model"], m["nproc"], m.get("virtualization") or "bare metal?")],
+        ["memory", "%s GiB" % m["mem_total_gib"]], ["OS / kernel", "%s / %s" % (m.get("os"), m["kernel"])],
+        ["docker server / CLI / containerd", "%s / %s / %s" % (m["docker_server"], m["docker_cli"], m.get("containerd"))],
+        ["storage driver / work dir fs", "%s / %s on %s" % (m["storage_driver"], m["workdir_fs"]["type"], m["workdir_fs"]["source"])],
+        ["runc / CRIU", "%s / %s" % (m["runc"], m["criu"])], ["ansible-core / python", "%s / %s" % (m["ansible_core"], m["python"])],
+        ["commit", "%s%s" % (m["git_commit"], " (dirty)" if m["git_dirty"] else "")],
+        ["load average at start / end", "%s / %s" % (result["load_at_start"], result.get("load_at_end"))],
+        ["1-min load during samples: median / max", "%s / %s" % (fmt(median(load1)), fmt(max(load1) if load1 else None))],
+        ["warmup (WORKLOAD_WARMUP_SECONDS)", "%s s" % result["args"]["warmup"]],
+        ["state split", "%d %% device memory (backed up into the process), %d %% host memory"
+         % (result["device_share"] * 100, 100 - result["device_share"] * 100)],
+    ]))
+
+    limits = result.get("limits") or {}
+    out.append("\n## Physical limits measured on this machine\n")
+    rows = [["SHA-256, one core (hashlib)", fmt(limits.get("sha256_one_core"))],
+            ["SHA-256, all %s cores" % m["nproc"], fmt(limits.get("sha256_all_cores"))],
+            ["memory copy (one core)", fmt(limits.get("memcpy"))],
+            ["fault-in of fresh memory (calloc of 256 MiB after a settle)", fmt(limits.get("fault_in_fresh_memory"))]]
+    rows += [["storage read, cold page cache, %s snapshot" % gb(s), fmt(med(samples, "verify", "read_only_cold", s, "mb_s"))]
+             for s in sizes(samples, "verify")]
+    out.append(table(["limit", "MB/s (median)"], rows))
+
+    out.append("\n## Time to first correct answer (seconds)\n")
+    variants = ttfa_variants(result)
+    present = [(v, label) for v, label in variants if pick(samples, "ttfa", v)]
+    header = ["state"] + [label for _v, label in present] + ["all answers correct", "n"]
+    rows, notes = [], {}
+    for size in sizes(samples):
+        correct = all(s.get("correct", True) for s in samples if s["section"] == "ttfa" and s["size_mb"] == size)
+        cells = []
+        for v, _l in present:
+            cold = [s for s in samples if s["section"] == "ttfa" and s["variant"] == v and s["size_mb"] == size
+                    and s.get("restored") is False]
+            cell = fmt(med(samples, "ttfa", v, size))
+            if cold:
+                mark = notes.setdefault(cold[0].get("reason") or "not restored", "†" * (len(notes) + 1))
+                cell += " %s (%d of %d runs started cold)" % (mark, len(cold), n_of(samples, "ttfa", v, size))
+            cells.append(cell)
+        rows.append([gb(size)] + cells + ["yes" if correct else "**NO**", n_of(samples, "ttfa", "snapshot_restore", size)])
+    out.append(table(header, rows))
+    for reason, mark in notes.items():
+        out.append("%s The restore was not used and the container started cold: `%s`\n" % (mark, reason))
+    if notes:
+        out.append("\n\"all answers correct\" counts such a run as not correct: the answers were right, but not from the restore.\n")
+    out.append("\n### Speed-up over the cold start (cold start median / restore median)\n")
+    rows = []
+    for size in sizes(samples):
+        cold = med(samples, "ttfa", "cold_start", size)
+        rows.append([gb(size)] + ["%s×" % fmt(cold / med(samples, "ttfa", v, size), 1) if cold and med(samples, "ttfa", v, size) else "–"
+                                  for v, _l in present if v != "cold_start"])
+    out.append(table(["state"] + [label for v, label in present if v != "cold_start"], rows))
+
+    for variant, label in [(v, l) for v, l in present if v.startswith("snapshot_restore")]:
+        out.append("\n### Where %s's time goes (seconds, medians)\n" % label)
+        rows = []
+        for size in sizes(samples):
+            rows.append([gb(size)] + [fmt(med(samples, "ttfa", variant, size, "stages." + st)) for st in STAGES] +
+                        [fmt(med(samples, "ttfa", variant, size, "module_total_s")), fmt(med(samples, "ttfa", variant, size, "task_wall_s")),
+                         fmt(med(samples, "ttfa", variant, size, "playbook_wall_s")), fmt(med(samples, "ttfa", variant, size))])
+        out.append(table(["state"] + STAGES + ["module total", "ansible task", "ansible-playbook", "first answer"], rows))
+        if pick(samples, "ttfa", variant, None, "runtime.durations.total"):
+            keys = ["prepare", "verify", "host_restore", "metadata", "device_restore", "total"]
+            rows = [[gb(size)] + [fmt(med(samples, "ttfa", variant, size, "runtime.durations." + k)) for k in keys] for size in sizes(samples)]
+            out.append("\nInside it, what the restore-on-create runtime recorded (it runs within the module's host_restore stage):\n\n")
+            out.append(table(["state"] + ["runtime " + k for k in keys], rows))
+
+    out.append("\n## Host checkpoint (seconds; device already BACKED_UP)\n")
+    present = [(v, label) for v, label in CHECKPOINT if pick(samples, "checkpoint", v)]
+    rows = []
+    for size in sizes(samples, "checkpoint"):
+        row = [gb(size), fmt((med(samples, "checkpoint", "raw_runc_checkpoint", size, "total_bytes") or 0) / 1e6, 0)]
+        for v, _label in present:
+            total = med(samples, "checkpoint", v, size)
+            if v.startswith("host_checkpoint"):
+                stage = fmt(med(samples, "checkpoint", v, size, "stages.checkpoint"))
+                row.append("%s (checkpoint %s + seal %s)" % (fmt(total), stage, fmt(med(samples, "checkpoint", v, size, "stages.seal"))))
+            else:
+                row.append(fmt(total))
+        rows.append(row)
+    out.append(table(["state", "image MB"] + [label for _v, label in present], rows))
+
+    out.append("\n## Host restore alone (seconds; the process is back, device not yet restored)\n")
+    present = [(v, label) for v, label in HOST_RESTORE if pick(samples, "host_restore", v)]
+    rows = [[gb(size)] + [fmt(med(samples, "host_restore", v, size)) for v, _l in present] for size in sizes(samples, "host_restore")]
+    out.append(table(["state"] + [label for _v, label in present], rows))
+
+    out.append("\n## Where Docker's checkpoint path spends its time (medians)\n")
+    out.append("CPU seconds and bytes passed through read()/write() per process during the one command; the shim's CPU "
+               "includes runc and criu, which it reaps. Disk = the whole machine's block device counters.\n\n")
+    rows = []
+    for size in sizes(samples, "checkpoint"):
+        for section, variant, label in (("checkpoint", "raw_docker_checkpoint", "docker checkpoint create"),
+                                        ("host_restore", "raw_docker_start_checkpoint", "docker start --checkpoint")):
+            if not pick(samples, section, variant, size):
+                continue
+
+            def get(key, section=section, variant=variant, size=size):
+                return med(samples, section, variant, size, "profile." + key)
+            rows.append([gb(size), label, fmt(med(samples, section, variant, size)),
+                         fmt(get("shim.children_cpu_s") + get("shim.cpu_s") if get("shim.cpu_s") is not None else None),
+                         fmt(get("containerd.cpu_s")), fmt(get("dockerd.cpu_s")),
+                         fmt(get("containerd.write_mb"), 0), fmt(get("containerd.read_mb"), 0),
+                         fmt(get("dockerd.write_mb"), 0), fmt(get("dockerd.read_mb"), 0), fmt(get("system.disk_write_mb"), 0),
+                         fmt(get("system.iowait_s"))])
+    out.append(table(["state", "command", "wall s", "shim+runc+criu CPU s", "containerd CPU s", "dockerd CPU s",
+                      "containerd write MB", "containerd read MB", "dockerd write MB", "dockerd read MB", "disk write MB",
+                      "iowait s"], rows))
+
+    out.append("\n## snapshot_verify vs sha256sum (MB/s, medians; same files)\n")
+    rows = []
+    for size in sizes(samples, "verify"):
+        for cache in ("warm", "cold"):
+            rows.append([gb(size), cache] + [fmt(med(samples, "verify", "%s_%s" % (v, cache), size, "mb_s"), 0) for v, _l in VERIFY] +
+                        [fmt(med(samples, "verify", "snapshot_verify_module_%s" % cache, size, "module_mb_s"), 0),
+                         fmt(med(samples, "verify", "snapshot_verify_module_%s" % cache, size)),
+                         fmt(med(samples, "verify", "snapshot_verify_module_%s" % cache, size, "module_total_s"))])
+    out.append(table(["state", "page cache"] + [label for _v, label in VERIFY] +
+                     ["module's own hash MB/s", "ansible task s", "module total s"], rows))
+
+    out.append("\n## Generation as ansible runs it (seconds, medians)\n")
+    rows = []
+    for variant in ("host_checkpoint_runc", "host_checkpoint_runc_hash_after", "host_checkpoint_docker", "host_checkpoint_criu"):
+        for size in sizes(samples, "generate"):
+            if not pick(samples, "generate", variant, size):
+                continue
+            totals = [sum(s["module_totals"].values()) for s in samples
+                      if s["section"] == "generate" and s["variant"] == variant and s["size_mb"] == size]
+            walls = [sum(s["task_walls"].values()) for s in samples
+                     if s["section"] == "generate" and s["variant"] == variant and s["size_mb"] == size]
+            rows.append([variant, gb(size), fmt(med(samples, "generate", variant, size)), fmt(median(walls)), fmt(median(totals)),
+                         fmt(med(samples, "generate", variant, size, "module_totals.npu_snapshot_backup")),
+                         fmt(med(samples, "generate", variant, size, "module_totals.host_checkpoint")),
+                         fmt(med(samples, "generate", variant, size, "module_totals.npu_snapshot_lock")),
+                         n_of(samples, "generate", variant, size)])
+    out.append(table(["variant", "state", "ansible-playbook wall", "sum of task walls", "sum of module times",
+                      "backup module", "host_checkpoint module", "resume module", "n"], rows))
+
+    out.append("\n## Orchestration overhead: N inventory aliases of localhost (connection local, one workload each)\n")
+    out.append("All hosts share this one %s-core machine, so their modules compete for the same CPUs and disk.\n\n" % m["nproc"])
+    rows = []
+    for s in sorted(set((x["variant"], x["hosts"], x["size_mb"]) for x in samples if x["section"] == "orchestration")):
+        variant, hosts, size = s
+        wall = med(samples, "orchestration", variant, size)
+        max_module = median([x["max_module_s"] for x in samples if x["section"] == "orchestration" and x["variant"] == variant])
+        sum_module = median([x["sum_module_s"] for x in samples if x["section"] == "orchestration" and x["variant"] == variant])
+        max_task = median([x["max_task_wall_s"] for x in samples if x["section"] == "orchestration" and x["variant"] == variant])
+        rows.append([variant.split("_")[0], hosts, gb(size), fmt(wall), fmt(max_task), fmt(max_module), fmt(sum_module),
+                     fmt(wall - max_module if wall is not None and max_module is not None else None),
+                     n_of(samples, "orchestration", variant, size)])
+    out.append(table(["step", "hosts", "state per host", "ansible-playbook wall", "slowest host's task walls",
+                      "slowest host's module time", "sum of module times", "wall − slowest module", "n"], rows))
+    return "\n".join(out)
+
+
+def chart(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-error
+
+    samples = result["samples"]
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10.5))
+    m = result["machine"]
+    fig.suptitle("inferops.snapshot on %s × %s, kernel %s, docker %s, CRIU %s — medians; 1-min load at start %.2f"
+                 % (m["nproc"], m["cpu_model"], m["kernel"], m["docker_server"], m["criu"], result["load_at_start"][0]), fontsize=11)
+
+    def bars(ax, groups, series, values, ylabel, title, log=False, fmt_value="%.2g"):
+        width = 0.8 / max(1, len(series))
+        for i, label in enumerate(series):
+            xs = [g + (i - (len(series) - 1) / 2.0) * width for g in range(len(groups))]
+            ys = [values[label][g] if values[label][g] is not None else 0 for g in range(len(groups))]
+            drawn = ax.bar(xs, ys, width, label=label)
+            for x, y, rect in zip(xs, ys, drawn):
+                if y:
+                    ax.annotate(fmt_value % y, (x, rect.get_height()), ha="center", va="bottom", fontsize=7, rotation=90,
+                                xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.25)
+
+    size_list = sizes(samples)
+    groups = [gb(s) for s in size_list]
+    present = [(v, l) for v, l in ttfa_variants(result) if pick(samples, "ttfa", v)]
+    short = {"cold_start": "cold start (warmup %gs)" % result["args"]["warmup"], "snapshot_restore": "snapshot_restore (ansible)",
+             "snapshot_restore_cold_cache": "snapshot_restore (ansible), snapshot not cached",
+             "raw_docker_start_checkpoint": "raw docker start --checkpoint", "prototype_runtime_docker_run": "restore-on-create runtime (prototype)",
+             "raw_criu_restore_bare": "raw criu restore, bare process"}
+    values = {}
+    for v, label in present:
+        values[short.get(v, label)] = [med(samples, "ttfa", v, s) for s in size_list]
+    bars(axes[0][0], groups, list(values), values, "seconds (log scale)", "Time to first correct answer", log=True)
+
+    ax = axes[0][1]
+    bottom = [0.0] * len(size_list)
+    for stage in STAGES:
+        ys = [med(samples, "ttfa", "snapshot_restore", s, "stages." + stage) or 0.0 for s in size_list]
+        ax.bar(range(len(size_list)), ys, 0.55, bottom=bottom, label=stage)
+        bottom = [b + y for b, y in zip(bottom, ys)]
+    for x, total in enumerate(bottom):
+        ax.annotate("%.1f s" % total, (x, total), ha="center", va="bottom", fontsize=8)
+    walls = [med(samples, "ttfa", "snapshot_restore", s, "playbook_wall_s") for s in size_list]
+    ax.plot(range(len(size_list)), walls, "kD--", label="ansible-playbook wall")
+    ax.set_xticks(range(len(size_list)))
+    ax.set_xticklabels(groups)
+    ax.set_ylabel("seconds")
+    ax.set_title("Where snapshot_restore's time goes (module stages)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+
+    ck_sizes = sizes(samples, "checkpoint")
+    ck = [(v, l) for v, l in CHECKPOINT if pick(samples, "checkpoint", v) and v != "host_checkpoint_criu"]
+    values = {label: [med(samples, "checkpoint", v, s) for s in ck_sizes] for v, label in ck}
+    bars(axes[1][0], [gb(s) for s in ck_sizes], list(values), values, "seconds (log scale)",
+         "Host checkpoint (device already backed up)", log=True)
+
+    ax = axes[1][1]
+    v_sizes = sizes(samples, "verify")
+    largest = max(v_sizes) if v_sizes else None
+    shown = [(v, label) for v, label in VERIFY if v != "read_only"]
+    labels = [label for _v, label in shown]
+    for i, cache in enumerate(("warm", "cold")):
+        ys = [med(samples, "verify", "%s_%s" % (v, cache), largest, "mb_s") or 0 for v, _l in shown]
+        xs = [x + (i - 0.5) * 0.38 for x in range(len(shown))]
+        drawn = ax.bar(xs, ys, 0.38, label="%s page cache" % cache)
+        for x, y, rect in zip(xs, ys, drawn):
+            ax.annotate("%.0f" % y, (x, rect.get_height()), ha="center", va="bottom", fontsize=7)
+    limits = result.get("limits") or {}
+    for key, style, label in (("sha256_one_core", "r--", "SHA-256 limit, 1 core"), ("sha256_all_cores", "m:", "SHA-256 limit, all cores")):
+        if limits.get(key):
+            ax.axhline(limits[key], color=style[0], linestyle=style[1:], label="%s (%.0f MB/s)" % (label, limits[key]))
+    cold_read = med(samples, "verify", "read_only_cold", largest, "mb_s")
+    if cold_read:
+        ax.axhline(cold_read, color="g", linestyle="-.", label="storage read, cold cache, no hashing (%.0f MB/s)" % cold_read)
+    ax.set_xticks(range(len(shown)))
+    ax.set_xticklabels([label.replace(" (", "\n(").replace(", one", ",\none").replace(" in-", "\nin-").replace(", 1", ",\n1")
+                        for label in labels], fontsize=7)
+    ax.set_ylabel("MB/s")
+    ax.set_title("Verification throughput, %s snapshot" % (gb(largest) if largest else "?"), fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    ax.margins(y=0.15)
+
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(result, out_dir):
+    with open(os.path.join(out_dir, "results.md"), "w") as handle:
+        handle.write(render(result))
+    chart(result, os.path.join(out_dir, "chart.png"))
+
+
+def main(argv):
+    if len(argv) != 2:
+        raise SystemExit("usage: report.py RESULTS/bench.json")
+    with open(argv[1]) as handle:
+        result = json.load(handle)
+    write_report(result, os.path.dirname(os.path.abspath(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

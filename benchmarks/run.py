@@ -1,0 +1,1053 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""inferops.snapshot benchmark: cold start vs restore, verification and checkpoint speed, on this machine.
+
+    make bench                       # full run: sizes 0.25 0.5 1 2 GB, 3 runs, 30 s warmup
+    make bench BENCH_ARGS=--quick    # development: small sizes, 1 run, 3 s warmup
+    .venv/bin/python benchmarks/run.py --help
+
+Everything users run goes through ansible-playbook with the collection's modules (the playbooks in
+benchmarks/playbooks); the alternatives (raw criu, raw runc, plain docker checkpoint / start
+--checkpoint, sha256sum) run side by side on the same workloads in the same run. Writes
+results/<stamp>/{bench.json,results.md,chart.png} (see benchmarks/report.py) and points
+results/latest at it. Needs root, the environment of scripts/env/setup.sh and the workload image.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import argparse
+import ctypes
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+COLLECTIONS = os.path.join(REPO, "build", "collections")
+BIN = os.path.dirname(sys.executable)
+PLAYBOOKS = os.path.join(HERE, "playbooks")
+IMAGE = "inferops/workload:bench"
+PROMPTS = ["What is an NPU?", "Why snapshot a warmed-up engine?", "数据", "the quick brown fox"]
+DEVICE_SHARE = 0.75  # of the state size: device memory (weights); the rest is host memory (caches)
+PROTOTYPE_RUNTIME = "inferops-restore"
+MB = 1000.0 * 1000.0
+MIB = 1024 * 1024
+
+
+def ensure_collection_link():
+    link = os.path.join(COLLECTIONS, "ansible_collections", "inferops", "snapshot")
+    if not os.path.islink(link):
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(REPO, link)
+
+
+ensure_collection_link()
+sys.path.insert(0, COLLECTIONS)
+# pylint: disable=wrong-import-position
+from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils import _host as host  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol  # noqa: E402
+
+sys.path.insert(0, HERE)
+import report  # noqa: E402  pylint: disable=import-error
+
+
+def log(message):
+    sys.stdout.write("[bench %s] %s\n" % (time.strftime("%H:%M:%S"), message))
+    sys.stdout.flush()
+
+
+def run(argv, check=True, timeout=1800, env=None, cwd=None):
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False,
+                          env=env, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise RuntimeError("%s failed (rc=%d): %s" % (" ".join(str(a) for a in argv), proc.returncode,
+                                                      (proc.stderr or proc.stdout).strip()[-3000:]))
+    return proc
+
+
+def docker(*args, **kwargs):
+    return run(["docker"] + list(args), **kwargs).stdout.strip()
+
+
+def load_average():
+    with open("/proc/loadavg") as handle:
+        return [float(x) for x in handle.read().split()[:3]]
+
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
+
+
+# -- the machine ------------------------------------------------------------------------------------
+
+def first_line(argv, pattern=None):
+    try:
+        proc = run(argv, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (proc.stdout + proc.stderr).strip()
+    if pattern:
+        match = re.search(pattern, text)
+        return match.group(1) if match else None
+    return text.splitlines()[0] if text else None
+
+
+def machine_info(workdir):
+    cpu = None
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as handle:
+        mem_kib = int(handle.readline().split()[1])
+    fs = run(["df", "--output=fstype,source", workdir], check=False).stdout.split()[-2:]
+    git = run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], check=False).stdout.strip()
+    dirty = bool(run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"], check=False).stdout.strip())
+    return {
+        "nproc": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(), "mem_total_gib": round(mem_kib / 1048576.0, 1),
+        "os": first_line(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "virtualization": first_line(["lscpu"], r"Hypervisor vendor:\s*(\S+)"),
+        "docker_server": first_line(["docker", "version", "--format", "{{.Server.Version}}"]),
+        "docker_cli": first_line(["docker", "version", "--format", "{{.Client.Version}}"]),
+        "containerd": first_line(["docker", "version", "--format", "{{range .Server.Components}}{{if eq .Name \"containerd\"}}{{.Version}}{{end}}{{end}}"]),
+        "storage_driver": first_line(["docker", "info", "--format", "{{.Driver}}"]),
+        "runc": first_line(["runc", "--version"], r"runc version (\S+)"),
+        "criu": first_line(["criu", "--version"], r"Version:\s*(\S+)"),
+        "ansible_core": first_line([os.path.join(BIN, "ansible"), "--version"], r"core ([0-9.]+)"),
+        "python": platform.python_version(),
+        "workdir_fs": {"type": fs[0] if fs else None, "source": fs[1] if len(fs) > 1 else None},
+        "git_commit": git, "git_dirty": dirty,
+    }
+
+
+# -- workloads ----------------------------------------------------------------------------------------
+
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def generate(url, prompt, timeout=120):
+    """(status, answer or None); raises OSError when nothing listens."""
+    try:
+        with OPENER.open(url + "/v1/generate?prompt=" + urllib.parse.quote(prompt), timeout=timeout) as response:
+            return response.status, json.loads(response.read())["answer"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def sizes_of(size_mb):
+    device_mb = int(round(size_mb * DEVICE_SHARE))
+    return device_mb, size_mb - device_mb
+
+
+class FirstAnswer(threading.Thread):
+    """Polls PROMPTS[0] every 10 ms from ``t0`` until an answer arrives; records when, and whether it is right.
+
+    A request sent while the restored process is still locked waits inside the engine and is
+    answered after the device restore: that moment is the first correct answer.
+    """
+
+    def __init__(self, url, expected, t0, timeout):
+        super(FirstAnswer, self).__init__(daemon=True)
+        self.url, self.expected, self.t0, self.timeout = url, expected, t0, timeout
+        self.seconds = None
+        self.answer = None
+        self.error = None
+        self.stop = threading.Event()
+
+    def run(self):
+        deadline = self.t0 + self.timeout
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                status, answer = generate(self.url, PROMPTS[0])
+            except (OSError, ValueError):
+                status, answer = None, None
+            if status == 200:
+                self.seconds = time.monotonic() - self.t0
+                self.answer = answer
+                return
+            time.sleep(0.01)
+        self.error = "no answer within %.0f s" % self.timeout
+
+    def result(self, join_timeout):
+        self.join(join_timeout)
+        self.stop.set()
+        if self.seconds is None:
+            raise RuntimeError("%s: %s" % (self.url, self.error or "no answer yet"))
+        return self.seconds, self.answer
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.run_id = uuid.uuid4().hex[:6]
+        self.prefix = "inferops-bench-%s" % self.run_id
+        self.workdir = os.path.abspath(args.workdir or "/var/tmp/%s" % self.prefix)
+        self.shmdir = "/dev/shm/%s" % self.prefix
+        for path in (self.workdir, self.shmdir):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        self.samples = []
+        self.expected = {}
+        self.bare = []
+        self.counter = 0
+        self.restore_methods = []
+        self.runtime_installed = False
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def record(self, section, variant, size_mb, rep, seconds, **extra):
+        sample = dict(section=section, variant=variant, size_mb=size_mb, rep=rep,
+                      seconds=None if seconds is None else round(seconds, 4), load1=load_average()[0])
+        sample.update(extra)
+        self.samples.append(sample)
+        wrong = "" if extra.get("correct", True) else "  WRONG ANSWERS"
+        log("%-13s %-26s %6s MB rep %d: %s s%s" % (section, variant, size_mb, rep, sample["seconds"], wrong))
+        return sample
+
+    def name(self, tag):
+        self.counter += 1
+        return "%s-%s-%d" % (self.prefix, tag, self.counter)
+
+    # -- workloads --------------------------------------------------------------------------------------
+    def workload_env(self, size_mb, port, device_dir, warmup):
+        device_mb, host_mb = sizes_of(size_mb)
+        return {"ACL_SIM_DEVICE_DIR": device_dir, "ACL_SIM_DEVICE_MEM_BYTES": "%dM" % (device_mb + 16),
+                "WORKLOAD_PORT": str(port), "WORKLOAD_WARMUP_SECONDS": str(warmup),
+                "WORKLOAD_DEVICE_MB": str(device_mb), "WORKLOAD_HOST_MB": str(host_mb)}
+
+    def new_workload(self, size_mb, tag):
+        name = self.name(tag)
+        device_dir = os.path.join(self.shmdir, "npu-" + name[len(self.prefix) + 1:])
+        os.makedirs(device_dir, mode=0o700)
+        port = free_port()
+        snap = os.path.join(self.workdir, "snapshots", "bench", "sample", "p0", name)
+        return {"name": name, "device_dir": device_dir, "port": port, "url": "http://127.0.0.1:%d" % port,
+                "snapshot_dir": snap, "size_mb": size_mb,
+                "identity": {"namespace": "bench", "service": "sample", "instance": "p0", "pod": name}}
+
+    def docker_run_args(self, w, warmup):
+        args = ["--name", w["name"], "--network", "host", "-v", "%s:%s" % (w["device_dir"], w["device_dir"])]
+        for key, value in sorted(self.workload_env(w["size_mb"], w["port"], w["device_dir"], warmup).items()):
+            args += ["-e", "%s=%s" % (key, value)]
+        return args + [IMAGE]
+
+    def check_answers(self, w, first_answer):
+        """Every prompt answered as the warmed-up engine of this size answers it."""
+        expected = self.expected.get(w["size_mb"])
+        answers = [first_answer] + [generate(w["url"], p)[1] for p in PROMPTS[1:]]
+        if expected is None:
+            self.expected[w["size_mb"]] = answers
+            return True
+        return answers == expected
+
+    def cold_start(self, w, rep, warmup, record=True):
+        """docker run to the first correct answer (the warmup included)."""
+        t0 = time.monotonic()
+        poll = FirstAnswer(w["url"], None, t0, warmup + 900)
+        poll.start()
+        docker("run", "-d", *self.docker_run_args(w, warmup))
+        seconds, answer = poll.result(warmup + 900)
+        correct = self.check_answers(w, answer)
+        if record:
+            self.record("ttfa", "cold_start", w["size_mb"], rep, seconds, correct=correct, warmup_s=warmup)
+        return seconds
+
+    def reset_device(self, w):
+        """What deleting the pod does to the NPU (aclsim_ctl.py reset 0): its memory is gone."""
+        try:
+            os.unlink(os.path.join(w["device_dir"], "device0"))
+        except FileNotFoundError:
+            pass
+
+    def remove(self, w):
+        docker("rm", "-f", w["name"], check=False)
+
+    def inventory(self, workloads, **extra):
+        hosts = {}
+        for index, w in enumerate(workloads):
+            entry = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                     "bench_snapshot_dir": w["snapshot_dir"], "bench_identity": w["identity"], "bench_url": w["url"]}
+            if w.get("pid"):
+                entry.update(bench_pid=w["pid"], bench_agent_socket_dir=w["socket_dir"])
+            else:
+                entry["bench_container"] = w["name"]
+            entry.update(extra)
+            hosts["bench-%d" % index] = entry
+        path = os.path.join(self.workdir, "inventory-%s.json" % uuid.uuid4().hex[:8])
+        with open(path, "w") as handle:
+            json.dump({"bench": {"hosts": hosts}}, handle)
+        return path
+
+    def playbook(self, name, workloads, **extra):
+        """Run benchmarks/playbooks/<name>.yml over one inventory alias per workload; return timings."""
+        inventory = self.inventory(workloads, **extra)
+        timing = inventory + ".timing"
+        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_CALLBACK_PLUGINS=os.path.join(HERE, "callback_plugins"),
+                   ANSIBLE_CALLBACKS_ENABLED="inferops_bench_timing", INFEROPS_BENCH_TIMING_FILE=timing,
+                   ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_HOST_KEY_CHECKING="False",
+                   ANSIBLE_RETRY_FILES_ENABLED="False")
+        argv = [os.path.join(BIN, "ansible-playbook"), "-i", inventory, "-f", str(max(1, len(workloads))),
+                os.path.join(PLAYBOOKS, name + ".yml")]
+        t0 = time.monotonic()
+        proc = run(argv, check=False, env=env)
+        t1 = time.monotonic()
+        with open(timing) as handle:
+            records = json.load(handle)
+        os.unlink(timing)
+        os.unlink(inventory)
+        failed = [r for r in records if r["outcome"] != "ok"]
+        if proc.returncode != 0 or failed:
+            raise RuntimeError("ansible-playbook %s failed (rc=%d): %s\n%s"
+                               % (name, proc.returncode, json.dumps(failed)[:3000], proc.stdout[-3000:]))
+        return {"t0": t0, "t1": t1, "wall": t1 - t0, "records": records}
+
+    # -- device control (for the raw baselines, which have no module around them) --------------------------
+    def agent(self, pid, socket_dir=control.DEFAULT_AGENT_SOCKET_DIR, timeout=60):
+        path = control.agent_socket_for_pid(pid, socket_dir)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise RuntimeError("agent socket %s did not appear" % path)
+            time.sleep(0.005)
+        return control.AgentSocketClient(path)
+
+    def backup(self, pid, socket_dir=control.DEFAULT_AGENT_SOCKET_DIR):
+        client = self.agent(pid, socket_dir)
+        client.request(protocol.OP_LOCK, 120)
+        client.request(protocol.OP_BACKUP, 600)
+
+    def resume(self, pid, socket_dir=control.DEFAULT_AGENT_SOCKET_DIR):
+        device.resume(self.agent(pid, socket_dir), 600)
+
+    # -- profiles of docker's path ------------------------------------------------------------------------
+    @staticmethod
+    def pids_named(*names):
+        found = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/comm" % entry) as handle:
+                        comm = handle.read().strip()
+                except OSError:
+                    continue
+                if comm in names:
+                    found.setdefault(comm, []).append(int(entry))
+        return found
+
+    @staticmethod
+    def shim_of(container_id):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                        argv = handle.read().split(b"\0")
+                except OSError:
+                    continue
+                if argv and b"containerd-shim" in argv[0] and container_id.encode() in argv:
+                    return int(entry)
+        return None
+
+    @staticmethod
+    def proc_counters(pid):
+        """CPU seconds (own + reaped children: runc and criu under a shim) and I/O bytes of one process."""
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            with open("/proc/%d/io" % pid) as handle:
+                io = dict(line.split(": ") for line in handle.read().splitlines())
+        except OSError:
+            return None
+        ticks = float(os.sysconf("SC_CLK_TCK"))
+        return {"cpu_s": sum(int(fields[i]) for i in (11, 12)) / ticks, "children_cpu_s": sum(int(fields[i]) for i in (13, 14)) / ticks,
+                "read_mb": int(io["rchar"]) / MB, "write_mb": int(io["wchar"]) / MB,
+                "disk_read_mb": int(io["read_bytes"]) / MB, "disk_write_mb": int(io["write_bytes"]) / MB}
+
+    @staticmethod
+    def system_counters():
+        with open("/proc/stat") as handle:
+            cpu = [int(x) for x in handle.readline().split()[1:]]
+        ticks = float(os.sysconf("SC_CLK_TCK"))
+        disk = {"read_mb": 0.0, "write_mb": 0.0}
+        with open("/proc/diskstats") as handle:
+            for line in handle:
+                parts = line.split()
+                if re.match(r"^(vd[a-z]|sd[a-z]|nvme\d+n\d+|xvd[a-z])$", parts[2]):
+                    disk["read_mb"] += int(parts[5]) * 512 / MB
+                    disk["write_mb"] += int(parts[9]) * 512 / MB
+        return {"user_s": (cpu[0] + cpu[1]) / ticks, "system_s": cpu[2] / ticks, "iowait_s": cpu[4] / ticks,
+                "disk_read_mb": disk["read_mb"], "disk_write_mb": disk["write_mb"]}
+
+    def profile(self, container_id=None):
+        """Counters of dockerd, containerd, the container's shim and the whole system, to diff later."""
+        pids = self.pids_named("dockerd", "containerd")
+        snap = {"system": self.system_counters()}
+        for comm, found in pids.items():
+            snap[comm] = {pid: self.proc_counters(pid) for pid in found}
+        if container_id:
+            shim = self.shim_of(container_id)
+            snap["shim"] = {shim: self.proc_counters(shim)} if shim else {}
+        return snap
+
+    @staticmethod
+    def diff_profile(before, after):
+        out = {}
+        for key in after:
+            if key == "system":
+                out[key] = {k: round(after[key][k] - before[key][k], 2) for k in after[key]}
+                continue
+            total = {}
+            for pid, counters in after[key].items():
+                if counters is None:
+                    continue
+                base = (before.get(key) or {}).get(pid) or {k: 0.0 for k in counters}
+                for k in counters:
+                    total[k] = round(total.get(k, 0.0) + counters[k] - base[k], 2)
+            out[key] = total
+        return out
+
+    def content_store_mb(self):
+        root = "/var/lib/docker/containerd/daemon/io.containerd.content.v1.content"
+        proc = run(["du", "-sm", root], check=False)
+        return int(proc.stdout.split()[0]) if proc.returncode == 0 and proc.stdout else None
+
+    # -- physical limits ------------------------------------------------------------------------------------------
+    def limits(self):
+        """What this machine can do at most: SHA-256 per core and on all cores, memory copy."""
+        buf = os.urandom(256 * MIB)
+        view = memoryview(buf)
+
+        def hash_all():
+            digest = hashlib.sha256()
+            for offset in range(0, len(buf), 4 * MIB):
+                digest.update(view[offset:offset + 4 * MIB])
+
+        out = {}
+        for rep in range(3):
+            t0 = time.monotonic()
+            hash_all()
+            one = time.monotonic() - t0
+            threads = [threading.Thread(target=hash_all) for _index in range(os.cpu_count() or 1)]
+            t0 = time.monotonic()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            every = time.monotonic() - t0
+            t0 = time.monotonic()
+            copy = bytearray(buf)
+            memcpy = time.monotonic() - t0
+            del copy
+            self.settle()
+            t0 = time.monotonic()
+            fresh = bytearray(len(buf))  # calloc: fresh pages, each faulted in (and zeroed) once
+            fault = time.monotonic() - t0
+            del fresh
+            for key, seconds, nbytes in (("sha256_one_core", one, len(buf)), ("sha256_all_cores", every, len(buf) * len(threads)),
+                                         ("memcpy", memcpy, len(buf)), ("fault_in_fresh_memory", fault, len(buf))):
+                out.setdefault(key, []).append(nbytes / MB / seconds)
+                self.record("limits", key, None, rep, seconds, mb_s=round(nbytes / MB / seconds, 1))
+        return {key: round(median(values), 1) for key, values in out.items()}
+
+    # -- file-level measurements ----------------------------------------------------------------------------------------
+    @staticmethod
+    def drop_caches():
+        subprocess.run(["sync"], check=False)
+        with open("/proc/sys/vm/drop_caches", "w") as handle:
+            handle.write("3\n")
+
+    def settle(self, warm=()):
+        """Same starting point for every timed variant: page cache dropped (only ``warm`` snapshots read
+        back in), then a pause. On this VM freed memory goes back to the hypervisor after a moment (virtio
+        balloon free page reporting) and fresh memory is slow to fault in, so without this whichever
+        variant ran right after a big free would look faster."""
+        if self.args.no_settle:
+            return
+        self.drop_caches()
+        for path in warm:
+            self.read_all(path)
+        time.sleep(self.args.settle_seconds)
+
+    @staticmethod
+    def snapshot_bytes(snap):
+        total = 0
+        for directory, _dirs, files in os.walk(snap):
+            for name in files:
+                total += os.lstat(os.path.join(directory, name)).st_size
+        return total
+
+    @staticmethod
+    def read_all(snap):
+        """Read every file once, no hashing: the storage (cold) or page cache (warm) limit."""
+        buf = bytearray(4 * MIB)
+        for directory, _dirs, files in os.walk(snap):
+            for name in files:
+                with open(os.path.join(directory, name), "rb", buffering=0) as handle:
+                    while handle.readinto(buf):
+                        pass
+
+    def verify_variants(self, w, rep):
+        """snapshot_verify (through ansible and in-process) vs sha256sum over the same files, warm and cold."""
+        snap = w["snapshot_dir"]
+        nbytes = self.snapshot_bytes(snap)
+        with open(os.path.join(snap, manifest_utils.CHECKSUMS)) as handle:
+            files = sorted(manifest_utils.parse_checksums(handle.read()))
+
+        def module():
+            result = self.playbook("verify", [w])
+            task = [r for r in result["records"] if r["action"].endswith("snapshot_verify")][0]
+            return task["end"] - task["start"], {"module_total_s": task["result"]["durations"]["total"],
+                                                 "hash_s": task["result"]["durations"]["hash"],
+                                                 "module_mb_s": task["result"]["throughput_mb_s"],
+                                                 "workers": task["result"]["workers"], "playbook_wall_s": round(result["wall"], 3)}
+
+        def inproc(workers=None):
+            t0 = time.monotonic()
+            valid, reasons, details = manifest_utils.verify(snap, expect={"identity": w["identity"]}, workers=workers)
+            if not valid:
+                raise RuntimeError("verify: %s" % reasons)
+            return time.monotonic() - t0, {"workers": details["hashing"]["workers"], "chunks": details["hashing"].get("chunks"),
+                                           "chunked_files": details["hashing"].get("chunked_files")}
+
+        def sha256sum():
+            t0 = time.monotonic()
+            run(["sha256sum", "--check", "--strict", "--quiet", manifest_utils.CHECKSUMS], cwd=snap)
+            return time.monotonic() - t0, {}
+
+        def sha256sum_parallel():
+            listing = os.path.join(self.workdir, "files-%s.list" % w["name"])
+            with open(listing, "w") as handle:
+                handle.write("".join(rel + "\n" for rel in files))
+            t0 = time.monotonic()
+            run(["xargs", "-a", listing, "-d", "\\n", "-P", str(os.cpu_count() or 1), "-n", "1", "sha256sum"], cwd=snap)
+            seconds = time.monotonic() - t0
+            os.unlink(listing)
+            return seconds, {}
+
+        def read_only():
+            t0 = time.monotonic()
+            self.read_all(snap)
+            return time.monotonic() - t0, {}
+
+        variants = [("snapshot_verify_module", module), ("snapshot_verify_inprocess", inproc),
+                    ("snapshot_verify_inprocess_1worker", lambda: inproc(1)), ("sha256sum_c", sha256sum),
+                    ("sha256sum_parallel", sha256sum_parallel), ("read_only", read_only)]
+        for cache in ("warm", "cold"):
+            for variant, func in variants:
+                if cache == "cold":
+                    self.drop_caches()
+                else:
+                    self.read_all(snap)
+                seconds, extra = func()
+                self.record("verify", "%s_%s" % (variant, cache), w["size_mb"], rep, seconds,
+                            mb_s=round(nbytes / MB / seconds, 1), bytes=nbytes, **extra)
+
+    # -- the per-size sequence -------------------------------------------------------------------------------------------------
+    def one_size(self, size_mb, rep):
+        args = self.args
+        w = self.new_workload(size_mb, "w")
+        try:
+            self.settle()
+            self.cold_start(w, rep, args.warmup)
+            cid = docker("inspect", "--format", "{{.Id}}", w["name"])
+            # A/B of hashing during the checkpoint (snapshot kept: the default method, measured second).
+            self.settle()
+            gen = self.playbook("generate", [w], bench_hash_during_checkpoint=False)
+            self.record_generate(gen, w, rep, "host_checkpoint_runc_hash_after")
+            self.settle()
+            gen = self.playbook("generate", [w])
+            self.record_generate(gen, w, rep, "host_checkpoint_runc")
+            self.verify_variants(w, rep)
+            self.checkpoint_variants(w, cid, rep)
+            self.remove(w)
+            self.reset_device(w)
+            for method in [None] + self.restore_methods:
+                self.module_restore(w, rep, method)
+                if not args.skip_cold_cache_restore:
+                    self.module_restore(w, rep, method, cold_cache=True)
+            self.raw_docker_restore(w, rep)
+            if self.has_prototype_runtime():
+                self.prototype_restore(w, rep)
+        finally:
+            self.remove(w)
+            shutil.rmtree(w["snapshot_dir"], ignore_errors=True)
+            shutil.rmtree(w["device_dir"], ignore_errors=True)
+        self.bare_process(size_mb, rep)
+
+    def record_generate(self, gen, w, rep, variant):
+        tasks = {r["action"].split(".")[-1]: r for r in gen["records"]}
+        checkpoint = tasks["host_checkpoint"]
+        durations = checkpoint["result"]["durations"]
+        module_totals = {name: task["result"]["durations"].get("total", sum(task["result"]["durations"].values()))
+                         for name, task in tasks.items()}
+        self.record("checkpoint", variant, w["size_mb"], rep, durations["total"], stages=durations,
+                    task_wall_s=round(checkpoint["end"] - checkpoint["start"], 3), total_bytes=checkpoint["result"]["total_bytes"],
+                    hashing=checkpoint["result"].get("hashing"))
+        self.record("generate", variant, w["size_mb"], rep, gen["wall"], module_totals=module_totals,
+                    task_walls={name: round(task["end"] - task["start"], 3) for name, task in tasks.items()})
+
+    def checkpoint_variants(self, w, cid, rep):
+        """Raw runc checkpoint (disk and tmpfs), plain docker checkpoint create, and host_checkpoint method=docker."""
+        pid = int(docker("inspect", "--format", "{{.State.Pid}}", w["name"]))
+        self.backup(pid)
+        try:
+            for variant, parent in (("raw_runc_checkpoint", self.workdir), ("raw_runc_checkpoint_tmpfs", self.shmdir)):
+                target = os.path.join(parent, "runc-%s" % uuid.uuid4().hex[:6])
+                work = os.path.join(parent, "runc-work-%s" % uuid.uuid4().hex[:6])
+                os.makedirs(target, mode=0o700)
+                os.makedirs(work, mode=0o700)
+                self.settle()
+                t0 = time.monotonic()
+                run(["runc", "--root", host.DOCKER_RUNC_ROOT, "checkpoint", "--leave-running", "--image-path", target,
+                     "--work-path", work, cid])
+                seconds = time.monotonic() - t0
+                self.record("checkpoint", variant, w["size_mb"], rep, seconds, total_bytes=self.snapshot_bytes(target))
+                shutil.rmtree(target)
+                shutil.rmtree(work)
+            if not self.args.skip_docker_checkpoint:
+                target = os.path.join(self.workdir, "docker-cp")
+                store_before = self.content_store_mb()
+                self.settle()
+                before = self.profile(cid)
+                t0 = time.monotonic()
+                docker("checkpoint", "create", "--leave-running", "--checkpoint-dir", target, w["name"], "cp1")
+                seconds = time.monotonic() - t0
+                profile = self.diff_profile(before, self.profile(cid))
+                self.record("checkpoint", "raw_docker_checkpoint", w["size_mb"], rep, seconds, profile=profile,
+                            total_bytes=self.snapshot_bytes(target), content_store_growth_mb=(self.content_store_mb() or 0) - (store_before or 0))
+                shutil.rmtree(target)
+        finally:
+            self.resume(pid)
+        if not self.args.skip_docker_checkpoint and rep == 0:
+            other = dict(w, snapshot_dir=w["snapshot_dir"] + "-docker", identity=dict(w["identity"]))
+            other["identity"]["pod"] = os.path.basename(other["snapshot_dir"])
+            self.settle()
+            gen = self.playbook("generate", [other], bench_checkpoint_method="docker")
+            self.record_generate(gen, w, rep, "host_checkpoint_docker")
+            shutil.rmtree(other["snapshot_dir"], ignore_errors=True)
+
+    def module_restore(self, w, rep, method, cold_cache=False):
+        """snapshot_restore through ansible-playbook; the snapshot in the page cache (just taken) or not (restored later)."""
+        variant = "snapshot_restore" + ("_" + method if method else "") + ("_cold_cache" if cold_cache else "")
+        self.settle(warm=() if cold_cache else [w["snapshot_dir"]])
+        wall_t0 = time.time()
+        t0 = time.monotonic()
+        poll = FirstAnswer(w["url"], None, t0, 1800)
+        poll.start()
+        extra = {"bench_restore_method": method} if method else {}
+        if method == "runtime":
+            extra["bench_runtime_name"] = self.prefix
+        result = self.playbook("restore", [w], **extra)
+        seconds, answer = poll.result(60)
+        task = result["records"][0]
+        restored = task["result"].get("restored") is True and self.was_restored(w, wall_t0)
+        correct = self.check_answers(w, answer) and restored
+        durations = task["result"]["durations"]
+        self.record("ttfa", variant, w["size_mb"], rep, seconds, correct=correct, restored=restored, stages=durations,
+                    module_total_s=durations["total"], task_wall_s=round(task["end"] - task["start"], 3),
+                    playbook_wall_s=round(result["wall"], 3), reason=task["result"].get("reason"),
+                    placement=task["result"].get("placement"), verify=task["result"].get("verify"),
+                    runtime=task["result"].get("runtime_record"))
+        self.record("host_restore", variant, w["size_mb"], rep, durations.get("host_restore"))
+        self.remove(w)
+        self.reset_device(w)
+
+    def recreate_args(self, w, verb, env_overrides=None):
+        record = host.read_container_record(w["snapshot_dir"])
+        args = host.create_args(record, w["name"], env_overrides)
+        return [verb] + args[1:]
+
+    def write_metadata(self, name):
+        """What snapshot_restore's prepare stage does (docker cp of /run/inferops-snapshot/metadata.json).
+
+        It also makes /run/inferops-snapshot exist in the new container's filesystem: the restored agent's
+        unix socket is bound there, and CRIU cannot restore it into a missing directory.
+        """
+        scratch = tempfile.mkdtemp(dir=self.workdir)
+        staged = os.path.join(scratch, "inferops-snapshot")
+        os.mkdir(staged, 0o700)
+        with open(os.path.join(staged, "metadata.json"), "w") as handle:
+            json.dump({"env": {"INFEROPS_BENCH": "restored"}, "container": name, "restored": True}, handle)
+        docker("cp", staged, "%s:/run" % name)
+        shutil.rmtree(scratch)
+
+    def was_restored(self, w, wall_t0):
+        """True when the answering process is the checkpointed one (started before this restore began)."""
+        with OPENER.open(w["url"] + "/v1/info", timeout=30) as response:
+            return json.loads(response.read())["started_at"] < wall_t0
+
+    def raw_docker_restore(self, w, rep):
+        """docker create + hard-linked images + docker start --checkpoint + device restore (no ansible, no verify)."""
+        self.settle(warm=[w["snapshot_dir"]])
+        wall_t0 = time.time()
+        t0 = time.monotonic()
+        poll = FirstAnswer(w["url"], None, t0, 1800)
+        poll.start()
+        docker(*self.recreate_args(w, "create"))
+        cid = docker("inspect", "--format", "{{.Id}}", w["name"])
+        self.write_metadata(cid)
+        host.place_checkpoint(w["snapshot_dir"], cid, "bench")
+        store_before = self.content_store_mb()
+        before = self.profile()
+        t1 = time.monotonic()
+        docker("start", "--checkpoint", "bench", cid)
+        start_s = time.monotonic() - t1
+        after = self.profile(cid)
+        after.setdefault("shim", {})
+        before["shim"] = {}
+        profile = self.diff_profile(before, after)
+        t2 = time.monotonic()
+        self.resume(int(docker("inspect", "--format", "{{.State.Pid}}", cid)))
+        device_s = time.monotonic() - t2
+        seconds, answer = poll.result(60)
+        restored = self.was_restored(w, wall_t0)
+        self.record("ttfa", "raw_docker_start_checkpoint", w["size_mb"], rep, seconds, restored=restored,
+                    correct=self.check_answers(w, answer) and restored, stages={"host_restore": round(start_s, 3), "device_restore": round(device_s, 3)})
+        self.record("host_restore", "raw_docker_start_checkpoint", w["size_mb"], rep, start_s, profile=profile,
+                    content_store_growth_mb=(self.content_store_mb() or 0) - (store_before or 0))
+        self.remove(w)
+        self.reset_device(w)
+
+    def has_prototype_runtime(self):
+        if not self.args.with_prototype:
+            return False
+        runtimes = docker("info", "--format", "{{json .Runtimes}}", check=False)
+        return PROTOTYPE_RUNTIME in (runtimes or "")
+
+    def prototype_restore(self, w, rep):
+        """The restore-on-create prototype runtime (scripts/env/prototype): runc restore inside docker start."""
+        images = host.images_dir(w["snapshot_dir"])
+        args = self.recreate_args(w, "create", {"INFEROPS_RESTORE_FROM": images})
+        args = args[:1] + ["--runtime", PROTOTYPE_RUNTIME] + args[1:]
+        self.settle(warm=[w["snapshot_dir"]])
+        wall_t0 = time.time()
+        t0 = time.monotonic()
+        poll = FirstAnswer(w["url"], None, t0, 1800)
+        poll.start()
+        docker(*args)
+        self.write_metadata(w["name"])
+        t1 = time.monotonic()
+        docker("start", w["name"])
+        start_s = time.monotonic() - t1
+        t2 = time.monotonic()
+        self.resume(int(docker("inspect", "--format", "{{.State.Pid}}", w["name"])))
+        device_s = time.monotonic() - t2
+        seconds, answer = poll.result(60)
+        restored = self.was_restored(w, wall_t0)
+        self.record("ttfa", "prototype_runtime_docker_run", w["size_mb"], rep, seconds, restored=restored,
+                    correct=self.check_answers(w, answer) and restored,
+                    stages={"host_restore": round(start_s, 3), "device_restore": round(device_s, 3)})
+        self.record("host_restore", "prototype_runtime_docker_run", w["size_mb"], rep, start_s)
+        self.remove(w)
+        self.reset_device(w)
+
+    # -- a bare process: host_checkpoint engine=criu vs raw criu dump / criu restore ----------------------------
+    def start_bare(self, w, warmup):
+        socket_dir = os.path.join(self.workdir, "agent-" + w["name"][len(self.prefix) + 1:])
+        os.makedirs(socket_dir, mode=0o700)
+        env = dict(os.environ, INFEROPS_ACL_LIBRARY=os.path.join(REPO, "build", "simulator", "libascendcl.so"),
+                   INFEROPS_AGENT_SOCKET_DIR=socket_dir, INFEROPS_METADATA_FILE=os.path.join(socket_dir, "metadata.json"),
+                   PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+        env.update(self.workload_env(w["size_mb"], w["port"], w["device_dir"], warmup))
+        logfile = open(os.path.join(self.workdir, w["name"] + ".log"), "ab")
+        proc = subprocess.Popen(["/usr/bin/python3", os.path.join(REPO, "plugins", "module_utils", "_agent.py"), "--",
+                                 os.path.join(REPO, "tests", "workload", "workload.py")], env=env, stdin=subprocess.DEVNULL,
+                                stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+        logfile.close()
+        w.update(pid=proc.pid, socket_dir=socket_dir)
+        self.bare.append(proc.pid)
+        return proc
+
+    def kill_bare(self, pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, 0)  # our child, or reparented to us (child subreaper) after a criu restore
+        except ChildProcessError:
+            while os.path.exists("/proc/%d" % pid):
+                time.sleep(0.01)
+
+    def bare_process(self, size_mb, rep):
+        w = self.new_workload(size_mb, "bare")
+        work = None
+        try:
+            t0 = time.monotonic()
+            poll = FirstAnswer(w["url"], None, t0, 900)
+            poll.start()
+            self.start_bare(w, 1)
+            _seconds, answer = poll.result(900)
+            if not self.check_answers(w, answer):
+                raise RuntimeError("the bare workload answers differently from the container")
+            self.settle()
+            gen = self.playbook("generate", [w])
+            self.record_generate(gen, w, rep, "host_checkpoint_criu")
+            self.backup(w["pid"], w["socket_dir"])
+            target = os.path.join(self.workdir, "criu-%s" % uuid.uuid4().hex[:6])
+            work = target + "-work"
+            os.makedirs(target, mode=0o700)
+            os.makedirs(work, mode=0o700)
+            self.settle()
+            t0 = time.monotonic()
+            run(["criu", "dump", "--tree", w["pid"], "--images-dir", target, "--work-dir", work, "--log-file", "dump.log", "-v4",
+                 "--tcp-close", "--ext-unix-sk", "--file-locks", "--leave-running"])
+            self.record("checkpoint", "raw_criu_dump", size_mb, rep, time.monotonic() - t0, total_bytes=self.snapshot_bytes(target))
+            shutil.rmtree(target)
+            self.kill_bare(w["pid"])
+            self.reset_device(w)
+            # Restore the module's snapshot with raw criu: same images, no module around it.
+            images = host.images_dir(w["snapshot_dir"])
+            pidfile = os.path.join(work, "restored.pid")
+            self.settle(warm=[w["snapshot_dir"]])
+            wall_t0 = time.time()
+            t0 = time.monotonic()
+            poll = FirstAnswer(w["url"], None, t0, 900)
+            poll.start()
+            run(["criu", "restore", "--images-dir", images, "--work-dir", work, "--restore-detached", "--tcp-close",
+                 "--ext-unix-sk", "--file-locks", "--pidfile", pidfile, "--log-file", "restore.log", "-v4"])
+            restore_s = time.monotonic() - t0
+            with open(pidfile) as handle:
+                restored = int(handle.read().strip())
+            self.bare.append(restored)
+            t2 = time.monotonic()
+            self.resume(restored, w["socket_dir"])
+            device_s = time.monotonic() - t2
+            seconds, answer = poll.result(60)
+            was = self.was_restored(w, wall_t0)
+            self.record("ttfa", "raw_criu_restore_bare", size_mb, rep, seconds, restored=was, correct=self.check_answers(w, answer) and was,
+                        stages={"host_restore": round(restore_s, 3), "device_restore": round(device_s, 3)})
+            self.record("host_restore", "raw_criu_restore_bare", size_mb, rep, restore_s)
+            self.kill_bare(restored)
+        finally:
+            for pid in list(self.bare):
+                self.kill_bare(pid)
+            self.bare = []
+            shutil.rmtree(w["snapshot_dir"], ignore_errors=True)
+            shutil.rmtree(w["device_dir"], ignore_errors=True)
+            if work and not control_mounts_below(work):
+                shutil.rmtree(work, ignore_errors=True)
+
+    # -- orchestration overhead: N inventory aliases of localhost, one workload each -----------------------
+    def orchestration(self, hosts, size_mb, rep):
+        workloads = [self.new_workload(size_mb, "o%d" % hosts) for _index in range(hosts)]
+        try:
+            for w in workloads:
+                docker("run", "-d", *self.docker_run_args(w, 1))
+            for w in workloads:
+                poll = FirstAnswer(w["url"], None, time.monotonic(), 900)
+                poll.run()
+                if not self.check_answers(w, poll.answer):
+                    raise RuntimeError("wrong answers from %s" % w["name"])
+            for step in ("generate", "restore"):
+                if step == "restore":
+                    for w in workloads:
+                        self.remove(w)
+                        self.reset_device(w)
+                result = self.playbook(step, workloads)
+                per_host = {}
+                for r in result["records"]:
+                    durations = r["result"].get("durations") or {}
+                    module = durations.get("total", sum(v for v in durations.values() if isinstance(v, (int, float))))
+                    entry = per_host.setdefault(r["host"], {"module_s": 0.0, "task_wall_s": 0.0})
+                    entry["module_s"] += module
+                    entry["task_wall_s"] += r["end"] - r["start"]
+                self.record("orchestration", "%s_%d_hosts" % (step, hosts), size_mb, rep, result["wall"], hosts=hosts,
+                            sum_module_s=round(sum(e["module_s"] for e in per_host.values()), 3),
+                            max_module_s=round(max(e["module_s"] for e in per_host.values()), 3),
+                            sum_task_wall_s=round(sum(e["task_wall_s"] for e in per_host.values()), 3),
+                            max_task_wall_s=round(max(e["task_wall_s"] for e in per_host.values()), 3))
+                if step == "restore":
+                    for w in workloads:
+                        answer = generate(w["url"], PROMPTS[0])[1]
+                        if not self.check_answers(w, answer):
+                            raise RuntimeError("wrong answers after restore from %s" % w["name"])
+        finally:
+            for w in workloads:
+                self.remove(w)
+                shutil.rmtree(w["snapshot_dir"], ignore_errors=True)
+                shutil.rmtree(w["device_dir"], ignore_errors=True)
+
+    # -- the restore-on-create runtime (snapshot_node role) ------------------------------------------------------------
+    def node_vars(self):
+        base = os.path.join(self.workdir, "node")
+        return {"snapshot_node_runtime_name": self.prefix, "snapshot_node_runtime_path": os.path.join(base, "bin", "inferops-restore-runtime"),
+                "snapshot_node_lib_dir": os.path.join(base, "lib"), "snapshot_node_state_dir": "/run/%s" % self.prefix,
+                "snapshot_node_log_file": os.path.join(base, "log", "restore.log"),
+                "snapshot_node_snapshot_roots": [os.path.join(self.workdir, "snapshots")]}
+
+    def node(self, state):
+        """Install or remove the runtime with the role, as users do (it reloads dockerd with SIGHUP, no restart)."""
+        os.makedirs(os.path.join(self.workdir, "snapshots"), mode=0o700, exist_ok=True)
+        extra = dict(self.node_vars(), snapshot_node_state=state)
+        if state == "absent":
+            extra["snapshot_node_force_remove"] = True
+        vars_file = os.path.join(self.workdir, "node-vars-%s.json" % state)
+        with open(vars_file, "w") as handle:
+            json.dump(extra, handle)
+        proc = run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
+                    "-e", "@" + vars_file, os.path.join(PLAYBOOKS, "node.yml")], check=False,
+                   env=dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False"))
+        if proc.returncode != 0:
+            raise RuntimeError("snapshot_node state=%s failed:\n%s" % (state, proc.stdout[-4000:]))
+        self.runtime_installed = state == "present"
+
+    # -- driver -------------------------------------------------------------------------------------------------------------------------
+    def detect_restore_methods(self):
+        """Extra snapshot_restore methods (e.g. issue 5's restore-on-create runtime) when the module offers them."""
+        proc = run([os.path.join(BIN, "ansible-doc"), "-j", "inferops.snapshot.snapshot_restore"], check=False,
+                   env=dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS))
+        try:
+            doc = json.loads(proc.stdout)["inferops.snapshot.snapshot_restore"]["doc"]
+        except (ValueError, KeyError):
+            return []
+        option = doc.get("options", {}).get("method") or {}
+        default = option.get("default")
+        return [choice for choice in option.get("choices") or [] if choice != default]
+
+    def cleanup(self):
+        out = docker("ps", "-a", "--filter", "name=^%s-" % self.prefix, "--format", "{{.Names}}", check=False)
+        for name in out.split():
+            docker("rm", "-f", name, check=False)
+        for pid in self.bare:
+            self.kill_bare(pid)
+        if self.runtime_installed:
+            try:
+                self.node("absent")
+            except RuntimeError as exc:
+                log("could not remove the runtime %s: %s" % (self.prefix, exc))
+        if not control_mounts_below(self.workdir):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.shmdir, ignore_errors=True)
+
+    def main(self):
+        args = self.args
+        started = time.monotonic()
+        result = {"started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "args": vars(args), "load_at_start": load_average(), "machine": machine_info(self.workdir),
+                  "image": IMAGE, "device_share": DEVICE_SHARE}
+        self.restore_methods = [] if args.no_extra_methods else self.detect_restore_methods()
+        result["restore_methods"] = ["default"] + self.restore_methods
+        result["prototype_runtime"] = self.has_prototype_runtime()
+        log("machine: %s" % json.dumps(result["machine"]))
+        log("load at start: %s; extra restore methods: %s" % (result["load_at_start"], self.restore_methods or "none"))
+        try:
+            if "runtime" in self.restore_methods:
+                log("installing the restore-on-create runtime %s with the snapshot_node role" % self.prefix)
+                self.node("present")
+            result["limits"] = self.limits()
+            for rep in range(args.runs):
+                for size_mb in args.sizes_mb:
+                    if rep >= args.runs_largest and size_mb == max(args.sizes_mb):
+                        continue
+                    self.one_size(size_mb, rep)
+            for rep in range(args.orchestration_runs):
+                for hosts in args.hosts:
+                    self.orchestration(hosts, args.orchestration_size_mb, rep)
+        finally:
+            self.cleanup()
+        result.update(load_at_end=load_average(), duration_s=round(time.monotonic() - started, 1), samples=self.samples,
+                      finished_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return result
+
+
+def control_mounts_below(path):
+    prefix = path.rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as handle:
+        return [line.split()[4] for line in handle if line.split()[4].startswith(prefix)]
+
+
+def become_subreaper():
+    """Processes restored by criu --restore-detached are reparented to us, so we can reap them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="development run: sizes 0.0625 0.125 GB, 1 run, 3 s warmup")
+    parser.add_argument("--sizes", type=float, nargs="+", help="state sizes in GB (device + host memory); default 0.25 0.5 1 2")
+    parser.add_argument("--runs", type=int, help="runs per size (medians are reported); default 3")
+    parser.add_argument("--runs-largest", type=int, help="runs at the largest size; default = --runs")
+    parser.add_argument("--warmup", type=float, help="WORKLOAD_WARMUP_SECONDS of the cold start; default 30")
+    parser.add_argument("--hosts", type=int, nargs="+", help="inventory sizes for the orchestration overhead; default 1 4")
+    parser.add_argument("--orchestration-size", type=float, default=0.25, help="state size (GB) per host there")
+    parser.add_argument("--orchestration-runs", type=int, help="default = --runs")
+    parser.add_argument("--skip-docker-checkpoint", action="store_true", help="leave out docker checkpoint create (slow)")
+    parser.add_argument("--with-prototype", action="store_true",
+                        help="also time the old prototype runtime registered as %s (scripts/env/prototype, removed)" % PROTOTYPE_RUNTIME)
+    parser.add_argument("--no-extra-methods", action="store_true", help="only snapshot_restore's default method")
+    parser.add_argument("--skip-cold-cache-restore", action="store_true", help="leave out snapshot_restore with a cold page cache")
+    parser.add_argument("--no-settle", action="store_true", help="do not drop caches and pause before each timed variant")
+    parser.add_argument("--settle-seconds", type=float, default=2.0, help="pause after dropping caches (default 2)")
+    parser.add_argument("--workdir", help="scratch directory on the same filesystem as /var/lib/docker")
+    parser.add_argument("--out", default=os.path.join(REPO, "results"), help="results folder (default results/)")
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    quick = args.quick
+    args.sizes = args.sizes or ([0.0625, 0.125] if quick else [0.25, 0.5, 1, 2])
+    args.sizes_mb = [int(round(s * 1024)) for s in args.sizes]
+    args.runs = args.runs or (1 if quick else 3)
+    args.runs_largest = args.runs if args.runs_largest is None else args.runs_largest
+    args.warmup = args.warmup if args.warmup is not None else (3.0 if quick else 30.0)
+    args.hosts = args.hosts or ([1, 2] if quick else [1, 4])
+    args.orchestration_size_mb = int(round((0.0625 if quick and args.orchestration_size == 0.25 else args.orchestration_size) * 1024))
+    args.orchestration_runs = args.runs if args.orchestration_runs is None else args.orchestration_runs
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: checkpoints, drop_caches and dockerd need it")
+    become_subreaper()
+    log("building the workload image %s (scripts/build-workload-image.sh)" % IMAGE)
+    run(["bash", os.path.join(REPO, "scripts", "build-workload-image.sh"), IMAGE])
+    run(["bash", os.path.join(REPO, "tests", "simulator", "build.sh"), os.path.join(REPO, "build", "simulator")])
+    bench = Bench(args)
+    result = bench.main()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = os.path.join(os.path.abspath(args.out), stamp + ("-quick" if args.quick else ""))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "bench.json"), "w") as handle:
+        json.dump(result, handle, indent=1, sort_keys=True)
+    report.write_report(result, out)
+    latest = os.path.join(os.path.abspath(args.out), "latest")
+    if os.path.islink(latest):
+        os.unlink(latest)
+    if not os.path.exists(latest):
+        os.symlink(os.path.basename(out), latest)
+    log("results in %s (bench.json, results.md, chart.png); load at end %s" % (out, result["load_at_end"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
