@@ -63,6 +63,13 @@ build-collection: venv
 test: venv simulator collection
 	$(BIN)/python -m pytest tests -q
 	bash scripts/sanity.sh
+	$(MAKE) molecule
+
+# The molecule scenarios shipped in extensions/molecule (delegated driver: this machine's dockerd;
+# no Galaxy: dependencies come from this checkout). Run from the collection root, as molecule expects.
+.PHONY: molecule
+molecule: venv simulator collection image
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule test --all
 
 # Not part of the test suite: results/<stamp>/{bench.json,results.md,chart.png}; see docs/benchmarks.md.
 bench: venv simulator collection env
