@@ -17,7 +17,7 @@ description:
     container runs), and the pod's container - whether it exists and runs, its image, the device snapshot
     path it was started with (C(VLLM_NPU_SNAPSHOT_PATH)), the snapshot it was restored from - and the
     snapshot state of its engine (C(RUNNING), C(LOCKED), C(BACKED_UP)) through the engine's control endpoint.
-  - RV(usable) is true when the snapshot verifies and its status is C(completed) (or there is no record):
+  - RV(usable) is true when the snapshot verifies and its status is C(completed) (or there is no record);
     a generation can then be skipped and a restore can use it.
   - Changes nothing. Container environment values are never returned, only the device snapshot path.
 author:
