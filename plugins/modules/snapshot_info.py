@@ -143,11 +143,40 @@ throughput_mb_s:
   returned: always
   type: float
 container:
-  description:
-    - The container (C(exists), C(id), C(name), C(running), C(status), C(pid), C(image_id), C(image),
-      C(npu_snapshot_path) - its C(VLLM_NPU_SNAPSHOT_PATH) -, C(restored_from)); C({exists false}) when there is none.
+  description: The pod's container; only RV(container.exists=false) (and the name) when there is none.
   returned: always
   type: dict
+  contains:
+    exists:
+      description: Whether the container exists.
+      type: bool
+    id:
+      description: Container id.
+      type: str
+    name:
+      description: Container name.
+      type: str
+    running:
+      description: Whether it runs.
+      type: bool
+    status:
+      description: Docker's status (C(running), C(exited), C(created), ...).
+      type: str
+    pid:
+      description: Host pid of its main process (null when it does not run).
+      type: int
+    image_id:
+      description: Id of the image it runs; the snapshot is verified against it.
+      type: str
+    image:
+      description: Image name it was created with.
+      type: str
+    npu_snapshot_path:
+      description: Its C(VLLM_NPU_SNAPSHOT_PATH) (the only environment value ever read), null when not set.
+      type: str
+    restored_from:
+      description: The snapshot it was restored from, read from the metadata file in it (null when not restored).
+      type: str
 device_state:
   description: Snapshot state of the running engine (C(RUNNING), C(LOCKED), C(BACKED_UP)), null when unknown.
   returned: always

@@ -105,5 +105,6 @@ def status_record(snapshot_dir):
 
 def local_inventory(**host_vars):
     """One host, 'npu-host', reached with the local connection, running modules with this interpreter."""
-    return {"all": {"hosts": {"npu-host": dict({"ansible_connection": "local",
-                                                  "ansible_python_interpreter": sys.executable}, **host_vars)}}}
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    host.update(host_vars)
+    return {"all": {"hosts": {"npu-host": host}}}

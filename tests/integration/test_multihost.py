@@ -161,8 +161,8 @@ def host_state(tmp_path, host, containers, image, name=None):
     return base, c, config
 
 
-def test_two_hosts_over_ssh_keep_their_own_state_and_one_failing_leaves_the_other_alone(hosts, docker_env, containers,
-                                                                                          tmp_path):
+def test_two_hosts_over_ssh_keep_their_own_state_and_one_failing_leaves_the_other_alone(
+        hosts, docker_env, containers, tmp_path):
     state = {host: host_state(tmp_path, host, containers, docker_env) for host in sorted(hosts.hosts)}
     for base, c, config in state.values():
         c.run()
@@ -174,8 +174,8 @@ def test_two_hosts_over_ssh_keep_their_own_state_and_one_failing_leaves_the_othe
         host_vars[host] = {
             "snapshot_config": config, "snapshot_service": {"namespace": "mh", "name": "svc"},
             # one instance per host: their generations are independent of each other
-            "snapshot_instances": [{"name": "p-" + host, "pods": [{"name": c.name, "readiness_url": c.url + "/health",
-                                                                    "env": {"NODE": host}}]}]}
+            "snapshot_instances": [{"name": "p-" + host, "pods": [
+                {"name": c.name, "readiness_url": c.url + "/health", "env": {"NODE": host}}]}]}
     host_vars["npu-b"]["snapshot_generate_runc_root"] = "/run/inferops-test-no-such-runc"  # b's host snapshot fails
     inventory = hosts.inventory(**host_vars)
 

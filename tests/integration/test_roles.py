@@ -2,15 +2,13 @@
 before anything runs, check mode, idempotence, waiting for the warmup, an instance undone as a whole
 when one pod fails, and cleanup. The molecule scenarios (extensions/molecule) cover the seed's test table."""
 
-import json
 import os
-import subprocess
 import time
 import uuid
 
 import pytest
 
-from conftest import docker, free_port, http_get, run_module
+from conftest import docker, free_port, run_module
 from _roles_helpers import local_inventory, run_playbook, finish, status_record
 
 PROMPTS = ["what is an NPU?", "数据"]
