@@ -439,7 +439,7 @@ def write_inventory(path, node, kubeconfig):
     return str(path)
 
 
-def run_playbook(playbook, inventory, extra_vars, timeout=240):
+def run_playbook(playbook, inventory, extra_vars, timeout=240, check=False):
     """ansible-playbook on one of the collection's playbooks; (rc, output). K8S_TEST_SHOW=1 prints the output."""
     ensure_collection_link()
     vars_file = Path(inventory).with_suffix(".vars-%d.json" % time.monotonic_ns())
@@ -448,7 +448,7 @@ def run_playbook(playbook, inventory, extra_vars, timeout=240):
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_STDOUT_CALLBACK="default",
                ANSIBLE_FORCE_COLOR="0", ANSIBLE_PIPELINING="True")
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / playbook),
-                           "-e", "@%s" % vars_file], env=env, capture_output=True, text=True, timeout=timeout,
+                           "-e", "@%s" % vars_file] + (["--check"] if check else []), env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
     if os.environ.get("K8S_TEST_SHOW"):
         print(proc.stdout[-6000:])

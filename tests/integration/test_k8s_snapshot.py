@@ -73,16 +73,16 @@ class Service:
     def create(self, pod, instance, **kwargs):
         return self.api.create(self.manifest(pod, instance, **kwargs))
 
-    def play(self, playbook, config, **extra):
+    def play(self, playbook, config, check=False, **extra):
         variables = {"k8s_snapshot_namespace": self.namespace, "k8s_snapshot_service": self.name,
                      "k8s_snapshot_node_group": "k8s_nodes"}
         if config is not None:
             variables["k8s_snapshot_config"] = config
         variables.update(extra)
-        return run_playbook(playbook, self.cluster.inventory, variables)
+        return run_playbook(playbook, self.cluster.inventory, variables, check=check)
 
-    def generate(self, config, **extra):
-        return self.play("k8s_generate.yml", config, **extra)
+    def generate(self, config, check=False, **extra):
+        return self.play("k8s_generate.yml", config, check=check, **extra)
 
     def restore(self, config, **extra):
         return self.play("k8s_restore.yml", config, **extra)
@@ -243,6 +243,7 @@ def test_recreated_pod_is_restored_from_its_snapshot_with_its_new_environment(ge
 
 
 def test_recreated_pods_without_a_usable_snapshot_start_normally(generated, cluster, tmp_path):
+    """First deployment (no snapshot), another image version, a corrupted snapshot: normal starts."""
     svc, api = generated["svc"], generated["svc"].api
     other = "inferops/workload:k8s-other-%s" % uuid.uuid4().hex[:6]
     (tmp_path / "Dockerfile").write_text("FROM %s\nLABEL org.inferops.variant=%s\n" % (cluster.image, other))
@@ -251,8 +252,19 @@ def test_recreated_pods_without_a_usable_snapshot_start_normally(generated, clus
     try:
         svc.recreate("qwen-p0-1", "p0", image=other)  # a new image version: its snapshot does not match
         svc.recreate("qwen-p1-0", "p1")  # never snapshotted: first start
+        svc.recreate("qwen-p0-0", "p0")  # its snapshot gets one corrupted byte
+        criu_dir = os.path.join(svc.snapshot_dir("p0", "qwen-p0-0"), "host", "criu")
+        pages = os.path.join(criu_dir, sorted(f for f in os.listdir(criu_dir) if f.startswith("pages-"))[0])
+        with open(pages, "r+b") as handle:
+            handle.seek(4096)
+            byte = handle.read(1)
+            handle.seek(4096)
+            handle.write(bytes([byte[0] ^ 0x40]))
         rc, output = svc.restore(svc.config())
         assert rc == 0, output[-4000:]
+        corrupted = api.annotations("qwen-p0-0")
+        assert corrupted["snapshot.inferops.org/restore"] == "cold"
+        assert "checksum_mismatch: host/criu/" + os.path.basename(pages) in corrupted["snapshot.inferops.org/restore-reason"]
         other_version = api.annotations("qwen-p0-1")
         assert other_version["snapshot.inferops.org/restore"] == "cold"
         assert "image_mismatch" in other_version["snapshot.inferops.org/restore-reason"], other_version
@@ -260,15 +272,16 @@ def test_recreated_pods_without_a_usable_snapshot_start_normally(generated, clus
         first = api.annotations("qwen-p1-0")
         assert first["snapshot.inferops.org/restore"] == "cold"
         assert first["snapshot.inferops.org/restore-reason"].startswith("no snapshot recorded for infer/qwen/p1/qwen-p1-0")
-        for pod in ("qwen-p0-1", "qwen-p1-0"):
+        for pod in ("qwen-p0-1", "qwen-p1-0", "qwen-p0-0"):
             assert not api.pod(pod)["spec"].get("schedulingGates")
             assert not api.pod(pod)["spec"].get("nodeSelector")
-            assert (pod, "started", None) in cluster.kubelet.events[-6:]
+            assert (pod, "started", None) in cluster.kubelet.events[-9:]
             svc.wait_ready(pod)
             assert svc.answers(pod) == generated["expected"]  # a normal start warms up and serves right
             assert svc.info(pod)["metadata"]["restore_requested"] is False
-        # the snapshot of the other version is not deleted: it is still valid for its own image
+        # snapshots are never deleted by a restore decision: the other version's is still valid for its image
         assert os.path.exists(os.path.join(svc.snapshot_dir("p0", "qwen-p0-1"), "manifest.json"))
+        assert os.path.exists(pages)
     finally:
         svc.api.delete("qwen-p0-1")
         cluster.kubelet.wait_removed(svc.namespace, "qwen-p0-1")
@@ -326,6 +339,14 @@ def assert_failed_cleaned_and_serving(svc, reason_part):
         assert len(svc.answers(pod)) == len(PROMPTS)
     record = json.loads(svc.api.configmap("inferops-snapshot-llama")["data"]["llama-p0-1"])
     assert record["status"] == "failed" and reason_part in record["reason"]
+
+
+def test_check_mode_says_what_would_change_and_changes_nothing(failing):
+    svc = failing
+    before = {pod: svc.api.pod(pod)["metadata"] for pod in ("llama-p0-0", "llama-p0-1")}
+    rc, output = svc.generate(svc.config(), check=True)
+    assert rc == 0 and recap_changed(output) == 1, output[-3000:]
+    assert {pod: svc.api.pod(pod)["metadata"] for pod in before} == before
 
 
 def test_host_snapshot_failure_cleans_the_instance_and_restores_serving(failing):
