@@ -124,11 +124,19 @@ def node(docker_env, tmp_path_factory):
         assert n.name not in runtimes() and n.name not in (after.get("runtimes") or {}), after
         assert {k: v for k, v in after.items() if k != "runtimes"} == {k: v for k, v in before.items() if k != "runtimes"}
         assert not n.runtime_path.exists() and not n.lib_dir.exists() and not os.path.exists(n.state_dir)
+        ok, changed, failed, out = n.run_role(snapshot_node_state="absent")
+        assert failed == 0 and changed == 0, "removing twice changed something:\n%s" % out[-5000:]
+
+
+def changed_tasks(output):
+    """The TASK headers and results of the tasks that reported a change."""
+    blocks = re.split(r"\n(?=TASK \[)", output)
+    return "\n".join(block for block in blocks if "changed:" in block)[-6000:]
 
 
 def test_role_installs_registers_idempotently(node):
     assert node.check_run[2] == 0
-    assert node.second_run[1] == 0, "second run changed something:\n%s" % node.second_run[3][-5000:]
+    assert node.second_run[1] == 0, "second run changed something:\n%s" % changed_tasks(node.second_run[3])
     assert node.name in runtimes(), runtimes()
     daemon = read_daemon_json()
     assert daemon["runtimes"][node.name] == {"path": str(node.runtime_path)}
@@ -138,6 +146,22 @@ def test_role_installs_registers_idempotently(node):
         assert "tcp-close" in handle.read().split()
     settings = json.loads((node.lib_dir / "runtime.json").read_text())
     assert settings["snapshot_roots"] == [str(node.roots)] and settings["criu"].startswith("/")
+
+
+def test_role_refuses_what_would_hurt_running_containers(node, docker_env):
+    """No dockerd restart nobody allowed, and no removal while containers still use the runtime."""
+    before = read_daemon_json()
+    ok, changed, failed, out = node.run_role(snapshot_node_docker_daemon_options={"storage-driver": "vfs"})
+    assert failed == 1 and "snapshot_node_docker_restart=true" in out and "Nothing was written" in out, out[-3000:]
+    assert read_daemon_json() == before
+    name = "roc-user-%s" % uuid.uuid4().hex[:6]
+    docker("create", "--name", name, "--runtime", node.name, "--network", "none", docker_env, "true")
+    try:
+        ok, changed, failed, out = node.run_role(snapshot_node_state="absent")
+        assert failed == 1 and name in out and "snapshot_node_force_remove" in out, out[-3000:]
+        assert node.name in runtimes() and node.runtime_path.exists()
+    finally:
+        docker("rm", "-f", name, check=False)
 
 
 class RuntimeContainer(WorkloadContainer):
