@@ -26,7 +26,8 @@ description:
     the service's record says the snapshot of exactly this pod identity was completed, at the path the O(config) gives
     it, and O(verified) says that it verified valid on the node holding it. Then the pod is annotated
     C(org.inferops.restore-from=<snapshot dir>) (what the restore-on-create runtime reads), bound to that node with a
-    C(kubernetes.io/hostname) node selector, and annotated C(snapshot.inferops.org/restore=pending). Otherwise it is
+    C(kubernetes.io/hostname) node selector, and annotated C(snapshot.inferops.org/restore=pending), with the snapshot
+    annotations of the generation (C(status=completed), C(checksum), paths) copied from the record. Otherwise it is
     annotated C(restore=cold) with the C(restore-reason) and starts normally. Either way the annotation
     C(snapshot.inferops.org/metadata) holds the new pod's environment as JSON (project it into the container with a
     downward API volume, since a restored engine keeps its old environment), and then the gate is removed.
@@ -228,6 +229,13 @@ class PodChanger:
                 wanted = {svc.RESTORE_FROM_ANNOTATION: restore_from,
                           svc.A_RESTORE: svc.RESTORE_PENDING if restore_from else svc.RESTORE_COLD,
                           svc.A_RESTORE_REASON: reason}
+                if restore_from:
+                    # the pod runs from this completed snapshot of its identity: it carries its snapshot state,
+                    # so that the generation role finds the instance completed and leaves it alone
+                    entry = state["record"][info["name"]]
+                    wanted.update(svc.generation_annotations(info["identity"], info["npu_path"], restore_from, config))
+                    wanted.update({svc.A_STATUS: svc.STATUS_COMPLETED, svc.A_REASON: None,
+                                   svc.A_CHECKSUM: entry.get("checksum"), svc.A_NODE: node})
                 # the environment as the kubelet will resolve it, downward-API references to these annotations included
                 released = svc.with_annotations(pod, wanted)
                 metadata = svc.restore_metadata(released, container, restore_from is not None, restore_from, reason)

@@ -116,8 +116,16 @@ class Service:
         subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
                        capture_output=True, env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(self.devices[pod])))
 
-    def recreate(self, pod, instance, **kwargs):
-        """A controller's recreation after an abnormal deletion: the same pod, held by the restore gate."""
+    def template_env(self, instance):
+        """The env a StatefulSet template of the snapshotted instance carries (docs/kubernetes.md)."""
+        path = "%s/%s/%s/%s/$(POD_NAME)" % (self.npu_root, self.namespace, self.name, instance)
+        return {"VLLM_NPU_SNAPSHOT_PATH": path}
+
+    def recreate(self, pod, instance, extra_env=None, **kwargs):
+        """A controller's recreation after an abnormal deletion: the same pod from the instance's template
+        (the snapshotted instance p0's carries the NPU snapshot path), held by the restore gate."""
+        env = dict(self.template_env(instance) if instance == "p0" else {}, **(extra_env or {}))
+        kwargs["extra_env"] = env
         self.api.delete(pod)
         self.cluster.kubelet.wait_removed(self.namespace, pod)
         self.reset_device(pod)
@@ -240,10 +248,17 @@ def test_recreated_pod_is_restored_from_its_snapshot_with_its_new_environment(ge
     # nothing waits any more: a second run changes nothing
     rc, output = svc.restore(svc.config())
     assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+    # the restored pod carries its snapshot's state: the instance is still complete, nothing to generate
+    assert ann["snapshot.inferops.org/status"] == "completed"
+    assert ann["snapshot.inferops.org/checksum"] == sha256(os.path.join(svc.snapshot_dir("p0", pod), "checksum.sha256"))
+    rc, output = svc.generate(svc.config())
+    assert rc == 0 and recap_changed(output) == 0 and "already has completed snapshots" in output, output[-3000:]
 
 
-def test_recreated_pods_without_a_usable_snapshot_start_normally(generated, cluster, tmp_path):
-    """First deployment (no snapshot), another image version, a corrupted snapshot: normal starts."""
+def test_recreated_pods_without_a_usable_snapshot_start_normally_and_are_snapshotted_again(generated, cluster,
+                                                                                           tmp_path):
+    """First deployment (no snapshot), another image version, a corrupted snapshot: normal starts; then
+    the generation takes the snapshotted instance's snapshots again (the seed's version upgrade row)."""
     svc, api = generated["svc"], generated["svc"].api
     other = "inferops/workload:k8s-other-%s" % uuid.uuid4().hex[:6]
     (tmp_path / "Dockerfile").write_text("FROM %s\nLABEL org.inferops.variant=%s\n" % (cluster.image, other))
@@ -268,20 +283,34 @@ def test_recreated_pods_without_a_usable_snapshot_start_normally(generated, clus
         other_version = api.annotations("qwen-p0-1")
         assert other_version["snapshot.inferops.org/restore"] == "cold"
         assert "image_mismatch" in other_version["snapshot.inferops.org/restore-reason"], other_version
-        assert "org.inferops.restore-from" not in other_version
         first = api.annotations("qwen-p1-0")
         assert first["snapshot.inferops.org/restore"] == "cold"
         assert first["snapshot.inferops.org/restore-reason"].startswith("no snapshot recorded for infer/qwen/p1/qwen-p1-0")
         for pod in ("qwen-p0-1", "qwen-p1-0", "qwen-p0-0"):
+            ann = api.annotations(pod)
+            assert "org.inferops.restore-from" not in ann and "snapshot.inferops.org/status" not in ann
             assert not api.pod(pod)["spec"].get("schedulingGates")
             assert not api.pod(pod)["spec"].get("nodeSelector")
             assert (pod, "started", None) in cluster.kubelet.events[-9:]
-            svc.wait_ready(pod)
-            assert svc.answers(pod) == generated["expected"]  # a normal start warms up and serves right
-            assert svc.info(pod)["metadata"]["restore_requested"] is False
         # snapshots are never deleted by a restore decision: the other version's is still valid for its image
         assert os.path.exists(os.path.join(svc.snapshot_dir("p0", "qwen-p0-1"), "manifest.json"))
         assert os.path.exists(pages)
+        svc.wait_ready("qwen-p1-0")
+        assert svc.answers("qwen-p1-0") == generated["expected"]  # a normal start warms up and serves right
+        assert svc.info("qwen-p1-0")["metadata"]["restore_requested"] is False
+
+        # p0's engines started normally with the NPU snapshot path: after warmup they took their device
+        # snapshot and wait; the generation snapshots the instance again, for the new image, and resumes them
+        rc, output = svc.generate(svc.config())
+        assert rc == 0, output[-4000:]
+        for pod in ("qwen-p0-0", "qwen-p0-1"):
+            ann = api.annotations(pod)
+            assert ann["snapshot.inferops.org/status"] == "completed", ann
+            assert ann["snapshot.inferops.org/checksum"] == sha256(
+                os.path.join(svc.snapshot_dir("p0", pod), "checksum.sha256"))
+            assert svc.answers(pod) == generated["expected"]
+        manifest = json.loads(open(os.path.join(svc.snapshot_dir("p0", "qwen-p0-1"), "manifest.json")).read())
+        assert manifest["image"]["id"] == docker("image", "inspect", "--format", "{{.Id}}", other)
     finally:
         svc.api.delete("qwen-p0-1")
         cluster.kubelet.wait_removed(svc.namespace, "qwen-p0-1")
