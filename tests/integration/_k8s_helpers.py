@@ -246,9 +246,9 @@ class Kubelet:
       literal values, $(VAR) and metadata fieldRefs; hostPath and emptyDir volumes; downwardAPI files written
       from the pod's metadata at creation. A container whose env INFEROPS_RESTORE_FROM names a snapshot (the
       pod template takes it from the annotation org.inferops.restore-from) is created, then started by the
-      runtime's restore step -- here the
-      collection's snapshot_restore module, host part only, standing in for the runtime wrapper: it
-      verifies the snapshot and restores the container from it, or starts it normally;
+      runtime's restore step -- here the collection's snapshot_restore module, host part only, standing in
+      for the restore-on-create runtime: it verifies the snapshot and restores the container from it, or
+      starts it normally;
     - report: phase, containerID docker://<id>, podIP, and the Ready condition from the readinessProbe;
     - delete: the container of a pod that is gone (or was recreated: another uid) is removed.
     """
@@ -256,7 +256,7 @@ class Kubelet:
     def __init__(self, url, node, workdir, prefix):
         self.core = core_api(url)
         self.node, self.workdir, self.prefix = node, Path(workdir), prefix
-        self.containers = {}  # pod uid -> {"name", "id", "pod", "namespace", "ready", "url", "image"}
+        self.containers = {}  # pod uid -> {"name", "id", "pod", "meta", "ready", "started", "url", "image"}
         self.events = []  # (pod, what, detail)
         self._running, self._next_ps = set(), 0.0
         self.errors = []
