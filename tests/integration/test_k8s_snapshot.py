@@ -264,6 +264,7 @@ def test_recreated_pods_without_a_usable_snapshot_start_normally_and_are_snapsho
     (tmp_path / "Dockerfile").write_text("FROM %s\nLABEL org.inferops.variant=%s\n" % (cluster.image, other))
     subprocess.run(["docker", "build", "-q", "-t", other, str(tmp_path)], check=True, capture_output=True,
                    env=dict(os.environ, DOCKER_BUILDKIT="0"))
+    mark = len(cluster.kubelet.events)
     try:
         svc.recreate("qwen-p0-1", "p0", image=other)  # a new image version: its snapshot does not match
         svc.recreate("qwen-p1-0", "p1")  # never snapshotted: first start
@@ -291,7 +292,8 @@ def test_recreated_pods_without_a_usable_snapshot_start_normally_and_are_snapsho
             assert "org.inferops.restore-from" not in ann and "snapshot.inferops.org/status" not in ann
             assert not api.pod(pod)["spec"].get("schedulingGates")
             assert not api.pod(pod)["spec"].get("nodeSelector")
-            assert (pod, "started", None) in cluster.kubelet.events[-9:]
+            # released: the kubelet starts it normally (cold pods are not waited for by the role)
+            api.wait(lambda: (pod, "started", None) in cluster.kubelet.events[mark:], "the kubelet to start " + pod)
         # snapshots are never deleted by a restore decision: the other version's is still valid for its image
         assert os.path.exists(os.path.join(svc.snapshot_dir("p0", "qwen-p0-1"), "manifest.json"))
         assert os.path.exists(pages)
