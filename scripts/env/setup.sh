@@ -479,13 +479,19 @@ EOF
 # runc hands CRIU the options in /etc/criu/runc.conf, for checkpoints and restores alike (also
 # those `docker start --checkpoint` makes). tcp-close leaves requests in flight to the running
 # process during a leave-running snapshot and closes their copies in a restored one; without it
-# a snapshot taken under traffic cannot be restored through Docker. Other lines are kept.
+# a snapshot taken under traffic cannot be restored through Docker. skip-in-flight lets the dump
+# ignore connections not yet accepted (a health probe arriving while the engine is frozen).
+# Other lines are kept.
 RUNC_CRIU_CONF=${RUNC_CRIU_CONF:-/etc/criu/runc.conf}
 ensure_runc_criu_conf() {
-    if grep -qx 'tcp-close' "$RUNC_CRIU_CONF" 2>/dev/null; then return 0; fi
+    local option
     mkdir -p "$(dirname "$RUNC_CRIU_CONF")"
-    printf 'tcp-close\n' >>"$RUNC_CRIU_CONF"
-    log "added tcp-close to $RUNC_CRIU_CONF"
+    for option in tcp-close skip-in-flight; do
+        if ! grep -qx "$option" "$RUNC_CRIU_CONF" 2>/dev/null; then
+            printf '%s\n' "$option" >>"$RUNC_CRIU_CONF"
+            log "added $option to $RUNC_CRIU_CONF"
+        fi
+    done
 }
 
 step_criu() {
