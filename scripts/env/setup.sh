@@ -152,6 +152,7 @@ APT_PACKAGES=(
     python3 python3-venv                          # json merge here, project venv
     iproute2 curl procps ca-certificates          # tests and diagnostics
     openssh-server                                # sshd of the multi-host tests' own namespaced hosts
+    python3-jsonschema                            # what the snapshot_node role installs on nodes (its tests)
 )
 
 step_apt() {
