@@ -32,6 +32,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.identity.REQUIRED
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
 attributes:
@@ -48,27 +49,6 @@ options:
     description: The published snapshot of this pod.
     type: path
     required: true
-  identity:
-    description: Identity of the pod being restored; a snapshot of another pod is refused (cold start).
-    type: dict
-    required: true
-    suboptions:
-      namespace:
-        description: Namespace (or site) of the service.
-        type: str
-        required: true
-      service:
-        description: Name of the inference service.
-        type: str
-        required: true
-      instance:
-        description: Instance of the service.
-        type: str
-        required: true
-      pod:
-        description: Pod or container name.
-        type: str
-        required: true
   container:
     description: Name of the recreated container.
     type: str
