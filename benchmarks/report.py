@@ -41,6 +41,14 @@ VERIFY = [("snapshot_verify_module", "snapshot_verify (ansible task)"),
           ("read_only", "read only, no hashing")]
 
 
+def limit(limits, key, which="best"):
+    """A limit from bench.json: {"best", "median", "n"} (older results: a plain median)."""
+    value = limits.get(key)
+    if isinstance(value, dict):
+        return value.get(which)
+    return value if which != "n" else None
+
+
 def median(values):
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -125,13 +133,17 @@ def render(result):
 
     limits = result.get("limits") or {}
     out.append("\n## Physical limits measured on this machine\n")
-    rows = [["SHA-256, one core (hashlib)", fmt(limits.get("sha256_one_core"))],
-            ["SHA-256, all %s cores" % m["nproc"], fmt(limits.get("sha256_all_cores"))],
-            ["memory copy (one core)", fmt(limits.get("memcpy"))],
-            ["fault-in of fresh memory (calloc of 256 MiB after a settle)", fmt(limits.get("fault_in_fresh_memory"))]]
-    rows += [["storage read, cold page cache, %s snapshot" % gb(s), fmt(med(samples, "verify", "read_only_cold", s, "mb_s"))]
+    out.append("Measured at the start of every run and at the end (3 tries each): the best value is the machine's limit, "
+               "the median shows what the load of the other users left.\n\n")
+    labels = [("sha256_one_core", "SHA-256, one core (hashlib)"), ("sha256_all_cores", "SHA-256, all %s cores" % m["nproc"]),
+              ("memcpy", "copy into newly allocated memory (one core, page faults included)"),
+              ("fault_in_fresh_memory", "fault-in of fresh memory (calloc of 256 MiB after a settle)")]
+    rows = [[label, fmt(limit(limits, key)), fmt(limit(limits, key, "median")), limit(limits, key, "n") or "–"]
+            for key, label in labels]
+    rows += [["storage read, cold page cache, %s snapshot (no hashing)" % gb(s), fmt(max(pick(samples, "verify", "read_only_cold", s, "mb_s") or [0])),
+              fmt(med(samples, "verify", "read_only_cold", s, "mb_s")), n_of(samples, "verify", "read_only_cold", s)]
              for s in sizes(samples, "verify")]
-    out.append(table(["limit", "MB/s (median)"], rows))
+    out.append(table(["limit", "best MB/s", "median MB/s", "n"], rows))
 
     out.append("\n## Time to first correct answer (seconds)\n")
     variants = ttfa_variants(result)
@@ -257,7 +269,8 @@ def render(result):
         max_module = median([x["max_module_s"] for x in samples if x["section"] == "orchestration" and x["variant"] == variant])
         sum_module = median([x["sum_module_s"] for x in samples if x["section"] == "orchestration" and x["variant"] == variant])
         max_task = median([x["max_task_wall_s"] for x in samples if x["section"] == "orchestration" and x["variant"] == variant])
-        rows.append([variant.split("_")[0], hosts, gb(size), fmt(wall), fmt(max_task), fmt(max_module), fmt(sum_module),
+        methods = sorted(set(str(x.get("method")) for x in samples if x["section"] == "orchestration" and x["variant"] == variant))
+        rows.append([variant.split("_")[0] + " (method %s)" % "/".join(methods), hosts, gb(size), fmt(wall), fmt(max_task), fmt(max_module), fmt(sum_module),
                      fmt(wall - max_module if wall is not None and max_module is not None else None),
                      n_of(samples, "orchestration", variant, size)])
     out.append(table(["step", "hosts", "state per host", "ansible-playbook wall", "slowest host's task walls",
@@ -273,8 +286,10 @@ def chart(result, path):
     samples = result["samples"]
     fig, axes = plt.subplots(2, 2, figsize=(15, 10.5))
     m = result["machine"]
-    fig.suptitle("inferops.snapshot on %s × %s, kernel %s, docker %s, CRIU %s — medians; 1-min load at start %.2f"
-                 % (m["nproc"], m["cpu_model"], m["kernel"], m["docker_server"], m["criu"], result["load_at_start"][0]), fontsize=11)
+    load1 = [x["load1"] for x in samples]
+    fig.suptitle("inferops.snapshot on %s × %s (%s), kernel %s, docker %s, CRIU %s — medians of %s runs; 1-min load: %.2f at start, "
+                 "median %.2f during the run" % (m["nproc"], m["cpu_model"], m.get("virtualization") or "?", m["kernel"], m["docker_server"],
+                                                 m["criu"], result["args"]["runs"], result["load_at_start"][0], median(load1) or 0), fontsize=10)
 
     def bars(ax, groups, series, values, ylabel, title, log=False, fmt_value="%.2g"):
         width = 0.8 / max(1, len(series))
@@ -292,9 +307,13 @@ def chart(result, path):
         ax.set_title(title, fontsize=10)
         if log:
             ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="upper left")
+            top = max([v for vals in values.values() for v in vals if v] or [1])
+            bottom = min([v for vals in values.values() for v in vals if v] or [1])
+            ax.set_ylim(bottom / 2.0, top * 12)  # room above the bars for the legend
+        else:
+            ax.margins(y=0.25)
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
         ax.grid(axis="y", alpha=0.3)
-        ax.margins(y=0.25)
 
     size_list = sizes(samples)
     groups = [gb(s) for s in size_list]
@@ -303,31 +322,62 @@ def chart(result, path):
              "snapshot_restore_cold_cache": "snapshot_restore (ansible), snapshot not cached",
              "raw_docker_start_checkpoint": "raw docker start --checkpoint", "prototype_runtime_docker_run": "restore-on-create runtime (prototype)",
              "raw_criu_restore_bare": "raw criu restore, bare process"}
+    for method in result.get("restore_methods", [])[1:]:
+        short["snapshot_restore_" + method] = "snapshot_restore %s (ansible)" % method
+        short["snapshot_restore_%s_cold_cache" % method] = "snapshot_restore %s (ansible), not cached" % method
     values = {}
     for v, label in present:
         values[short.get(v, label)] = [med(samples, "ttfa", v, s) for s in size_list]
     bars(axes[0][0], groups, list(values), values, "seconds (log scale)", "Time to first correct answer", log=True)
 
     ax = axes[0][1]
-    bottom = [0.0] * len(size_list)
-    for stage in STAGES:
-        ys = [med(samples, "ttfa", "snapshot_restore", s, "stages." + stage) or 0.0 for s in size_list]
-        ax.bar(range(len(size_list)), ys, 0.55, bottom=bottom, label=stage)
-        bottom = [b + y for b, y in zip(bottom, ys)]
-    for x, total in enumerate(bottom):
-        ax.annotate("%.1f s" % total, (x, total), ha="center", va="bottom", fontsize=8)
-    walls = [med(samples, "ttfa", "snapshot_restore", s, "playbook_wall_s") for s in size_list]
-    ax.plot(range(len(size_list)), walls, "kD--", label="ansible-playbook wall")
+    restore_variants = [v for v in ["snapshot_restore"] + ["snapshot_restore_" + x for x in result.get("restore_methods", [])[1:]]
+                        if pick(samples, "ttfa", v)]
+    parts = [("verify", "verify (module)"), ("prepare", "prepare: create container, metadata"),
+             ("host", "host restore (docker start --checkpoint / runc restore)"), ("verify2", "verify again (runtime)"),
+             ("other", "docker start + runtime overhead"), ("device", "device restore (simulator memcpy)"),
+             ("health", "health"), ("ansible", "ansible: start + task overhead")]
+    colors = dict(zip([key for key, _l in parts], ["#1f77b4", "#ff7f0e", "#2ca02c", "#17becf", "#bcbd22", "#d62728", "#9467bd", "#7f7f7f"]))
+    width = 0.8 / max(1, len(restore_variants))
+    drawn = set()
+    for i, variant in enumerate(restore_variants):
+        xs = [g + (i - (len(restore_variants) - 1) / 2.0) * width for g in range(len(size_list))]
+        bottom = [0.0] * len(size_list)
+        for key, label in parts:
+            ys = []
+            for s_mb in size_list:
+                def get(k, s_mb=s_mb, variant=variant):
+                    return med(samples, "ttfa", variant, s_mb, k) or 0.0
+                rt = "runtime.durations."
+                value = {"verify": get("stages.verify"), "prepare": get("stages.prepare"), "health": get("stages.health"),
+                         "ansible": get("playbook_wall_s") - get("module_total_s")}.get(key)
+                if value is None:
+                    if get(rt + "total"):
+                        value = {"host": get(rt + "host_restore"), "verify2": get(rt + "verify"), "device": get(rt + "device_restore"),
+                                 "other": get("stages.host_restore") - get(rt + "host_restore") - get(rt + "verify") - get(rt + "device_restore")}[key]
+                    else:
+                        value = {"host": get("stages.host_restore"), "device": get("stages.device_restore")}.get(key, 0.0)
+                ys.append(max(0.0, value))
+            ax.bar(xs, ys, width * 0.9, bottom=bottom, color=colors[key], label=None if key in drawn else label)
+            drawn.add(key)
+            bottom = [b + y for b, y in zip(bottom, ys)]
+        for x, total in zip(xs, bottom):
+            ax.annotate("%.1f" % total, (x, total), ha="center", va="bottom", fontsize=7)
+        for x in xs:
+            ax.annotate("docker" if variant == "snapshot_restore" else variant.split("_")[-1], (x, 0), ha="center", va="top",
+                        fontsize=6, xytext=(0, -1), textcoords="offset points")
     ax.set_xticks(range(len(size_list)))
-    ax.set_xticklabels(groups)
+    ax.set_xticklabels(["\n" + g for g in groups])
     ax.set_ylabel("seconds")
-    ax.set_title("Where snapshot_restore's time goes (module stages)", fontsize=10)
+    ax.set_title("Where snapshot_restore's time goes, method docker | runtime (bar = ansible-playbook wall)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
 
     ck_sizes = sizes(samples, "checkpoint")
     ck = [(v, l) for v, l in CHECKPOINT if pick(samples, "checkpoint", v) and v != "host_checkpoint_criu"]
-    values = {label: [med(samples, "checkpoint", v, s) for s in ck_sizes] for v, label in ck}
+    ck_short = {"host_checkpoint_runc_hash_after": "host_checkpoint runc, hash after", "host_checkpoint_runc": "host_checkpoint runc",
+                "host_checkpoint_docker": "host_checkpoint docker", "raw_runc_checkpoint_tmpfs": "raw runc checkpoint, tmpfs"}
+    values = {ck_short.get(v, label): [med(samples, "checkpoint", v, s) for s in ck_sizes] for v, label in ck}
     bars(axes[1][0], [gb(s) for s in ck_sizes], list(values), values, "seconds (log scale)",
          "Host checkpoint (device already backed up)", log=True)
 
@@ -344,8 +394,8 @@ def chart(result, path):
             ax.annotate("%.0f" % y, (x, rect.get_height()), ha="center", va="bottom", fontsize=7)
     limits = result.get("limits") or {}
     for key, style, label in (("sha256_one_core", "r--", "SHA-256 limit, 1 core"), ("sha256_all_cores", "m:", "SHA-256 limit, all cores")):
-        if limits.get(key):
-            ax.axhline(limits[key], color=style[0], linestyle=style[1:], label="%s (%.0f MB/s)" % (label, limits[key]))
+        if limit(limits, key):
+            ax.axhline(limit(limits, key), color=style[0], linestyle=style[1:], label="%s (best %.0f MB/s)" % (label, limit(limits, key)))
     cold_read = med(samples, "verify", "read_only_cold", largest, "mb_s")
     if cold_read:
         ax.axhline(cold_read, color="g", linestyle="-.", label="storage read, cold cache, no hashing (%.0f MB/s)" % cold_read)
