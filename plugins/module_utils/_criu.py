@@ -10,6 +10,7 @@ __metaclass__ = type
 import os
 import re
 import shutil
+import struct
 import tempfile
 import time
 
@@ -17,6 +18,11 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _host as 
 from ansible_collections.inferops.snapshot.plugins.module_utils._errors import CommandError, ParameterError, SnapshotTimeout
 
 MINIMUM_VERSION = (4, 2)
+PSTREE_IMAGE = "pstree.img"
+# criu/include/magic.h: most images start with a common (or service) magic, then their own.
+IMG_COMMON_MAGIC = 0x54564319
+IMG_SERVICE_MAGIC = 0x55105940
+PSTREE_MAGIC = 0x50273030
 
 
 def parse_version(text):
@@ -94,6 +100,82 @@ class CriuCli:
             raise
         finally:
             remove_work_dir(work)
+
+
+def _varint(data, pos):
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint at byte %d" % pos)
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _pb_fields(message):
+    """(field number, wire type, value) of a protobuf message; enough of the wire format for pstree entries."""
+    pos = 0
+    while pos < len(message):
+        key, pos = _varint(message, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(message, pos)
+        elif wire == 2:
+            length, pos = _varint(message, pos)
+            value, pos = message[pos:pos + length], pos + length
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, pos = message[pos:pos + size], pos + size
+        else:
+            raise ValueError("unsupported protobuf wire type %d" % wire)
+        if pos > len(message):
+            raise ValueError("truncated protobuf field %d" % number)
+        yield number, wire, value
+
+
+def read_pstree(images_dir):
+    """The checkpointed process tree from CRIU's ``pstree.img``: [(pid, [thread ids])], root first.
+
+    A bare process is restored with these very pids and thread ids, so they must be free. Raises
+    ValueError (IOError/OSError when the file cannot be read) for an image this parser does not know.
+    """
+    with open(os.path.join(images_dir, PSTREE_IMAGE), "rb") as handle:
+        data = handle.read()
+    if len(data) < 8:
+        raise ValueError("%s is too short to be a CRIU image" % PSTREE_IMAGE)
+    first, second = struct.unpack_from("<II", data, 0)
+    magic, pos = (second, 8) if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else (first, 4)
+    if magic != PSTREE_MAGIC:
+        raise ValueError("%s has magic 0x%08x, not CRIU's pstree magic" % (PSTREE_IMAGE, magic))
+    tree = []
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError("%s is truncated" % PSTREE_IMAGE)
+        size = struct.unpack_from("<I", data, pos)[0]
+        message = data[pos + 4:pos + 4 + size]
+        if len(message) != size:
+            raise ValueError("%s is truncated" % PSTREE_IMAGE)
+        pos += 4 + size
+        pid, threads = None, []
+        for number, wire, value in _pb_fields(message):
+            if number == 1 and wire == 0:  # pstree_entry.pid
+                pid = value
+            elif number == 5 and wire == 0:  # pstree_entry.threads, one by one
+                threads.append(value)
+            elif number == 5 and wire == 2:  # ... or packed
+                offset = 0
+                while offset < len(value):
+                    tid, offset = _varint(value, offset)
+                    threads.append(tid)
+        if not pid:
+            raise ValueError("%s has an entry without a pid" % PSTREE_IMAGE)
+        tree.append((pid, threads))
+    if not tree:
+        raise ValueError("%s holds no process" % PSTREE_IMAGE)
+    return tree
 
 
 def mounts_below(path, mountinfo="/proc/self/mountinfo"):
