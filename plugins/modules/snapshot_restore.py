@@ -29,6 +29,12 @@ description:
     module creates the container with that runtime and C(INFEROPS_RESTORE_FROM), starts it normally and reports
     what the runtime did (from the snapshot's status record). This skips Docker's checkpoint upload and is much
     faster for large snapshots.
+  - With O(engine=criu) it restores a bare process tree (no container) that
+    M(inferops.snapshot.host_checkpoint) checkpointed with O(engine=criu). After the same verification it checks
+    that the snapshot was taken with that engine and that the pids recorded in it are free (CRIU restores the
+    process with its original pids), restores it detached with CRIU within O(timeout), restores and unlocks the
+    device state through the agent, and waits for O(health_url). When the snapshot cannot be used or the restore
+    fails it runs O(cold_start), or fails with the reason when there is none.
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -43,26 +49,50 @@ attributes:
     support: none
   idempotent:
     support: full
-    details: A container that is already running is left alone.
+    details:
+      - A container that is already running is left alone.
+      - With O(engine=criu), a process that this module restored or cold started from the snapshot and that still
+        runs (same pid and start time, from the snapshot's status record) is left alone.
 options:
+  engine:
+    description:
+      - V(docker) restores a Docker container; V(criu) a bare process tree checkpointed by
+        M(inferops.snapshot.host_checkpoint) with O(engine=criu). A snapshot taken with the other engine is not used.
+    type: str
+    choices: [docker, criu]
+    default: docker
   snapshot_dir:
     description: The published snapshot of this pod.
     type: path
     required: true
   container:
-    description: Name of the recreated container.
+    description: Name of the recreated container. Required with O(engine=docker); not used with O(engine=criu).
     type: str
-    required: true
   env:
     description:
       - Environment of the recreated container, merged over the recorded one when the module creates it.
         Written to the metadata file either way. Values are never returned or logged.
+      - With O(engine=criu), the environment written to the metadata file, and added to the module's own
+        environment for O(cold_start).
     type: dict
     default: {}
   metadata_path:
-    description: Path inside the container of the metadata file the engine reads its new environment from.
+    description:
+      - Path inside the container of the metadata file the engine reads its new environment from.
+      - With O(engine=criu), a path on the host; give each process its own.
     type: path
     default: /run/inferops-snapshot/metadata.json
+  cold_start:
+    description:
+      - With O(engine=criu), the command (argv list) that starts the process normally when the snapshot cannot be
+        restored. It runs detached (its own session, stdin from C(/dev/null), output to O(cold_start_log)) with
+        the module's environment plus O(env).
+      - Without it, a bare process that cannot be restored fails the task with the reason.
+    type: list
+    elements: str
+  cold_start_log:
+    description: File the output of O(cold_start) is appended to (0600); default C(/dev/null).
+    type: path
   health_url:
     description: HTTP URL that answers 200 once the engine serves; waited for after the start.
     type: str
@@ -71,7 +101,9 @@ options:
     type: float
     default: 600
   timeout:
-    description: Seconds each restore step (host start, device restore) may take.
+    description:
+      - Seconds each restore step (host start, device restore) may take. A CRIU restore that runs longer is
+        stopped (a truncated image can make it spin) and the process is started cold (O(cold_start)).
     type: float
     default: 120
   min_size:
@@ -90,7 +122,7 @@ options:
     type: bool
     default: true
   agent_socket_dir:
-    description: Where the engine's agent keeps its socket, inside the container.
+    description: Where the engine's agent keeps its socket, inside the container (on the host for O(engine=criu)).
     type: path
     default: /run/inferops-snapshot
   docker_cli:
@@ -109,6 +141,7 @@ options:
         starts it; the restore-on-create runtime verifies the snapshot again, restores host and device state,
         writes the metadata file, or starts the container cold. The snapshot must lie below one of the node's
         C(snapshot_node_snapshot_roots). An existing O(container) must have been created that way.
+      - Only for O(engine=docker).
     type: str
     choices: [docker, runtime]
     default: docker
@@ -119,6 +152,9 @@ options:
 notes:
   - The engine's listening ports must be free (the original container deleted) before the restore, as its
     sockets are restored as they were.
+  - With O(engine=criu) the original process must be gone (its pids free) and the files it had open (its
+    executable, libraries, log files) must be where they were; start it with C(setsid) and stdin/stdout on
+    C(/dev/null) or a file, as CRIU restores a session leader without a terminal.
 seealso:
   - module: inferops.snapshot.snapshot_verify
   - module: inferops.snapshot.host_checkpoint
@@ -146,11 +182,21 @@ EXAMPLES = r"""
     container: vllm-0
     method: runtime
     health_url: http://127.0.0.1:8000/health
+
+- name: Bring a bare engine process back (checkpointed with host_checkpoint engine=criu), or start it normally
+  inferops.snapshot.snapshot_restore:
+    engine: criu
+    snapshot_dir: /var/lib/inferops/snapshots/default/qwen/p0/engine-0
+    identity: {namespace: default, service: qwen, instance: p0, pod: engine-0}
+    metadata_path: /run/inferops-snapshot/engine-0/metadata.json
+    cold_start: [/usr/bin/python3, /opt/inferops/agent/_agent.py, --, /opt/engine/serve.py]
+    cold_start_log: /var/log/engine-0.log
+    health_url: http://127.0.0.1:8000/health
 """
 
 RETURN = r"""
 restored:
-  description: Whether the container came back from the snapshot (false means a normal cold start).
+  description: Whether the container (or process) came back from the snapshot (false means a normal cold start).
   returned: always
   type: bool
   sample: true
@@ -165,12 +211,22 @@ verify:
   type: dict
 container_id:
   description: Id of the started container.
-  returned: success
+  returned: success with O(engine=docker)
   type: str
 created:
   description: Whether the module created the container from the snapshot's recorded configuration.
-  returned: success
+  returned: success with O(engine=docker)
   type: bool
+pid:
+  description: Pid of the restored or cold started process (O(engine=criu)); of the running one when left alone.
+  returned: success with O(engine=criu)
+  type: int
+  sample: 4242
+device_actions:
+  description: What the device restore did through the agent (C(restore), C(unlock)).
+  returned: when restored and O(device_restore=true)
+  type: list
+  elements: str
 placement:
   description: How the images were placed for Docker (C(hardlink) or C(copy)); C(runtime) with O(method=runtime).
   returned: when restored
@@ -187,7 +243,9 @@ metadata_env_keys:
   type: list
   elements: str
 durations:
-  description: Seconds per stage (C(verify), C(prepare), C(host_restore), C(device_restore), C(health)) and C(total).
+  description:
+    - Seconds per stage (C(verify), C(prepare), C(host_restore), C(device_restore), C(cold_start), C(health))
+      and C(total).
   returned: always
   type: dict
 """
@@ -201,6 +259,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.six.moves.urllib.request import ProxyHandler, build_opener
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _bare_process as bare
 from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control
 from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device
 from ansible_collections.inferops.snapshot.plugins.module_utils import _host as host
@@ -222,12 +281,18 @@ from ansible_collections.inferops.snapshot.plugins.module_utils._errors import (
 CHECKPOINT_NAME = "inferops-restore"
 
 
-def wait_healthy(url, timeout, clock=time.monotonic, sleep=time.sleep):
-    """Poll ``url`` until it answers 200; return seconds waited or raise SnapshotTimeout with the last state."""
+def wait_healthy(url, timeout, clock=time.monotonic, sleep=time.sleep, gone=None):
+    """Poll ``url`` until it answers 200; return seconds waited or raise SnapshotTimeout with the last state.
+
+    ``gone``: optional callable; a text it returns (the process exited) ends the wait at once.
+    """
     opener = build_opener(ProxyHandler({}))
     started = clock()
     last = None
     while True:
+        exited = gone() if gone else None
+        if exited:
+            raise SnapshotTimeout("%s will not answer: %s" % (url, exited), last_state=exited)
         try:
             response = opener.open(url, timeout=5)
             if response.getcode() == 200:
@@ -241,6 +306,25 @@ def wait_healthy(url, timeout, clock=time.monotonic, sleep=time.sleep):
         sleep(0.2)
 
 
+def verify_snapshot(module, snapshot_dir, engine, expect=None):
+    """Verify the snapshot (as snapshot_verify does) and that ``engine`` can restore it."""
+    params = module.params
+    expect = dict(expect or {}, identity=params["identity"], runtime_version=params["runtime_version"],
+                  criu_version=None if params["criu_version"] == "skip" else (
+                      CriuCli(module).version() if params["criu_version"] == "auto" else params["criu_version"]))
+    valid, reasons, details = manifest_utils.verify(snapshot_dir, params["min_size"], expect, params["workers"])
+    mismatch = bare.engine_reason(details["manifest"], engine)
+    if mismatch:
+        valid, reasons = False, reasons + [mismatch]
+    hashing = details["hashing"] or {}
+    return {"valid": valid, "reasons": reasons, "bytes": details["bytes"], "files": details["files"],
+            "throughput_mb_s": hashing.get("throughput_mb_s")}
+
+
+def use_snapshot_reason(verdict):
+    return "; ".join((verdict or {}).get("reasons") or []) or "not verified"
+
+
 class Restorer:
     def __init__(self, module):
         self.module = module
@@ -250,35 +334,31 @@ class Restorer:
         self.snapshot_dir = paths.validate_snapshot_dir(self.params["snapshot_dir"])
         schema.validate("manifest", self.params["identity"], "identity", definition="identity")
         self.created = False
+        self.verdict = None
         self.container_id = self.docker.container_id(self.params["container"])
 
     def verify(self):
-        params = self.params
-        expect = {"identity": params["identity"], "runtime_version": params["runtime_version"],
-                  "criu_version": None if params["criu_version"] == "skip" else (
-                      CriuCli(self.module).version() if params["criu_version"] == "auto" else params["criu_version"])}
+        expect = {}
         if self.container_id:
             expect["image_id"] = self.docker.inspect_container(self.container_id)["Image"]
-        valid, reasons, details = manifest_utils.verify(self.snapshot_dir, params["min_size"], expect,
-                                                        params["workers"])
-        if valid and not self.container_id:
+        verdict = verify_snapshot(self.module, self.snapshot_dir, "docker", expect)
+        if verdict["valid"] and not self.container_id:
             recorded = host.read_container_record(self.snapshot_dir)
             rc, out, err = self.docker.run(["image", "inspect", "--format", "{{.Id}}", recorded["image_id"]],
                                            check=False)
             if rc != 0:
-                valid, reasons = False, ["image_mismatch: image %s recorded in the snapshot is not on this host"
-                                         % recorded["image_id"]]
-        hashing = details["hashing"] or {}
-        return {"valid": valid, "reasons": reasons, "bytes": details["bytes"], "files": details["files"],
-                "throughput_mb_s": hashing.get("throughput_mb_s")}
+                verdict.update(valid=False, reasons=["image_mismatch: image %s recorded in the snapshot is not on "
+                                                     "this host" % recorded["image_id"]])
+        return verdict
 
     def ensure_container(self, use_snapshot):
         if self.container_id:
             return
         if not use_snapshot:
             raise ParameterError(
-                "container: %r does not exist and there is no valid snapshot to recreate it from; create it first "
-                "(for example with community.docker.docker_container state=present)" % self.params["container"])
+                "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it "
+                "first (for example with community.docker.docker_container state=present)"
+                % (self.params["container"], use_snapshot_reason(self.verdict)))
         record = host.read_container_record(self.snapshot_dir)
         self.docker.run(host.create_args(record, self.params["container"], self.params["env"]))
         self.container_id = self.docker.container_id(self.params["container"])
@@ -315,15 +395,8 @@ class Restorer:
         return how
 
     def device_resume(self):
-        pid = self.docker.running_pid(self.container_id)
-        client = control.AgentSocketClient(control.agent_socket_for_pid(pid, self.params["agent_socket_dir"]))
-        deadline = time.monotonic() + self.params["timeout"]
-        while not os.path.exists(client.path):  # the restored agent socket comes back with the process
-            if time.monotonic() > deadline:
-                raise SnapshotTimeout("the restored process's agent socket %s did not appear" % client.path)
-            time.sleep(0.05)
-        actions, reply = device.resume(client, self.params["timeout"])
-        return actions
+        return device_resume_pid(self.docker.running_pid(self.container_id), self.params["agent_socket_dir"],
+                                 self.params["timeout"])
 
     # method=runtime: the restore-on-create runtime does the restore when the container is created
     def require_runtime(self):
@@ -392,8 +465,105 @@ class Restorer:
                        "docker start (cold)")
 
 
+def restore_bare(module):
+    """engine=criu: verify, check the engine and the pids, CRIU restore detached, device resume, health; or cold."""
+    params = module.params
+    started = time.monotonic()
+    watch = Stopwatch()
+    snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
+    schema.validate("manifest", params["identity"], "identity", definition="identity")
+    result = dict(snapshot_dir=snapshot_dir, durations=watch.durations)
+
+    running = bare.running_from_snapshot(snapshot_dir)
+    if running:
+        module.exit_json(changed=False, restored=None, pid=running["pid"], verify=None,
+                         reason="pid %d, %s from this snapshot at %s, is still running"
+                                % (running["pid"], "restored" if running["outcome"] == "restored" else "started cold",
+                                   running["at"]), **result)
+
+    with watch.stage("verify"):
+        verdict = verify_snapshot(module, snapshot_dir, bare.ENGINE)
+        reason = None if verdict["valid"] else use_snapshot_reason(verdict)
+        tree = None
+        if verdict["valid"]:
+            tree, reason = bare.obstacle(snapshot_dir)
+    result.update(verify=verdict)
+    if reason and not params["cold_start"]:
+        raise ParameterError("cold_start: %s cannot be restored (%s) and there is no cold_start command to start the "
+                             "process normally; fix the reason or give cold_start" % (snapshot_dir, reason),
+                             restored=False, reason=reason, **result)
+    if module.check_mode:
+        module.exit_json(changed=True, restored=reason is None, reason=reason, **result)
+
+    env_keys = None
+    pid = None
+    if reason is None:
+        with watch.stage("prepare"):
+            env_keys = bare.write_metadata(params["metadata_path"], params["env"], True, snapshot_dir)
+        try:
+            with watch.stage("host_restore"):
+                pid = CriuCli(module).restore_detached(host.images_dir(snapshot_dir), params["timeout"], tree[0][0])
+            pid_start = bare.start_time(pid)
+            if params["device_restore"]:
+                with watch.stage("device_restore"):
+                    result["device_actions"] = device_resume_pid(pid, params["agent_socket_dir"], params["timeout"])
+        except SnapshotError as exc:
+            reason = "restore failed, cold start instead: %s" % exc.msg
+            if pid:  # a half-restored process holds the pids and ports a cold start needs
+                bare.stop(pid, pid_start)
+            if not params["cold_start"]:
+                exc.result.update(result, restored=False, reason=reason)
+                raise
+            module.warn(reason)
+    restored = reason is None
+    proc = None
+    if not restored:
+        with watch.stage("cold_start"):
+            env_keys = bare.write_metadata(params["metadata_path"], params["env"], False, snapshot_dir)
+            env = dict(os.environ)
+            env.update(params["env"])
+            proc = bare.start_detached(params["cold_start"], env, params["cold_start_log"])
+            pid = proc.pid
+    bare.record(snapshot_dir, "restored" if restored else "cold", pid, reason, watch.durations)
+    if params["health_url"]:
+        def gone():
+            code = proc.poll() if proc else (None if bare.alive(pid) else "gone")
+            return None if code is None else "process %d exited (%s)" % (pid, code)
+        with watch.stage("health"):
+            wait_healthy(params["health_url"], params["health_timeout"], gone=gone)
+    watch.durations["total"] = round(time.monotonic() - started, 6)
+    module.exit_json(changed=True, restored=restored, reason=reason, pid=pid, metadata_env_keys=env_keys, **result)
+
+
+def device_resume_pid(pid, agent_socket_dir, timeout):
+    """Restore and unlock the device state of the restored process ``pid`` through its agent."""
+    client = control.AgentSocketClient(control.agent_socket_for_pid(pid, agent_socket_dir))
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(client.path):  # the restored agent socket comes back with the process
+        if time.monotonic() > deadline:
+            raise SnapshotTimeout("the restored process's agent socket %s did not appear" % client.path)
+        time.sleep(0.05)
+    actions, reply = device.resume(client, timeout)
+    return actions
+
+
+def check_engine_options(params):
+    """Options that belong to one engine only: say so, naming the field."""
+    if params["engine"] == bare.ENGINE:
+        for name, wrong in (("container", params["container"]), ("method", params["method"] == "runtime")):
+            if wrong:
+                raise ParameterError("%s: only for engine=docker; engine=criu restores the bare process recorded in "
+                                     "the snapshot" % name)
+    elif params["cold_start"] or params["cold_start_log"]:
+        raise ParameterError("%s: only for engine=criu; with engine=docker the container itself is started cold"
+                             % ("cold_start" if params["cold_start"] else "cold_start_log"))
+
+
 def main_logic(module):
     params = module.params
+    check_engine_options(params)
+    if params["engine"] == bare.ENGINE:
+        return restore_bare(module)
     started = time.monotonic()
     job = Restorer(module)
     watch = job.watch
@@ -404,7 +574,7 @@ def main_logic(module):
                          verify=None, container_id=job.container_id, created=False, **result)
 
     with watch.stage("verify"):
-        verdict = job.verify()
+        verdict = job.verdict = job.verify()
     reason = None if verdict["valid"] else "; ".join(verdict["reasons"])
     result.update(verify=verdict)
     if module.check_mode:
@@ -460,7 +630,8 @@ def main():
         argument_spec=dict(
             snapshot_dir=dict(type="path", required=True),
             identity=dict(type="dict", required=True, options=IDENTITY_OPTIONS),
-            container=dict(type="str", required=True),
+            engine=dict(type="str", default="docker", choices=["docker", "criu"]),
+            container=dict(type="str"),
             env=dict(type="dict", default={}, no_log=True),
             metadata_path=dict(type="path", default="/run/inferops-snapshot/metadata.json"),
             health_url=dict(type="str"),
@@ -475,7 +646,10 @@ def main():
             workers=dict(type="int"),
             method=dict(type="str", default="docker", choices=["docker", "runtime"]),
             runtime_name=dict(type="str", default="inferops-restore"),
+            cold_start=dict(type="list", elements="str"),
+            cold_start_log=dict(type="path"),
         ),
+        required_if=[("engine", "docker", ("container",))],
         supports_check_mode=True,
     )
     if not schema.HAS_JSONSCHEMA:
