@@ -10,9 +10,13 @@
 #   (b) the fast path: runc --root <moby runc root> checkpoint --leave-running --image-path DIR <id>,
 #       timed; the images are then restored into another new container (docker start --checkpoint)
 #       to prove they are usable.
-#   (c) only when the prototype runtime is registered (scripts/env/prototype/install.sh):
-#       docker run --runtime inferops-restore -e INFEROPS_RESTORE_FROM=<(b)'s images> (restore-on-create).
-# Containers it made are removed on exit, failure included. Prints timings.
+#   (c) restore on create, only when the snapshot_node role's runtime is registered (`make demo`
+#       registers it; docs/restore-on-create.md) and the collection's tooling is built (`make venv
+#       collection`): a snapshot of (b)'s container with the collection's host_checkpoint module,
+#       below the runtime's first snapshot root, then
+#       docker run --runtime inferops-restore -e INFEROPS_RESTORE_FROM=<snapshot>; the runtime must
+#       record the container as restored in the snapshot's status record.
+# Containers and the snapshot it made are removed on exit, failure included. Prints timings.
 #
 # Knobs: SMOKE_MEM_MB (default 64), SMOKE_KEEP=1 (keep the work dir), SMOKE_RUNTIME (default
 # inferops-restore), SMOKE_RUNC_ROOT (default /var/run/docker/runtime-runc/moby).
@@ -26,9 +30,11 @@ for _d in /usr/local/bin /usr/local/sbin; do [[ ":$PATH:" == *":$_d:"* ]] || PAT
 for _d in /usr/sbin /sbin; do [[ ":$PATH:" == *":$_d:"* ]] || PATH="$PATH:$_d"; done
 export PATH
 
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PREFIX=inferops-smoke-$$
 CONTAINERS=()
 WORK=$(mktemp -d /var/tmp/inferops-smoke.XXXXXX)
+SNAP_TOP=""   # (c)'s snapshot tree below the runtime's root (a directory of its own), removed on exit
 FAILED=0
 declare -A TIMES=()
 
@@ -47,6 +53,9 @@ cleanup() {
         fi
         docker rm -f "$c" >/dev/null 2>&1 || true
     done
+    if [[ -n $SNAP_TOP && -d $SNAP_TOP ]]; then
+        rm -rf --one-file-system "$SNAP_TOP"
+    fi
     if [[ ${SMOKE_KEEP:-0} == 1 || $rc -ne 0 ]]; then
         printf '[smoke] work dir kept: %s\n' "$WORK" >&2
     else
@@ -191,18 +200,59 @@ got=$(wait_http) || fail "(b) container restored from the runc images did not an
 TIMES[(b) docker start --checkpoint (runc images) to first answer]=$(ms_since "$t")
 expect "(b) counter restored from the runc images" "$got" 4
 msg "(b) ok: runc images restore through docker (counter 4)"
-docker rm -f "$id3" >/dev/null
 
-# --- (c) restore-on-create prototype (optional) -------------------------------------------------
-if docker info --format '{{json .Runtimes}}' | grep -q "\"$RUNTIME\""; then
+# --- (c) restore on create with the collection's runtime (optional) -------------------------------
+# Which runtime is registered under $RUNTIME, and is it the snapshot_node role's (its shim names the
+# restore path's directory, which holds runtime.json)?
+roc_skip=""
+RT_PATH=$(docker info --format '{{json .Runtimes}}' |
+    python3 -c 'import json, sys; print((json.load(sys.stdin).get(sys.argv[1]) or {}).get("path", ""))' "$RUNTIME")
+RT_LIB=""
+[[ -n $RT_PATH && -f $RT_PATH ]] && RT_LIB=$(sed -n "s/^LIB=//p" "$RT_PATH" | tr -d "'\"")
+if [[ -z $RT_PATH ]]; then
+    roc_skip="runtime '$RUNTIME' is not registered with dockerd (make demo registers it)"
+elif [[ -z $RT_LIB || ! -f $RT_LIB/runtime.json ]]; then
+    roc_skip="runtime '$RUNTIME' ($RT_PATH) is not the snapshot_node role's runtime; apply the role (make demo does)"
+elif [[ ! -x $REPO/.venv/bin/ansible || ! -e $REPO/build/collections/ansible_collections/inferops/snapshot ]]; then
+    roc_skip="the collection's tooling is missing (make venv collection)"
+else
+    ROOT=$(python3 -c 'import json, sys; print((json.load(open(sys.argv[1])).get("snapshot_roots") or [""])[0])' \
+        "$RT_LIB/runtime.json")
+    [[ $ROOT == /* ]] || roc_skip="runtime '$RUNTIME' has no snapshot root ($RT_LIB/runtime.json)"
+fi
+if [[ -z $roc_skip ]]; then
+    POD=$PREFIX-c
+    SNAP_TOP=$ROOT/$PREFIX           # a namespace of its own: nothing else lives below it
+    SNAP=$SNAP_TOP/smoke/p0/$POD
+    IMAGE_ID=$(docker inspect --format '{{.Image}}' "$id3")
+    msg "(c) host_checkpoint of $PREFIX-b-restored -> $SNAP (the collection's module, no device part)"
+    expect "(c) counter before the snapshot" "$(http get)" 4
+    args=$(python3 -c 'import json, sys; print(json.dumps({"container": sys.argv[1], "snapshot_dir": sys.argv[2],
+        "identity": {"namespace": sys.argv[3], "service": "smoke", "instance": "p0", "pod": sys.argv[4]},
+        "require_device_part": False}))' "$id3" "$SNAP" "$PREFIX" "$POD")
+    t=$(ms_now)
+    out=$(ANSIBLE_COLLECTIONS_PATH=$REPO/build/collections ANSIBLE_LOCALHOST_WARNING=False ANSIBLE_NOCOLOR=1 \
+        "$REPO/.venv/bin/ansible" localhost -i localhost, -c local -e "ansible_python_interpreter=$REPO/.venv/bin/python" \
+        -m inferops.snapshot.host_checkpoint -a "$args" 2>&1) || fail "(c) host_checkpoint failed: ${out: -3000}"
+    TIMES[(c) host_checkpoint (ansible module call)]=$(ms_since "$t")
+    [[ -f $SNAP/manifest.json ]] || fail "(c) no snapshot published at $SNAP: ${out: -3000}"
+    expect "(c) container still serving after the snapshot (inc)" "$(http inc)" 5
+    docker rm -f "$id3" >/dev/null
+
     CONTAINERS+=("$PREFIX-c-roc")
     server_args
     t=$(ms_now)
-    docker run -d --name "$PREFIX-c-roc" --network host --runtime "$RUNTIME" \
-        -e INFEROPS_RESTORE_FROM="$CP_B" "$IMAGE" "${ARGS[@]}" >/dev/null
+    roc_id=$(docker run -d --name "$PREFIX-c-roc" --network host --runtime "$RUNTIME" \
+        -e INFEROPS_RESTORE_FROM="$SNAP" "$IMAGE_ID" "${ARGS[@]}")
     TIMES[(c) docker run --runtime $RUNTIME returned]=$(ms_since "$t")
     got=$(wait_http) || fail "(c) restore-on-create container did not answer"
-    TIMES[(c) restore-on-create to first answer]=$(ms_since "$t")
+    TIMES[(c) restore on create to first answer]=$(ms_since "$t")
+    outcome=$(python3 -c 'import json, sys
+r = (json.load(open(sys.argv[1])).get("last_restore") or {})
+print(": ".join(x for x in (r.get("outcome") if r.get("container") == sys.argv[2] else "no record of this container",
+                            r.get("reason")) if x))' \
+        "$(dirname "$SNAP")/.$POD.status.json" "$roc_id" 2>&1) || outcome="no status record: $outcome"
+    [[ $outcome == restored ]] || fail "(c) the runtime did not restore the container: $outcome (log: /var/log/inferops-restore-runtime.log)"
     expect "(c) counter restored on create" "$got" 4
     expect "(c) restored process keeps counting" "$(http inc)" 5
     sleep 0.2
@@ -211,9 +261,10 @@ if docker info --format '{{json .Runtimes}}' | grep -q "\"$RUNTIME\""; then
     docker stop -t 5 "$PREFIX-c-roc" >/dev/null
     TIMES[(c) docker stop]=$(ms_since "$t")
     expect "(c) exit code after docker stop" "$(docker inspect -f '{{.State.ExitCode}}' "$PREFIX-c-roc")" 0
-    msg "(c) ok: docker run --runtime $RUNTIME resumed the process (counter 4), logs and stop work"
+    msg "(c) ok: docker run --runtime $RUNTIME restored the process (counter 4), status record says restored, logs and stop work"
 else
-    msg "(c) skipped: runtime '$RUNTIME' not registered (bash scripts/env/prototype/install.sh)"
+    docker rm -f "$id3" >/dev/null
+    msg "(c) skipped: $roc_skip"
 fi
 
 # --- summary ---------------------------------------------------------------------------------
@@ -221,7 +272,8 @@ msg "checkpoint sizes: docker ${SIZE_A} MB, runc ${SIZE_B} MB"
 for k in "cold start to first answer" "(a) docker checkpoint create" \
     "(a) docker start --checkpoint returned" "(a) restore to first answer" \
     "(b) runc checkpoint (fast path)" "(b) docker start --checkpoint (runc images) to first answer" \
-    "(c) docker run --runtime $RUNTIME returned" "(c) restore-on-create to first answer" "(c) docker stop"; do
+    "(c) host_checkpoint (ansible module call)" "(c) docker run --runtime $RUNTIME returned" \
+    "(c) restore on create to first answer" "(c) docker stop"; do
     [[ -n ${TIMES[$k]:-} ]] && printf '[smoke]   %-62s %6s ms\n' "$k" "${TIMES[$k]}"
 done
 msg "PASS"
