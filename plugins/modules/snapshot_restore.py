@@ -495,8 +495,7 @@ def restore_bare(module):
     if module.check_mode:
         module.exit_json(changed=True, restored=reason is None, reason=reason, **result)
 
-    env_keys = None
-    pid = None
+    env_keys = pid = pid_start = None
     if reason is None:
         with watch.stage("prepare"):
             env_keys = bare.write_metadata(params["metadata_path"], params["env"], True, snapshot_dir)

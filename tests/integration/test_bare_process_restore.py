@@ -120,8 +120,8 @@ def bare(docker_env, simulator_library, tmp_path_factory):
         checkpoint = run_module("host_checkpoint", {
             "engine": "criu", "pid": proc.pid, "snapshot_dir": data["snapshot_dir"], "identity": identity(data["pod"]),
             "agent_socket_dir": data["socket_dir"], "timeout": 120})
-        assert checkpoint["changed"] and checkpoint["status"] == "completed", (checkpoint.get("msg"),
-                                                                              checkpoint.get("criu_log_tail"))
+        assert checkpoint["changed"] and checkpoint["status"] == "completed", \
+            (checkpoint.get("msg"), checkpoint.get("criu_log_tail"))
         resumed = run_module("npu_snapshot_lock", dict(target, state="unlocked"))
         assert resumed["actions"] == ["restore", "unlock"], resumed
         data["checkpoint"] = checkpoint
