@@ -19,14 +19,14 @@ import uuid
 
 import pytest
 
-from conftest import BIN, COLLECTIONS, REPO, WorkloadContainer, docker, ensure_collection_link, free_port, http_get, run_module
+from _runtime_helpers import Node, read_daemon_json, runtimes
+from conftest import REPO, WorkloadContainer, docker, free_port, http_get, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
 from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
 
 PROMPTS = ["what is an NPU?", "restore me on create", "数据"]
 WARMUP = 8.0
-RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 
 
 def identity(pod):
@@ -39,66 +39,6 @@ def reset_device(device_dir):
                    env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
 
 
-def runtimes():
-    return json.loads(docker("info", "--format", "{{json .Runtimes}}"))
-
-
-def read_daemon_json():
-    with open("/etc/docker/daemon.json") as handle:
-        return json.load(handle)
-
-
-class Node:
-    """The snapshot_node role run against localhost with this test run's own names and paths."""
-
-    def __init__(self, base):
-        tag = uuid.uuid4().hex[:6]
-        self.base = base
-        self.name = "inferops-test-%s" % tag
-        self.runtime_path = base / "bin" / "inferops-restore-runtime"
-        self.lib_dir = base / "lib"
-        self.state_dir = "/run/inferops-test-%s" % tag
-        self.log_file = base / "log" / "restore.log"
-        self.roots = base / "snapshots"
-        self.roots.mkdir(mode=0o700)
-        self.vars = {
-            "snapshot_node_runtime_name": self.name,
-            "snapshot_node_runtime_path": str(self.runtime_path),
-            "snapshot_node_lib_dir": str(self.lib_dir),
-            "snapshot_node_state_dir": self.state_dir,
-            "snapshot_node_log_file": str(self.log_file),
-            "snapshot_node_snapshot_roots": [str(self.roots)],
-            "snapshot_node_restore_timeout": 30,
-        }
-        self.playbook = base / "node.yml"
-        self.playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n"
-                                 "  roles:\n    - role: inferops.snapshot.snapshot_node\n")
-
-    def run_role(self, check=False, **overrides):
-        """Run the role; returns (ok, changed, failed, output)."""
-        ensure_collection_link()
-        extra = dict(self.vars, **overrides)
-        vars_file = self.base / ("vars-%d.json" % time.monotonic_ns())
-        vars_file.write_text(json.dumps(extra))
-        command = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
-                   "-e", "@%s" % vars_file, str(self.playbook)]
-        if check:
-            command.append("--check")
-        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
-                   ANSIBLE_LOCALHOST_WARNING="False")
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
-        match = RECAP.search(proc.stdout)
-        assert match, "no play recap (rc=%d)\n%s\n%s" % (proc.returncode, proc.stdout[-5000:], proc.stderr[-3000:])
-        ok, changed, _unreachable, failed = (int(g) for g in match.groups())
-        return ok, changed, failed, proc.stdout + proc.stderr
-
-    def log_records(self, container_id=None, event="restore"):
-        if not self.log_file.exists():
-            return []
-        records = [json.loads(line) for line in self.log_file.read_text().splitlines() if line.strip()]
-        return [r for r in records if r.get("event") == event and (container_id is None or r.get("container") == container_id)]
-
-
 @pytest.fixture(scope="module")
 def node(docker_env, tmp_path_factory):
     """The runtime installed through the role: check mode first, then twice (idempotence)."""
@@ -109,23 +49,13 @@ def node(docker_env, tmp_path_factory):
     n.check_run = (ok, changed, failed)
     assert failed == 0, out[-5000:]
     assert read_daemon_json() == before and not n.runtime_path.exists(), "check mode changed the node"
-    ok, changed, failed, out = n.run_role()
-    assert failed == 0 and changed > 0, out[-5000:]
-    n.first_run = (ok, changed, failed)
+    n.first_run = n.install()
     ok, changed, failed, out = n.run_role()
     n.second_run = (ok, changed, failed, out)
     try:
         yield n
     finally:
-        ok, changed, failed, out = n.run_role(snapshot_node_state="absent", snapshot_node_force_remove=True)
-        n.removal = (ok, changed, failed)
-        after = read_daemon_json()
-        assert failed == 0, out[-5000:]
-        assert n.name not in runtimes() and n.name not in (after.get("runtimes") or {}), after
-        assert {k: v for k, v in after.items() if k != "runtimes"} == {k: v for k, v in before.items() if k != "runtimes"}
-        assert not n.runtime_path.exists() and not n.lib_dir.exists() and not os.path.exists(n.state_dir)
-        ok, changed, failed, out = n.run_role(snapshot_node_state="absent")
-        assert failed == 0 and changed == 0, "removing twice changed something:\n%s" % out[-5000:]
+        n.removal = n.remove(before)
 
 
 def changed_tasks(output):
