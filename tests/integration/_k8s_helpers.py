@@ -26,7 +26,7 @@ from pathlib import Path
 import kmock
 import kubernetes
 
-from conftest import BIN, COLLECTIONS, REPO, docker, ensure_collection_link, run_module
+from conftest import BIN, COLLECTIONS, REPO, docker, ensure_collection_link
 
 MERGE = "application/merge-patch+json"
 LIST_KINDS = {"pods": "PodList", "configmaps": "ConfigMapList"}
@@ -189,22 +189,32 @@ class Api:
 
 
 def workload_pod(name, namespace, service, instance, image, port, device_dir, npu_root, *, extra_env=None,
-                 gated=False, node=None, warmup=2):
+                 gated=False, node=None, warmup=2, runtime_class=None):
     """The pod manifest of one sample engine: host network (dockerd here has no bridge), its simulated NPU
-    and the NPU snapshot root as hostPath volumes, the restore metadata projected by a downward API volume,
-    and an emptyDir for the agent's socket (a restored process binds its socket again in that directory,
-    which a fresh container filesystem would not have)."""
+    and the NPU snapshot root as hostPath volumes, and an emptyDir at the agent's socket directory (a
+    restored process binds its socket again in that directory, which a fresh container filesystem would
+    not have). ``runtime_class``: the RuntimeClass of the restore-on-create runtime (docs/kubernetes.md).
+
+    The engine's metadata file is in that emptyDir: the restore-on-create runtime writes the new
+    container's environment there when it restores the engine, and it must be writable (a downward API
+    volume is read-only: the runtime could not write into it and would start the container cold). The
+    restore role's view of the new environment (annotation snapshot.inferops.org/metadata) is projected
+    read-only beside it by a downward API volume, as a pod may do to show it."""
     env = [{"name": "WORKLOAD_PORT", "value": str(port)},
            {"name": "WORKLOAD_WARMUP_SECONDS", "value": str(warmup)},
            {"name": "WORKLOAD_DEVICE_MB", "value": "24"},
            {"name": "WORKLOAD_HOST_MB", "value": "8"},
            {"name": "ACL_SIM_DEVICE_DIR", "value": str(device_dir)},
            {"name": "ACL_SIM_DEVICE_MEM_BYTES", "value": "256M"},
-           {"name": "INFEROPS_METADATA_FILE", "value": "/etc/inferops/metadata/metadata.json"},
+           {"name": "INFEROPS_METADATA_FILE", "value": "/run/inferops-snapshot/metadata.json"},
            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
            # the restore marker, from the annotation the restore role sets before the container exists
            {"name": "INFEROPS_RESTORE_FROM",
-            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-from']"}}}]
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-from']"}}},
+           # the runtime checks the snapshot's identity against the pod's (a snapshot of another pod is refused)
+           {"name": "INFEROPS_RESTORE_IDENTITY",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['snapshot.inferops.org/identity']"}}}]
     env += [{"name": key, "value": value} for key, value in (extra_env or {}).items()]
     pod = {
         "apiVersion": "v1", "kind": "Pod",
@@ -230,6 +240,8 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
             ],
         },
     }
+    if runtime_class:
+        pod["spec"]["runtimeClassName"] = runtime_class
     if gated:
         pod["spec"]["schedulingGates"] = [{"name": "inferops.org/snapshot-restore"}]
     elif node:
@@ -243,21 +255,27 @@ class Kubelet:
     - schedule: a pod with no node and no scheduling gate, whose nodeSelector does not name another
       node, is bound to this node;
     - run: a pod bound to this node without a container gets one (docker run, host network): env from
-      literal values, $(VAR) and metadata fieldRefs; hostPath and emptyDir volumes; downwardAPI files written
-      from the pod's metadata at creation. A container whose env INFEROPS_RESTORE_FROM names a snapshot (the
-      pod template takes it from the annotation org.inferops.restore-from) is created, then started by the
-      runtime's restore step -- here the collection's snapshot_restore module, host part only, standing in
-      for the restore-on-create runtime: it verifies the snapshot and restores the container from it, or
-      starts it normally;
+      literal values, $(VAR) and metadata fieldRefs, resolved when the container is created (so
+      INFEROPS_RESTORE_FROM carries the annotation org.inferops.restore-from the restore role set);
+      hostPath and emptyDir volumes; downwardAPI files written from the pod's metadata at creation. A pod
+      whose runtimeClassName is in ``runtime_classes`` (RuntimeClass -> handler, here a dockerd runtime
+      name) runs with ``docker run --runtime <handler>``: the restore-on-create runtime installed by the
+      snapshot_node role, which restores the container from its snapshot inside `create` or starts it
+      normally. The kubelet itself knows nothing about snapshots;
     - report: phase, containerID docker://<id>, podIP, and the Ready condition from the readinessProbe;
     - delete: the container of a pod that is gone (or was recreated: another uid) is removed.
+
+    ``before_start(pod)``, when set, is called just before a pod's container is created (the tests use
+    it to break a snapshot after the restore role verified it).
     """
 
-    def __init__(self, url, node, workdir, prefix):
+    def __init__(self, url, node, workdir, prefix, runtime_classes=None):
         self.core = core_api(url)
         self.node, self.workdir, self.prefix = node, Path(workdir), prefix
+        self.runtime_classes = dict(runtime_classes or {})
+        self.before_start = None
         self.containers = {}  # pod uid -> {"name", "id", "pod", "meta", "ready", "started", "url", "image"}
-        self.events = []  # (pod, what, detail)
+        self.events = []  # (pod, "started" or "removed", the dockerd runtime or the container id)
         self._running, self._next_ps = set(), 0.0
         self.errors = []
         self._stop = threading.Event()
@@ -345,6 +363,17 @@ class Kubelet:
         container = spec["containers"][0]
         assert not container.get("command") and not container.get("args"), "the image's command is used"
         args = ["--name", cname, "--network", "host", "--label", "inferops.test.kubelet=" + self.prefix]
+        runtime_class = spec.get("runtimeClassName")
+        if runtime_class:
+            assert runtime_class in self.runtime_classes, "no RuntimeClass %s on this node" % runtime_class
+            args += ["--runtime", self.runtime_classes[runtime_class]]
+        # The pod's annotations go with the container, as the kubelet hands them to the container runtime
+        # (dockershim kept them as labels "annotation.<key>"). They cannot reach the OCI config here: dockerd
+        # 20.10 has no way to set OCI annotations (`docker run --annotation` needs API 1.43, docker 24). So
+        # the restore-on-create runtime reads the marker from the env the pod spec takes from the
+        # annotation (INFEROPS_RESTORE_FROM), as docs/kubernetes.md prescribes for Docker nodes.
+        for key, value in sorted(((pod["metadata"].get("annotations")) or {}).items()):
+            args += ["--label", "annotation.%s=%s" % (key, value)]
         volumes = {volume["name"]: volume for volume in spec.get("volumes") or []}
         for mount in container.get("volumeMounts") or []:
             volume = volumes[mount["name"]]
@@ -375,20 +404,13 @@ class Kubelet:
     def start(self, pod):
         meta = pod["metadata"]
         cname = "%s-%s-%s-%s" % (self.prefix, meta["namespace"], meta["name"], meta["uid"][:6])
-        args, env = self.docker_args(pod, cname)
-        restore_from = env.get("INFEROPS_RESTORE_FROM")  # Docker 20.10 passes no OCI annotations: env only
-        if restore_from:
-            docker("create", *args)
-            namespace, service, instance, name = restore_from.rstrip("/").split("/")[-4:]
-            result = run_module("snapshot_restore", {
-                "snapshot_dir": restore_from, "container": cname, "device_restore": False,
-                "identity": {"namespace": namespace, "service": service, "instance": instance, "pod": name},
-                "metadata_path": "/tmp/kubelet-runtime-metadata.json", "timeout": 60})
-            assert not result.get("failed"), "the runtime's restore step failed: %s" % result.get("msg")
-            self.events.append((meta["name"], "restored" if result["restored"] else "cold", result.get("reason")))
-        else:
-            docker("run", "-d", *args)
-            self.events.append((meta["name"], "started", None))
+        if self.before_start is not None:
+            self.before_start(pod)
+        args, _env = self.docker_args(pod, cname)
+        # With the restore-on-create runtime, `docker run` returns once the runtime restored the container
+        # from its snapshot, or started it normally (its log and the snapshot's status record say which).
+        docker("run", "-d", *args)
+        self.events.append((meta["name"], "started", self.runtime_classes.get(pod["spec"].get("runtimeClassName"))))
         cid = docker("inspect", "--format", "{{.Id}}", cname)
         probe = pod["spec"]["containers"][0].get("readinessProbe", {}).get("httpGet", {})
         self.containers[meta["uid"]] = {"name": cname, "id": cid, "pod": meta["name"], "ready": None,

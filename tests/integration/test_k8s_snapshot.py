@@ -1,12 +1,16 @@
 """Kubernetes mode end to end: the roles k8s_snapshot_generate and k8s_snapshot_restore run through
 ansible-playbook against a Kubernetes API emulator over real HTTP (kubernetes client, kubernetes.core),
 with the node side on the real dockerd + CRIU and the simulated NPU. The test plays the kubelet
-(_k8s_helpers.Kubelet) and, where a controller would recreate a pod, recreates it itself.
+(_k8s_helpers.Kubelet) and, where a controller would recreate a pod, recreates it itself. The node's
+container runtime is the real restore-on-create runtime, installed by the snapshot_node role for this test
+run (_runtime_helpers): the pods name it as their RuntimeClass, and it restores a recreated pod's container
+from its snapshot, or starts it normally, when the kubelet creates the container.
 
 The seed design's test table, Kubernetes rows: config injection (annotations + env), device snapshot
 taken by the engine before Ready, host snapshot + checksum -> completed, restore on recreation with the
-new environment, failure -> failed + cleaned + serving, timeout, and the compatibility rows: no config,
-disabled, first deployment without a snapshot, another image version.
+new environment, the runtime's fallback to a normal start when the snapshot is unusable at creation,
+failure -> failed + cleaned + serving, timeout, and the compatibility rows: no config, disabled, first
+deployment without a snapshot, another image version.
 """
 
 import hashlib
@@ -21,20 +25,25 @@ import pytest
 import yaml
 
 from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, write_inventory, write_kubeconfig
+from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+
 NODE = "node-a"
+RUNTIME_CLASS = "inferops-restore"  # the pods' runtimeClassName; its handler is the runtime the role installed
 PROMPTS = ["what is an NPU?", "snapshot me", "the quick brown fox"]
 pytestmark = pytest.mark.timeout(600)
 
 
 class Cluster:
-    def __init__(self, base, image):
-        self.base, self.image = base, image
+    def __init__(self, base, image, runtime):
+        self.base, self.image, self.runtime = base, image, runtime
         self.server = ApiServer()
         self.url = self.server.url
         self.kubeconfig = write_kubeconfig(base / "kubeconfig", self.url)
-        self.kubelet = Kubelet(self.url, NODE, base / "kubelet", "k8stest-" + uuid.uuid4().hex[:6])
+        self.kubelet = Kubelet(self.url, NODE, base / "kubelet", "k8stest-" + uuid.uuid4().hex[:6],
+                               runtime_classes={RUNTIME_CLASS: runtime.name})
         self.inventory = write_inventory(base / "inventory.json", NODE, self.kubeconfig)
 
     def close(self):
@@ -50,7 +59,8 @@ class Service:
         self.api = Api(cluster.url, namespace)
         self.base = base
         self.npu_root = base / "npu-snapshots"
-        self.host_root = base / "host-snapshots"
+        # the host snapshots on the node: below the runtime's snapshot root, the only place it restores from
+        self.host_root = cluster.runtime.roots / ("host-" + namespace)
         for root in (self.npu_root, self.host_root):
             root.mkdir(mode=0o700, exist_ok=True)
         self.ports, self.devices = {}, {}
@@ -66,6 +76,7 @@ class Service:
             self.devices[pod] = self.base / ("npu-device-" + pod)
             self.devices[pod].mkdir(mode=0o700)
         kwargs.setdefault("node", None if kwargs.get("gated") else NODE)
+        kwargs.setdefault("runtime_class", RUNTIME_CLASS)
         image = kwargs.pop("image", self.cluster.image)
         return workload_pod(pod, self.namespace, self.name, instance, image, self.ports[pod], self.devices[pod],
                             self.npu_root, **kwargs)
@@ -108,6 +119,9 @@ class Service:
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
         self.api.wait(ready, "pod %s Ready" % pod, timeout)
 
+    def container_id(self, pod):
+        return self.api.pod(pod)["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+
     def snapshot_dir(self, instance, pod, root=None):
         return str((root or self.host_root) / self.namespace / self.name / instance / pod)
 
@@ -133,8 +147,16 @@ class Service:
 
 
 @pytest.fixture(scope="module")
-def cluster(docker_env, tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("k8s"), docker_env)
+def runtime(docker_env, tmp_path_factory):
+    """The node's restore-on-create runtime: installed by the snapshot_node role under a name of this test
+    run, removed again (snapshot_node_state=absent) after the cluster's containers are gone."""
+    with installed_runtime(tmp_path_factory.mktemp("k8s-node")) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_env, runtime, tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("k8s"), docker_env, runtime)
     yield c
     c.close()
     assert c.kubelet.errors == [], "the kubelet simulation failed:\n" + "\n".join(c.kubelet.errors)
@@ -221,7 +243,7 @@ def test_generation_run_again_changes_nothing(generated):
     assert {pod: svc.api.pod(pod)["metadata"] for pod in before} == {pod: p["metadata"] for pod, p in before.items()}
 
 
-def test_recreated_pod_is_restored_from_its_snapshot_with_its_new_environment(generated, cluster):
+def test_recreated_pod_is_restored_by_the_runtime_with_its_new_environment(generated, cluster):
     svc, api = generated["svc"], generated["svc"].api
     pod = "qwen-p0-0"
     warmed_since = svc.info(pod)["started_at"]
@@ -231,28 +253,122 @@ def test_recreated_pod_is_restored_from_its_snapshot_with_its_new_environment(ge
     rc, output = svc.restore(svc.config())
     assert rc == 0, output[-4000:]
     ann = api.annotations(pod)
-    assert ann["org.inferops.restore-from"] == svc.snapshot_dir("p0", pod)
-    assert ann["snapshot.inferops.org/restore"] == "restored", "%s\n%s" % (ann, cluster.kubelet.events[-4:])
+    snapshot_dir = svc.snapshot_dir("p0", pod)
+    assert ann["org.inferops.restore-from"] == snapshot_dir
+    assert ann["snapshot.inferops.org/restore"] == "restored", ann
     assert "snapshot.inferops.org/restore-reason" not in ann
     spec = api.pod(pod)["spec"]
     assert not spec.get("schedulingGates") and spec["nodeSelector"] == {"kubernetes.io/hostname": NODE}
-    assert (pod, "restored", None) in cluster.kubelet.events
+    # the runtime restored it, inside the kubelet's `docker run --runtime`: host part and device memory,
+    # and recorded that for this very container; the role's annotation comes from that record
+    cid = svc.container_id(pod)
+    assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", cid) == cluster.runtime.name
+    attempt = snapshot.read_status(snapshot_dir)["last_restore"]
+    assert attempt["container"] == cid and attempt["outcome"] == "restored" and attempt["reason"] is None, attempt
+    assert attempt["device_actions"] == ["restore", "unlock"], attempt
+    record = cluster.runtime.log_records(cid)[-1]
+    assert record["outcome"] == "restored" and record["snapshot"] == snapshot_dir, record
+    assert record["verify"]["identity_checked"] and record["verify"]["image_checked"], record["verify"]
     # the warmed-up process is back, device memory included (the device was wiped)
     info = svc.info(pod)
     assert info["started_at"] == warmed_since < deleted_at and info["snapshot_state"] == "RUNNING", info
     assert svc.answers(pod) == generated["expected"]
-    # and it reads its new environment from the metadata file (its own env is the old pod's)
+    # it reads its new environment from the metadata file the runtime wrote (its own env is the old pod's)
     metadata = info["metadata"]
+    assert metadata["restored"] is True and metadata["container_id"] == cid, metadata
     assert metadata["env"]["GENERATION"] == "2" and metadata["env"]["POD_NAME"] == pod, metadata
-    assert metadata["uid"] == api.pod(pod)["metadata"]["uid"] and metadata["restore_requested"] is True
+    assert metadata["env"]["POD_UID"] == api.pod(pod)["metadata"]["uid"]
+    # the role's view of it, in the annotation (projected read-only beside it)
+    view = json.loads(ann["snapshot.inferops.org/metadata"])
+    assert view["uid"] == api.pod(pod)["metadata"]["uid"] and view["restore_requested"] is True
+    assert view["env"]["GENERATION"] == "2"
     # nothing waits any more: a second run changes nothing
     rc, output = svc.restore(svc.config())
     assert rc == 0 and recap_changed(output) == 0, output[-3000:]
     # the restored pod carries its snapshot's state: the instance is still complete, nothing to generate
     assert ann["snapshot.inferops.org/status"] == "completed"
-    assert ann["snapshot.inferops.org/checksum"] == sha256(os.path.join(svc.snapshot_dir("p0", pod), "checksum.sha256"))
+    assert ann["snapshot.inferops.org/checksum"] == sha256(os.path.join(snapshot_dir, "checksum.sha256"))
     rc, output = svc.generate(svc.config())
     assert rc == 0 and recap_changed(output) == 0 and "already has completed snapshots" in output, output[-3000:]
+
+
+def flip_pages_byte(snapshot_dir, offset=4096):
+    """Flip one bit of the first CRIU pages image (twice = undone); returns the file's name."""
+    criu_dir = os.path.join(snapshot_dir, "host", "criu")
+    pages = os.path.join(criu_dir, sorted(f for f in os.listdir(criu_dir) if f.startswith("pages-"))[0])
+    with open(pages, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0x40]))
+    return os.path.basename(pages)
+
+
+def test_runtime_starts_the_pod_normally_when_its_snapshot_breaks_after_verification(generated, cluster):
+    """The role verified both snapshots and marked both pods for restore; then, just before the kubelet
+    creates their containers, one snapshot gets a corrupted byte and the other disappears. The runtime
+    verifies again inside `create`, refuses both and starts the engines normally. The role reads that from
+    the runtime's record: cold with the runtime's reason, the engines left alone (they warm up and, with the
+    NPU snapshot path of their template, take their device snapshot and wait), and no snapshot state on the
+    pods, so that the next generation run snapshots the instance again -- after which they serve."""
+    svc, api = generated["svc"], generated["svc"].api
+    pods = {"qwen-p0-0": "checksum_mismatch: host/criu/", "qwen-p0-1": "missing: no snapshot at "}
+    damaged, undo = [], []
+
+    def break_snapshot(pod):  # the kubelet calls it just before it creates a pod's container
+        name, marked = pod["metadata"]["name"], "org.inferops.restore-from" in (pod["metadata"].get("annotations") or {})
+        if pod["metadata"]["namespace"] != svc.namespace or name not in pods or name in damaged or not marked:
+            return
+        damaged.append(name)
+        snapshot_dir = svc.snapshot_dir("p0", name)
+        if name == "qwen-p0-0":
+            pods[name] += flip_pages_byte(snapshot_dir)
+            undo.append(lambda: flip_pages_byte(snapshot_dir))
+        else:
+            aside = os.path.join(os.path.dirname(snapshot_dir), ".%s.aside" % name)
+            os.rename(snapshot_dir, aside)
+            undo.append(lambda: os.rename(aside, snapshot_dir))
+
+    deleted_at = time.time()
+    cluster.kubelet.before_start = break_snapshot
+    try:
+        for pod in pods:
+            svc.recreate(pod, "p0")
+        rc, output = svc.restore(svc.config())
+    finally:
+        cluster.kubelet.before_start = None
+        for step in undo:
+            step()
+    assert rc == 0, output[-4000:]
+    assert sorted(damaged) == sorted(pods), "the role did not mark both pods for restore: %s" % output[-3000:]
+    for pod, reason in pods.items():
+        ann = api.annotations(pod)
+        assert ann["snapshot.inferops.org/restore"] == "cold", ann
+        assert ann["snapshot.inferops.org/restore-reason"].startswith(
+            "the restore-on-create runtime started the container normally: " + reason), ann
+        # it does not run from the snapshot: no marker, no snapshot state of its own
+        for key in ("org.inferops.restore-from", "snapshot.inferops.org/status", "snapshot.inferops.org/checksum"):
+            assert key not in ann, (key, ann)
+        cid = svc.container_id(pod)
+        attempt = snapshot.read_status(svc.snapshot_dir("p0", pod))["last_restore"]
+        assert attempt["container"] == cid and attempt["outcome"] == "cold", attempt
+        assert ann["snapshot.inferops.org/restore-reason"].endswith(attempt["reason"])
+        assert cluster.runtime.log_records(cid)[-1]["outcome"] == "cold"
+        # a new engine, started normally: it warms up, takes its device snapshot and waits -- the role did
+        # not unlock it as if it had been restored
+        svc.wait_ready(pod)
+        svc.api.wait(lambda: svc.info(pod)["snapshot_state"] == "BACKED_UP", "%s's own device snapshot" % pod)
+        info = svc.info(pod)
+        assert info["started_at"] > deleted_at and info["phase"] == "device_snapshot_taken", info
+    # the generation snapshots the instance again and resumes the engines: they serve the same answers
+    rc, output = svc.generate(svc.config())
+    assert rc == 0 and "already has completed snapshots" not in output, output[-4000:]
+    for pod in pods:
+        ann = api.annotations(pod)
+        assert ann["snapshot.inferops.org/status"] == "completed", ann
+        assert ann["snapshot.inferops.org/checksum"] == sha256(os.path.join(svc.snapshot_dir("p0", pod),
+                                                                            "checksum.sha256"))
+        assert svc.answers(pod) == generated["expected"]
 
 
 def test_recreated_pods_without_a_usable_snapshot_start_normally_and_are_snapshotted_again(generated, cluster,
@@ -293,13 +409,16 @@ def test_recreated_pods_without_a_usable_snapshot_start_normally_and_are_snapsho
             assert not api.pod(pod)["spec"].get("schedulingGates")
             assert not api.pod(pod)["spec"].get("nodeSelector")
             # released: the kubelet starts it normally (cold pods are not waited for by the role)
-            api.wait(lambda: (pod, "started", None) in cluster.kubelet.events[mark:], "the kubelet to start " + pod)
+            api.wait(lambda: any(event[:2] == (pod, "started") for event in cluster.kubelet.events[mark:]),
+                     "the kubelet to start " + pod)
         # snapshots are never deleted by a restore decision: the other version's is still valid for its image
         assert os.path.exists(os.path.join(svc.snapshot_dir("p0", "qwen-p0-1"), "manifest.json"))
         assert os.path.exists(pages)
         svc.wait_ready("qwen-p1-0")
         assert svc.answers("qwen-p1-0") == generated["expected"]  # a normal start warms up and serves right
-        assert svc.info("qwen-p1-0")["metadata"]["restore_requested"] is False
+        view = json.loads(api.annotations("qwen-p1-0")["snapshot.inferops.org/metadata"])
+        assert view["restore_requested"] is False and view["reason"] == first["snapshot.inferops.org/restore-reason"]
+        assert cluster.runtime.log_records(svc.container_id("qwen-p1-0")) == [], "no marker: plain runc"
 
         # p0's engines started normally with the NPU snapshot path: after warmup they took their device
         # snapshot and wait; the generation snapshots the instance again, for the new image, and resumes them
