@@ -29,8 +29,9 @@ description:
     C(kubernetes.io/hostname) node selector, and annotated C(snapshot.inferops.org/restore=pending), with the snapshot
     annotations of the generation (C(status=completed), C(checksum), paths) copied from the record. Otherwise it is
     annotated C(restore=cold) with the C(restore-reason) and starts normally. Either way the annotation
-    C(snapshot.inferops.org/metadata) holds the new pod's environment as JSON (project it into the container with a
-    downward API volume, since a restored engine keeps its old environment), and then the gate is removed.
+    C(snapshot.inferops.org/metadata) holds the new pod's environment as JSON (a downward API volume may project it,
+    read-only; the metadata file the restored engine reads is written by the node's runtime and must be on a writable
+    path, see docs/kubernetes.md), and then the gate is removed.
     With no O(config) or C(enabled=false) the gate is only removed.
   - O(state=reverted) undoes the env after a failed or timed-out generation, for the pods that never became Ready
     (their engine would still lock itself for a device snapshot after its warmup); bare pods are created again without
