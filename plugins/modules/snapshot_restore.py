@@ -270,6 +270,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _schema a
 from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
 from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, Stopwatch, run_module
 from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
+from ansible_collections.inferops.snapshot.plugins.module_utils._containerd_leak import LeakGuard
 from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils._errors import (
     CommandError,
@@ -385,13 +386,14 @@ class Restorer:
     def start_from_checkpoint(self):
         target, how = host.place_checkpoint(self.snapshot_dir, self.container_id, CHECKPOINT_NAME)
         argv = [self.docker.executable, "start", "--checkpoint", CHECKPOINT_NAME, self.container_id]
-        try:
-            host.run_timed(self.module, argv, self.params["timeout"], "docker start --checkpoint")
-        except CommandError as exc:
-            # Seen after daemon restarts: containerd's content store already holds the upload. Once more.
-            if "already exists" not in (exc.result.get("stderr") or ""):
-                raise
-            host.run_timed(self.module, argv, self.params["timeout"], "docker start --checkpoint (retry)")
+        with LeakGuard(target):
+            try:
+                host.run_timed(self.module, argv, self.params["timeout"], "docker start --checkpoint")
+            except CommandError as exc:
+                # Seen after daemon restarts: containerd's content store already holds the upload. Once more.
+                if "already exists" not in (exc.result.get("stderr") or ""):
+                    raise
+                host.run_timed(self.module, argv, self.params["timeout"], "docker start --checkpoint (retry)")
         return how
 
     def device_resume(self):

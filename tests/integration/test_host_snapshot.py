@@ -2,6 +2,7 @@
 with the device state on the simulated NPU. No mocks: every step runs the collection's modules
 through ansible against a real dockerd."""
 
+import filecmp
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import uuid
 
 import pytest
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _containerd_leak as containerd_leak
 from conftest import REPO, WorkloadContainer, docker, free_port, run_module
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
@@ -124,6 +126,8 @@ def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
     snap = snapshot_path(w["root"], w["pod"])
     w["container"].remove()
     reset_device(w["device_dir"])
+    containerd_tmp = containerd_leak.temp_dirs()
+    copies_before = containerd_leak.list_copies(containerd_tmp)
     started = time.monotonic()
     result = run_module("snapshot_restore", {
         "snapshot_dir": snap, "identity": identity(w["pod"]), "container": w["pod"],
@@ -140,6 +144,13 @@ def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
     assert info["metadata"]["env"]["POD_IP"] == "10.1.2.3" and info["metadata"]["restored"] is True
     assert "10.1.2.3" not in json.dumps({k: v for k, v in result.items() if k != "invocation"})
     assert "POD_IP" in result["metadata_env_keys"]
+    # containerd copies the images into its temp dir for the restore and never removes them (#10166)
+    assert containerd_tmp, "no containerd process found"
+    leaked = [path for path in containerd_leak.list_copies(containerd_tmp) - copies_before
+              if os.path.exists(os.path.join(path, "inventory.img"))
+              and filecmp.cmp(os.path.join(path, "inventory.img"),
+                              os.path.join(snap, "host", "criu", "inventory.img"), shallow=False)]
+    assert leaked == [], "the restore left containerd's copy of the images behind"
     again = run_module("snapshot_restore", {"snapshot_dir": snap, "identity": identity(w["pod"]),
                                             "container": w["pod"]})
     assert again["changed"] is False, again
