@@ -13,6 +13,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
+import fcntl
 import json
 import os
 
@@ -39,16 +41,35 @@ def read_status(snapshot_dir):
         return None
 
 
+@contextlib.contextmanager
+def _status_locked(snapshot_dir):
+    """Serialises read-modify-write of status records: the restore-on-create runtime (a restore) and
+    a module (a generation, a status change) may update the same record at the same moment, and the
+    later atomic rename would silently drop the other's change. The lock is the parent directory's
+    flock, so no lock file is left behind."""
+    fd = os.open(os.path.dirname(status_path(snapshot_dir)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_record(snapshot_dir, record):
+    paths.write_file_atomic(status_path(snapshot_dir), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+
+
 def write_status(snapshot_dir, status, reason=None, **fields):
     if status not in STATUSES:
         raise ValueError("unknown status %r" % status)
-    record = read_status(snapshot_dir) or {}
-    record.update(fields)
-    record.update(status=status, reason=reason, updated_at=utc_now())
-    record.setdefault("history", []).append({"status": status, "at": record["updated_at"], "reason": reason})
-    record["history"] = record["history"][-20:]
     paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
-    paths.write_file_atomic(status_path(snapshot_dir), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    with _status_locked(snapshot_dir):
+        record = read_status(snapshot_dir) or {}
+        record.update(fields)
+        record.update(status=status, reason=reason, updated_at=utc_now())
+        record.setdefault("history", []).append({"status": status, "at": record["updated_at"], "reason": reason})
+        record["history"] = record["history"][-20:]
+        _write_record(snapshot_dir, record)
     return record
 
 
@@ -59,10 +80,11 @@ def record_restore(snapshot_dir, entry, keep=20):
     whether the snapshot was generated. Written by the restore-on-create runtime and readable
     by anything that reads the status record.
     """
-    record = read_status(snapshot_dir) or {}
-    record["last_restore"] = entry
-    record["restores"] = (record.get("restores") or [])[-(keep - 1):] + [entry]
-    paths.write_file_atomic(status_path(snapshot_dir), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    with _status_locked(snapshot_dir):
+        record = read_status(snapshot_dir) or {}
+        record["last_restore"] = entry
+        record["restores"] = (record.get("restores") or [])[-(keep - 1):] + [entry]
+        _write_record(snapshot_dir, record)
     return record
 
 

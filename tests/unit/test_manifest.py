@@ -2,6 +2,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -135,3 +136,21 @@ def test_status_record_keeps_history(tmp_path):
 def test_checksum_parser_rejects_unsafe_lines(line):
     with pytest.raises(manifest_utils.ChecksumFormatError):
         manifest_utils.parse_checksums(line + "\n")
+
+
+def test_concurrent_status_writers_lose_nothing(tmp_path):
+    """A restore recorded by the node runtime while a module rewrites the status: both changes survive."""
+    target = str(tmp_path / "ns" / "snap")
+    snapshot.write_status(target, "completed")
+    script = ("import sys; sys.path[:0] = %r\n"
+              "from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as s\n"
+              "for i in range(40):\n"
+              "    if sys.argv[1] == 'restore':\n"
+              "        s.record_restore(%r, {'n': i}, keep=100)\n"
+              "    else:\n"
+              "        s.write_status(%r, 'completed', **{'field%%d' %% i: i})\n") % (sys.path, target, target)
+    writers = [subprocess.Popen([sys.executable, "-c", script, kind]) for kind in ("restore", "status")]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    record = snapshot.read_status(target)
+    assert [r["n"] for r in record["restores"]] == list(range(40))
+    assert all(record["field%d" % i] == i for i in range(40))
