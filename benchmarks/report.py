@@ -18,7 +18,6 @@ TTFA = [("cold_start", "cold start (docker run, warmup included)"),
         ("snapshot_restore", "snapshot_restore via ansible-playbook"),
         ("snapshot_restore_cold_cache", "snapshot_restore via ansible-playbook, snapshot not in page cache"),
         ("raw_docker_start_checkpoint", "raw docker start --checkpoint + device restore"),
-        ("prototype_runtime_docker_run", "prototype restore-on-create runtime (docker run) + device restore"),
         ("raw_criu_restore_bare", "raw criu restore (bare process) + device restore")]
 STAGES = ["verify", "prepare", "host_restore", "device_restore", "health"]
 CHECKPOINT = [("raw_criu_dump", "raw criu dump (bare process)"),
@@ -30,7 +29,6 @@ CHECKPOINT = [("raw_criu_dump", "raw criu dump (bare process)"),
               ("raw_docker_checkpoint", "raw docker checkpoint create"),
               ("host_checkpoint_docker", "host_checkpoint method=docker")]
 HOST_RESTORE = [("raw_criu_restore_bare", "raw criu restore (bare)"),
-                ("prototype_runtime_docker_run", "prototype runtime: docker run"),
                 ("raw_docker_start_checkpoint", "raw docker start --checkpoint"),
                 ("snapshot_restore", "snapshot_restore host_restore stage")]
 VERIFY = [("snapshot_verify_module", "snapshot_verify (ansible task)"),
@@ -320,7 +318,7 @@ def chart(result, path):
     present = [(v, l) for v, l in ttfa_variants(result) if pick(samples, "ttfa", v)]
     short = {"cold_start": "cold start (warmup %gs)" % result["args"]["warmup"], "snapshot_restore": "snapshot_restore (ansible)",
              "snapshot_restore_cold_cache": "snapshot_restore (ansible), snapshot not cached",
-             "raw_docker_start_checkpoint": "raw docker start --checkpoint", "prototype_runtime_docker_run": "restore-on-create runtime (prototype)",
+             "raw_docker_start_checkpoint": "raw docker start --checkpoint",
              "raw_criu_restore_bare": "raw criu restore, bare process"}
     for method in result.get("restore_methods", [])[1:]:
         short["snapshot_restore_" + method] = "snapshot_restore %s (ansible)" % method

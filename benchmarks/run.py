@@ -44,7 +44,6 @@ PLAYBOOKS = os.path.join(HERE, "playbooks")
 IMAGE = "inferops/workload:bench"
 PROMPTS = ["What is an NPU?", "Why snapshot a warmed-up engine?", "数据", "the quick brown fox"]
 DEVICE_SHARE = 0.75  # of the state size: device memory (weights); the rest is host memory (caches)
-PROTOTYPE_RUNTIME = "inferops-restore"
 MB = 1000.0 * 1000.0
 MIB = 1024 * 1024
 
@@ -59,6 +58,7 @@ def ensure_collection_link():
 ensure_collection_link()
 sys.path.insert(0, COLLECTIONS)
 # pylint: disable=wrong-import-position
+from ansible_collections.inferops.snapshot.plugins.module_utils import _containerd_leak as containerd_leak  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils import _host as host  # noqa: E402
@@ -600,8 +600,6 @@ class Bench:
                 if method == fastest and not args.skip_cold_cache_restore:  # verify from storage, on the best path
                     self.module_restore(w, rep, method, cold_cache=True)
             self.raw_docker_restore(w, rep)
-            if self.has_prototype_runtime():
-                self.prototype_restore(w, rep)
         finally:
             self.remove(w)
             shutil.rmtree(w["snapshot_dir"], ignore_errors=True)
@@ -723,9 +721,11 @@ class Bench:
         host.place_checkpoint(w["snapshot_dir"], cid, "bench")
         store_before = self.content_store_mb()
         before = self.profile()
+        guard = containerd_leak.LeakGuard(host.images_dir(w["snapshot_dir"])).__enter__()
         t1 = time.monotonic()
         docker("start", "--checkpoint", "bench", cid)
         start_s = time.monotonic() - t1
+        guard.sweep()  # containerd keeps a copy of the images per start (containerd#10166); not timed
         after = self.profile(cid)
         after.setdefault("shim", {})
         before["shim"] = {}
@@ -739,39 +739,6 @@ class Bench:
                     correct=self.check_answers(w, answer) and restored, stages={"host_restore": round(start_s, 3), "device_restore": round(device_s, 3)})
         self.record("host_restore", "raw_docker_start_checkpoint", w["size_mb"], rep, start_s, profile=profile,
                     content_store_growth_mb=(self.content_store_mb() or 0) - (store_before or 0))
-        self.remove(w)
-        self.reset_device(w)
-
-    def has_prototype_runtime(self):
-        if not self.args.with_prototype:
-            return False
-        runtimes = docker("info", "--format", "{{json .Runtimes}}", check=False)
-        return PROTOTYPE_RUNTIME in (runtimes or "")
-
-    def prototype_restore(self, w, rep):
-        """The restore-on-create prototype runtime (scripts/env/prototype): runc restore inside docker start."""
-        images = host.images_dir(w["snapshot_dir"])
-        args = self.recreate_args(w, "create", {"INFEROPS_RESTORE_FROM": images})
-        args = args[:1] + ["--runtime", PROTOTYPE_RUNTIME] + args[1:]
-        self.settle(warm=[w["snapshot_dir"]])
-        wall_t0 = time.time()
-        t0 = time.monotonic()
-        poll = FirstAnswer(w["url"], None, t0, 1800)
-        poll.start()
-        docker(*args)
-        self.write_metadata(w["name"])
-        t1 = time.monotonic()
-        docker("start", w["name"])
-        start_s = time.monotonic() - t1
-        t2 = time.monotonic()
-        self.resume(int(docker("inspect", "--format", "{{.State.Pid}}", w["name"])))
-        device_s = time.monotonic() - t2
-        seconds, answer = poll.result(60)
-        restored = self.was_restored(w, wall_t0)
-        self.record("ttfa", "prototype_runtime_docker_run", w["size_mb"], rep, seconds, restored=restored,
-                    correct=self.check_answers(w, answer) and restored,
-                    stages={"host_restore": round(start_s, 3), "device_restore": round(device_s, 3)})
-        self.record("host_restore", "prototype_runtime_docker_run", w["size_mb"], rep, start_s)
         self.remove(w)
         self.reset_device(w)
 
@@ -970,7 +937,6 @@ class Bench:
                   "image": IMAGE, "device_share": DEVICE_SHARE}
         self.restore_methods = [] if args.no_extra_methods else self.detect_restore_methods()
         result["restore_methods"] = ["default"] + self.restore_methods
-        result["prototype_runtime"] = self.has_prototype_runtime()
         log("machine: %s" % json.dumps(result["machine"]))
         log("load at start: %s; extra restore methods: %s" % (result["load_at_start"], self.restore_methods or "none"))
         try:
@@ -1019,8 +985,6 @@ def parse_args(argv=None):
     parser.add_argument("--orchestration-size", type=float, default=0.25, help="state size (GB) per host there")
     parser.add_argument("--orchestration-runs", type=int, help="default = --runs")
     parser.add_argument("--skip-docker-checkpoint", action="store_true", help="leave out docker checkpoint create (slow)")
-    parser.add_argument("--with-prototype", action="store_true",
-                        help="also time the old prototype runtime registered as %s (scripts/env/prototype, removed)" % PROTOTYPE_RUNTIME)
     parser.add_argument("--no-extra-methods", action="store_true", help="only snapshot_restore's default method")
     parser.add_argument("--skip-cold-cache-restore", action="store_true",
                         help="leave out snapshot_restore (fastest method) with the snapshot not in the page cache")
