@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
-from conftest import docker, free_port, run_module
+from conftest import docker, free_port, reset_device, run_module
 from _roles_helpers import local_inventory, run_playbook, finish, status_record
+from _runtime_helpers import installed_runtime
 
 PROMPTS = ["what is an NPU?", "数据"]
 
@@ -186,3 +187,33 @@ def test_snapshot_status_records_failed_and_removes_only_the_pods_paths(tmp_path
     assert no_snapshot["failed"] and "no snapshot is published" in no_snapshot["msg"]
     no_reason = run_module("snapshot_status", {"snapshot_dir": str(snap), "identity": identity, "status": "failed"})
     assert no_reason["failed"] and no_reason["msg"].startswith("reason: required")
+
+
+def test_restore_role_through_the_restore_on_create_runtime(tmp_path, pod_factory):
+    """snapshot_restore_method=runtime: the role recreates the deleted container under the snapshot_node
+    runtime, which verifies and restores it; the warmed-up answers come back."""
+    (tmp_path / "node").mkdir()
+    with installed_runtime(tmp_path / "node") as node:
+        c, pod = pod_factory()
+        c.run().wait_ready()
+        expected = [c.generate(p) for p in PROMPTS]
+        inv = local_inventory(
+            snapshot_config=config(node.roots), snapshot_service={"namespace": "t", "name": "rt"},
+            snapshot_instances=[{"name": "p0", "pods": [pod]}],
+            snapshot_restore_method="runtime", snapshot_restore_runtime_name=node.name)
+        generated = run_playbook(tmp_path / "runs", "generate.yml", inv)
+        assert generated.rc == 0 and generated.facts["npu-host"]["snapshot_generate_results"][0]["status"] == "completed", \
+            generated
+        c.remove()
+        reset_device(c.device_dir)
+        try:
+            restored = run_playbook(tmp_path / "runs", "restore.yml", inv)
+            assert restored.rc == 0, restored
+            result = restored.facts["npu-host"]["snapshot_restore_results"][0]
+            assert result["restored"] is True, result
+            assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", pod["name"]) == node.name
+            container_id = docker("inspect", "--format", "{{.Id}}", pod["name"])
+            assert [r["outcome"] for r in node.log_records(container_id)] == ["restored"]
+            assert [c.generate(p) for p in PROMPTS] == expected
+        finally:
+            docker("rm", "-f", pod["name"], check=False)
