@@ -45,6 +45,12 @@ def simulator_library():
     return lib
 
 
+def reset_device(device_dir, device_id=0):
+    """What deleting the pod (or losing the process) does to the NPU: its memory is gone."""
+    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", str(device_id)], check=True,
+                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import MODULE_UTILS, REPO, WORKLOAD, free_port, http_get, run_module
+from conftest import MODULE_UTILS, WORKLOAD, free_port, http_get, reset_device, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _criu as criu
 
@@ -30,12 +30,6 @@ def identity(pod):
 
 def snapshot_path(root, pod):
     return str(root / "default" / "bare" / "p0" / pod)
-
-
-def reset_device(device_dir):
-    """What losing the process does to the NPU: its memory is gone."""
-    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
-                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
 
 
 def pid_exists(pid):

@@ -9,16 +9,9 @@ import sys
 import threading
 import time
 
-from conftest import REPO, Workload, http_get, run_module
+from conftest import Workload, http_get, reset_device, run_module
 
 PROMPTS = ["what is an NPU?", "snapshot me", "", "数据"]
-
-
-def reset_device(device_dir, device_id=0):
-    """What deleting the pod does to the NPU: its memory is gone."""
-    env = dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir))
-    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", str(device_id)],
-                   env=env, check=True, capture_output=True)
 
 
 def answers(workload):

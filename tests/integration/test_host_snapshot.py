@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,7 +14,7 @@ import uuid
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _containerd_leak as containerd_leak
-from conftest import REPO, WorkloadContainer, docker, free_port, run_module
+from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
 WARMUP = 20.0
@@ -27,12 +26,6 @@ def identity(pod):
 
 def snapshot_path(root, pod):
     return str(root / "default" / "sample" / "p0" / pod)
-
-
-def reset_device(device_dir):
-    """What deleting the pod does to the NPU: its memory is gone."""
-    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
-                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
 
 
 def generate_snapshot(container, root, pod):

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import free_port, reset_device
 from _roles_helpers import run_playbook, status_record
 
 PROMPTS = ["what is an NPU?", "数据"]
@@ -143,11 +143,6 @@ def hosts(tmp_path_factory):
     left = sh("ip", "netns", "list").stdout
     assert made.tag not in left, "namespaces left behind: %s" % left
     assert all(proc.poll() is not None for proc in made.sshd.values())
-
-
-def reset_device(device_dir):
-    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
-                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
 
 
 def host_state(tmp_path, host, containers, image, name=None):

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import uuid
@@ -20,7 +19,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import Node, read_daemon_json, runtimes
-from conftest import REPO, WorkloadContainer, docker, free_port, http_get, run_module
+from conftest import WorkloadContainer, docker, free_port, http_get, reset_device, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
 from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
@@ -31,12 +30,6 @@ WARMUP = 8.0
 
 def identity(pod):
     return {"namespace": "default", "service": "sample", "instance": "p0", "pod": pod}
-
-
-def reset_device(device_dir):
-    """What deleting the pod does to the NPU: its memory is gone."""
-    subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", "0"], check=True,
-                   env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
 
 
 @pytest.fixture(scope="module")
