@@ -63,6 +63,17 @@ class DockerCli:
         version, _sep, experimental = out.strip().partition(" ")
         return version, experimental == "true"
 
+    def checkpoint_support(self):
+        """(data root, experimental flag) of the daemon: where `docker start --checkpoint` looks for
+        checkpoints (``<root>/containers/<id>/checkpoints``; not always /var/lib/docker) and whether it
+        offers checkpoints at all."""
+        rc, out, err = self.run(["info", "--format", "{{.DockerRootDir}}|{{.ExperimentalBuild}}"], check=False)
+        if rc != 0:
+            raise CommandError("cannot talk to the Docker daemon: %s (is dockerd running?)" % (err or out).strip(),
+                               cmd=[self.executable, "info"], rc=rc, stdout=out, stderr=err)
+        root, _sep, experimental = out.strip().partition("|")
+        return root or None, experimental == "true"
+
     def container_id(self, name):
         """Full id of a container, or None when there is none by that name."""
         rc, out, err = self.run(["container", "inspect", "--format", "{{.Id}}", "--", name], check=False)

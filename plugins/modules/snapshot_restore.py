@@ -135,8 +135,9 @@ options:
   method:
     description:
       - How the host part is restored.
-      - V(docker) places the CRIU images in the container's C(checkpoints/) directory and runs
-        C(docker start --checkpoint) (needs dockerd's experimental mode).
+      - V(docker) places the CRIU images in the container's C(checkpoints/) directory below the daemon's data
+        root (C(docker info) C(DockerRootDir)) and runs C(docker start --checkpoint); it needs dockerd's
+        experimental mode, and starts the container cold with that reason without it.
       - V(runtime) creates the container with C(--runtime) O(runtime_name) and C(INFEROPS_RESTORE_FROM) and
         starts it; the restore-on-create runtime verifies the snapshot again, restores host and device state,
         writes the metadata file, or starts the container cold. The snapshot must lie below one of the node's
@@ -384,7 +385,13 @@ class Restorer:
         return sorted(env)
 
     def start_from_checkpoint(self):
-        target, how = host.place_checkpoint(self.snapshot_dir, self.container_id, CHECKPOINT_NAME)
+        docker_root, experimental = self.docker.checkpoint_support()
+        if not experimental:
+            raise SnapshotError("method=docker needs the Docker daemon in experimental mode for docker start "
+                                "--checkpoint: set \"experimental\": true in /etc/docker/daemon.json and restart "
+                                "dockerd, or use method=runtime")
+        target, how = host.place_checkpoint(self.snapshot_dir, self.container_id, CHECKPOINT_NAME,
+                                            docker_root=docker_root or host.DOCKER_ROOT)
         argv = [self.docker.executable, "start", "--checkpoint", CHECKPOINT_NAME, self.container_id]
         with LeakGuard(target):
             try:

@@ -61,6 +61,17 @@ def test_docker_daemon_facts_and_errors():
         DockerCli(down).server_info()
 
 
+def test_docker_checkpoint_support_reads_data_root_and_experimental_flag():
+    module = FakeModule([(["/usr/bin/docker", "info"], (0, "/data/docker|false\n", ""))])
+    assert DockerCli(module).checkpoint_support() == ("/data/docker", False)
+    assert module.calls == [["/usr/bin/docker", "info", "--format", "{{.DockerRootDir}}|{{.ExperimentalBuild}}"]]
+    module = FakeModule([(["/usr/bin/docker", "info"], (0, "/var/lib/docker|true\n", ""))])
+    assert DockerCli(module).checkpoint_support() == ("/var/lib/docker", True)
+    down = FakeModule([(["/usr/bin/docker", "info"], (1, "", "Cannot connect to the Docker daemon"))])
+    with pytest.raises(CommandError, match="is dockerd running"):
+        DockerCli(down).checkpoint_support()
+
+
 def test_container_not_running_or_missing():
     stopped = FakeModule([(["/usr/bin/docker", "container", "inspect"],
                            (0, '[{"State": {"Running": false, "Pid": 0, "Status": "exited"}}]', ""))])
