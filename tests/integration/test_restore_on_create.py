@@ -419,6 +419,7 @@ def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
             assert info["metadata"]["env"]["POD_IP"] == "10.4.4.4" and info["metadata"]["restored"] is True
             if method == "runtime":
                 assert result["placement"] == "runtime" and result["created"] is True
+                assert result["verify"]["checksums"] == "sizes only", "the runtime hashes: each file read once"
                 assert result["runtime_record"]["outcome"] == "restored", result["runtime_record"]
                 assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", name) == node.name
                 again = run_module("snapshot_restore", {"snapshot_dir": warm["snapshot_dir"], "method": method,
@@ -433,3 +434,30 @@ def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
                                               "container": "%s-none" % warm["pod"], "method": "runtime",
                                               "runtime_name": "no-such-runtime-%s" % uuid.uuid4().hex[:4]})
     assert missing["failed"] and "snapshot_node" in missing["msg"], missing
+
+
+def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_catches_corruption(node, warm):
+    """The module does not hash with method=runtime (the runtime does, right before it restores): a flipped
+    byte passes the module's checks and is caught by the runtime, which starts the container cold."""
+    snap = corrupt_copy(node, warm, "corrupt-module", flip_byte)
+    name = "%s-rtcorrupt" % warm["pod"]
+    reset_device(warm["device_dir"])
+    try:
+        preview = run_module("snapshot_restore", {"snapshot_dir": snap, "identity": identity(warm["pod"]),
+                                                  "container": name, "method": "runtime", "runtime_name": node.name},
+                             check=True)
+        assert preview["restored"] is False and preview["verify"]["checksums"] == "verified", preview
+        assert preview["reason"].startswith("checksum_mismatch: host/criu/pages-"), preview
+        result = run_module("snapshot_restore", {
+            "snapshot_dir": snap, "identity": identity(warm["pod"]), "container": name, "method": "runtime",
+            "runtime_name": node.name, "health_url": "http://127.0.0.1:%d/health" % warm["port"],
+            "health_timeout": WARMUP + 90})
+        assert result.get("failed") is False and result["restored"] is False, result
+        assert result["verify"]["checksums"] == "sizes only" and result["verify"]["valid"] is True
+        assert result["runtime_record"]["outcome"] == "cold"
+        assert "checksum_mismatch: host/criu/pages-" in result["reason"], result["reason"]
+        c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"])
+        assert [c.generate(p) for p in PROMPTS] == warm["expected"], "a cold start serves correct answers too"
+        assert c.info()["started_at"] != warm["info"]["started_at"]
+    finally:
+        docker("rm", "-f", name, check=False)

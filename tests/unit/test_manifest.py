@@ -154,3 +154,22 @@ def test_concurrent_status_writers_lose_nothing(tmp_path):
     record = snapshot.read_status(target)
     assert [r["n"] for r in record["restores"]] == list(range(40))
     assert all(record["field%d" % i] == i for i in range(40))
+
+
+def test_sizes_only_verification_leaves_content_to_the_next_reader(tmp_path):
+    """hash_files=False (snapshot_restore method=runtime, whose runtime hashes right before use): all but
+    the content is checked, and the result says the content was not."""
+    final = make_snapshot(tmp_path)
+    pages = final / "host" / "pages-1.img"
+    pages.write_bytes(b"y" * 70000)  # same size, other content
+    valid, reasons, details = manifest_utils.verify(str(final), expect={"identity": IDENTITY}, hash_files=False)
+    assert valid and details["checksums"] == "sizes only", reasons
+    valid, reasons, details = manifest_utils.verify(str(final))
+    assert not valid and reasons == ["checksum_mismatch: host/pages-1.img"] and details["checksums"] == "verified"
+    pages.write_bytes(b"y" * 69999)  # a size change is caught either way
+    valid, reasons, _details = manifest_utils.verify(str(final), hash_files=False)
+    assert not valid and any(r.startswith("manifest_mismatch: host/pages-1.img") for r in reasons), reasons
+    other = dict(IDENTITY, pod="pod-b")
+    valid, reasons, _details = manifest_utils.verify(str(make_snapshot(tmp_path / "again")), expect={"identity": other},
+                                                     hash_files=False)
+    assert not valid and reasons[0].startswith("identity_mismatch"), reasons
