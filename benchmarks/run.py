@@ -92,14 +92,6 @@ def load_average():
         return [float(x) for x in handle.read().split()[:3]]
 
 
-def median(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
-
-
 # -- the machine ------------------------------------------------------------------------------------
 
 def first_line(argv, pattern=None):
@@ -480,7 +472,7 @@ class Bench:
         for sample in self.samples:
             if sample["section"] == "limits":
                 out.setdefault(sample["variant"], []).append(sample["mb_s"])
-        return dict((key, {"best": max(values), "median": round(median(values), 1), "n": len(values)}) for key, values in out.items())
+        return dict((key, {"best": max(values), "median": round(report.median(values), 1), "n": len(values)}) for key, values in out.items())
 
     # -- file-level measurements ----------------------------------------------------------------------------------------
     @staticmethod
