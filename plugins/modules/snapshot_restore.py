@@ -593,7 +593,7 @@ def main_logic(module):
 
     with watch.stage("verify"):
         verdict = job.verdict = job.verify()
-    reason = None if verdict["valid"] else "; ".join(verdict["reasons"])
+    reason = None if verdict["valid"] else use_snapshot_reason(verdict)
     result.update(verify=verdict)
     if module.check_mode:
         module.exit_json(changed=True, restored=verdict["valid"], reason=reason, **result)
