@@ -19,10 +19,13 @@ help:
 	@echo "make unit | integration | sanity | build-collection"
 	@echo "make bench       cold start vs restore, verify and checkpoint speed (root, ~40 min; BENCH_ARGS=--quick: ~2 min)"
 
-$(BIN)/python: requirements.txt
+# The lists in requirements/ say what is needed where; constraints.txt pins every version.
+REQUIREMENTS := $(addprefix requirements/,runtime.txt target.txt test.txt bench.txt constraints.txt)
+
+$(BIN)/python: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -c requirements/constraints.txt $(addprefix -r requirements/,runtime.txt target.txt test.txt bench.txt)
 	touch $(BIN)/python
 
 venv: $(BIN)/python
