@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write a tiny random-weight llama model as GGUF, for llama.cpp under the agent in the tests.
 
     python3 make_model.py OUT.gguf [--seed N] [--n-layer L] [--n-ff F] [--in-place]
