@@ -80,3 +80,12 @@ bench: venv simulator collection env
 
 clean:
 	rm -rf $(BUILD)
+
+# The execution environment's build context (execution-environment.yml): the collection built from
+# this checkout, then `ansible-builder create`. Building the image needs a registry for its base:
+# `podman build --build-arg EE_BASE_IMAGE=... build/ee/context` (docs/awx.md).
+.PHONY: ee
+ee: build-collection
+	@mkdir -p $(BUILD)/ee
+	cp $(BUILD)/dist/inferops-snapshot-$$(sed -n 's/^version: *//p' galaxy.yml).tar.gz $(BUILD)/ee/inferops-snapshot.tar.gz
+	$(BIN)/ansible-builder create -f execution-environment.yml -c $(BUILD)/ee/context --output-filename Containerfile
