@@ -58,7 +58,7 @@ if [[ ! -f $deps/.complete ]]; then
     mkdir -p "$deps"
     # shellcheck disable=SC2086
     timeout 900 "$python" -m pip download --quiet --progress-bar off --no-deps --only-binary :all: \
-        --no-cache-dir -d "$deps" $pins >&2
+        --no-cache-dir -d "$deps" $pins 2>&1 | sed "/^WARNING: Location '.*' is ignored/d" >&2
     touch "$deps/.complete"
 else
     say "pinned wheels cached in $deps"

@@ -26,7 +26,7 @@
 #   INFEROPS_LLAMA_BUILD_TIMEOUT=2400                 seconds before the build is killed
 #   INFEROPS_BUILD_PYTHON=/usr/bin/python3            the python that builds (must match the image's)
 # Network: pip fetches the sdist and the build backend (scikit-build-core) from the package index
-# pip is configured with; nothing else.
+# pip is configured with; apt-get installs cmake, g++, binutils and python3-pip when missing (root).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 req="$root/requirements/engines.txt"
@@ -62,10 +62,18 @@ if ! flock -n 9; then
 fi
 found && exit 0
 
-for tool in cmake gcc g++; do
-    command -v "$tool" >/dev/null || { say "$tool is missing (apt-get install cmake g++)"; exit 1; }
-done
-"$python" -m pip --version >/dev/null 2>&1 || { say "$python has no pip (apt-get install python3-pip)"; exit 1; }
+# The build tools, from Debian (a fresh machine set up by scripts/env/setup.sh has gcc but not these).
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+command -v objdump >/dev/null || missing+=(binutils)
+"$python" -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+if ((${#missing[@]})); then
+    [[ $(id -u) == 0 ]] || { say "missing build tools: ${missing[*]} (apt-get install them as root)"; exit 1; }
+    say "installing the build tools: apt-get install ${missing[*]}"
+    timeout 600 apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
 
 partial="$cache/.$key.partial.$$"
 rm -rf "$partial" && mkdir -p "$partial"
