@@ -13,6 +13,8 @@ git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t 
 cd "$dest"
 git init -q . && git add -A  # ansible-test only looks at files git knows about
 export PATH="$bin:$PATH"
+# ansible-test skips its shellcheck test, silently, when the binary is missing.
+command -v shellcheck >/dev/null || { echo "shellcheck is not installed: run scripts/env/setup.sh (its apt step)" >&2; exit 1; }
 # ansible-test downloads get-pip.py from a host these machines cannot reach; give it a local one.
 pip_version=$(grep -oP "pip='\K[0-9.]+" "$("$bin/python" -c 'import ansible_test, os; print(os.path.dirname(ansible_test.__file__))')/_internal/python_requirements.py")
 mkdir -p ~/.ansible/test/cache

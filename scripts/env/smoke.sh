@@ -35,13 +35,11 @@ PREFIX=inferops-smoke-$$
 CONTAINERS=()
 WORK=$(mktemp -d /var/tmp/inferops-smoke.XXXXXX)
 SNAP_TOP=""   # (c)'s snapshot tree below the runtime's root (a directory of its own), removed on exit
-FAILED=0
 declare -A TIMES=()
 
 msg() { printf '[smoke] %s\n' "$*"; }
 fail() {
     printf '[smoke] FAIL: %s\n' "$*" >&2
-    FAILED=1
     exit 1
 }
 cleanup() {
@@ -147,7 +145,7 @@ id1=$CID
 t=$(ms_now)
 docker start "$id1" >/dev/null
 wait_http >/dev/null || fail "the server in $PREFIX-orig did not answer within 20 s"
-TIMES[cold start to first answer]=$(ms_since "$t")
+TIMES["cold start to first answer"]=$(ms_since "$t")
 for _ in 1 2 3; do http inc >/dev/null; done
 expect "counter before checkpoint" "$(http get)" 3
 
@@ -155,7 +153,7 @@ expect "counter before checkpoint" "$(http get)" 3
 msg "(a) docker checkpoint create --leave-running"
 t=$(ms_now)
 docker checkpoint create --leave-running "$id1" cp-a >/dev/null
-TIMES[(a) docker checkpoint create]=$(ms_since "$t")
+TIMES["(a) docker checkpoint create"]=$(ms_since "$t")
 CP_A=$DOCKER_ROOT/containers/$id1/checkpoints/cp-a
 [[ -f $CP_A/inventory.img ]] || fail "no CRIU images in $CP_A"
 SIZE_A=$(du -sm "$CP_A" | cut -f1)
@@ -170,9 +168,9 @@ copy_checkpoint "$CP_A" "$id2" cp-a
 msg "(a) docker start --checkpoint cp-a into new container $PREFIX-a-restored"
 t=$(ms_now)
 start_from_checkpoint "$id2" cp-a
-TIMES[(a) docker start --checkpoint returned]=$(ms_since "$t")
+TIMES["(a) docker start --checkpoint returned"]=$(ms_since "$t")
 got=$(wait_http) || fail "restored container did not answer"
-TIMES[(a) restore to first answer]=$(ms_since "$t")
+TIMES["(a) restore to first answer"]=$(ms_since "$t")
 expect "(a) counter restored from checkpoint" "$got" 3
 expect "(a) restored process keeps counting" "$(http inc)" 4
 sleep 0.2
@@ -185,7 +183,7 @@ msg "(b) runc --root $RUNC_ROOT checkpoint --leave-running --image-path $CP_B <i
 t=$(ms_now)
 runc --root "$RUNC_ROOT" checkpoint --leave-running --image-path "$CP_B" "$id2" ||
     fail "(b) runc checkpoint failed; CRIU log: $CP_B/dump.log"
-TIMES[(b) runc checkpoint (fast path)]=$(ms_since "$t")
+TIMES["(b) runc checkpoint (fast path)"]=$(ms_since "$t")
 SIZE_B=$(du -sm "$CP_B" | cut -f1)
 expect "(b) container still serving after runc checkpoint (inc)" "$(http inc)" 5
 [[ $(docker inspect -f '{{.State.Status}}' "$id2") == running ]] || fail "(b) docker no longer sees the container running"
@@ -197,7 +195,7 @@ copy_checkpoint "$CP_B" "$id3" cp-b
 t=$(ms_now)
 start_from_checkpoint "$id3" cp-b
 got=$(wait_http) || fail "(b) container restored from the runc images did not answer"
-TIMES[(b) docker start --checkpoint (runc images) to first answer]=$(ms_since "$t")
+TIMES["(b) docker start --checkpoint (runc images) to first answer"]=$(ms_since "$t")
 expect "(b) counter restored from the runc images" "$got" 4
 msg "(b) ok: runc images restore through docker (counter 4)"
 
@@ -234,7 +232,7 @@ if [[ -z $roc_skip ]]; then
     out=$(ANSIBLE_COLLECTIONS_PATH=$REPO/build/collections ANSIBLE_LOCALHOST_WARNING=False ANSIBLE_NOCOLOR=1 \
         "$REPO/.venv/bin/ansible" localhost -i localhost, -c local -e "ansible_python_interpreter=$REPO/.venv/bin/python" \
         -m inferops.snapshot.host_checkpoint -a "$args" 2>&1) || fail "(c) host_checkpoint failed: ${out: -3000}"
-    TIMES[(c) host_checkpoint (ansible module call)]=$(ms_since "$t")
+    TIMES["(c) host_checkpoint (ansible module call)"]=$(ms_since "$t")
     [[ -f $SNAP/manifest.json ]] || fail "(c) no snapshot published at $SNAP: ${out: -3000}"
     expect "(c) container still serving after the snapshot (inc)" "$(http inc)" 5
     docker rm -f "$id3" >/dev/null
@@ -244,9 +242,9 @@ if [[ -z $roc_skip ]]; then
     t=$(ms_now)
     roc_id=$(docker run -d --name "$PREFIX-c-roc" --network host --runtime "$RUNTIME" \
         -e INFEROPS_RESTORE_FROM="$SNAP" "$IMAGE_ID" "${ARGS[@]}")
-    TIMES[(c) docker run --runtime $RUNTIME returned]=$(ms_since "$t")
+    TIMES["(c) docker run --runtime $RUNTIME returned"]=$(ms_since "$t")
     got=$(wait_http) || fail "(c) restore-on-create container did not answer"
-    TIMES[(c) restore on create to first answer]=$(ms_since "$t")
+    TIMES["(c) restore on create to first answer"]=$(ms_since "$t")
     outcome=$(python3 -c 'import json, sys
 r = (json.load(open(sys.argv[1])).get("last_restore") or {})
 print(": ".join(x for x in (r.get("outcome") if r.get("container") == sys.argv[2] else "no record of this container",
@@ -259,7 +257,7 @@ print(": ".join(x for x in (r.get("outcome") if r.get("container") == sys.argv[2
     docker logs "$PREFIX-c-roc" 2>&1 | grep -qx 'inc 5' || fail "(c) output did not reach docker logs"
     t=$(ms_now)
     docker stop -t 5 "$PREFIX-c-roc" >/dev/null
-    TIMES[(c) docker stop]=$(ms_since "$t")
+    TIMES["(c) docker stop"]=$(ms_since "$t")
     expect "(c) exit code after docker stop" "$(docker inspect -f '{{.State.ExitCode}}' "$PREFIX-c-roc")" 0
     msg "(c) ok: docker run --runtime $RUNTIME restored the process (counter 4), status record says restored, logs and stop work"
 else

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # Builds the ACL snapshot simulator: OUTDIR/libascendcl.so (default OUTDIR: build/simulator under
 # the repository root). Skips the build when the library is newer than its sources. Honours $CC.
 set -eu
