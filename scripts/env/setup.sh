@@ -372,112 +372,19 @@ check_daemon_path_once() {
     done
 }
 
-APT_PRIV=()
-private_apt_init() {   # $1: suite
-    local suite=$1 mirror dir
+# criu 4.2.x from a newer Debian suite into a private prefix, behind the wrapper: the script the
+# snapshot_prereqs role runs on nodes (one implementation for both).
+CRIU_FROM_DEBIAN=$REPO_ROOT/roles/snapshot_prereqs/files/criu-from-debian.sh
+install_criu_prefix() {
+    local mirror
     mirror=$(debian_mirror) || die "cannot find a Debian mirror URI in the host's apt sources" \
         "looked in /etc/apt/sources.list.d/*.sources and /etc/apt/sources.list;" \
         "set INFEROPS_DEBIAN_MIRROR=<uri> to name one"
-    dir=$BUILD_DIR/apt-$suite
-    mkdir -p "$dir"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d,debs}
-    printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
-        "$mirror" "$suite" >"$dir/sources.list"
-    : >"$dir/status"
-    # Own sources, lists, cache and (empty) dpkg status: the host's apt state is never touched,
-    # and dependency resolution sees nothing installed, so the closure includes criu's own libc.
-    APT_PRIV=(
-        -o "Dir::Etc::SourceList=$dir/sources.list"
-        -o "Dir::Etc::SourceParts=$dir/sources.list.d"
-        -o "Dir::Etc::Preferences=$dir/preferences"
-        -o "Dir::Etc::PreferencesParts=$dir/preferences.d"
-        -o "Dir::State::Lists=$dir/lists"
-        -o "Dir::State::status=$dir/status"
-        -o "Dir::Cache=$dir/cache"
-        -o "APT::Architectures::=amd64"
-        -o "APT::Get::List-Cleanup=0"
-    )
-    PRIV_DIR=$dir
-}
-
-# Package closure of criu in the private suite (Depends + Pre-Depends, no recommends).
-criu_closure() {
-    apt-cache "${APT_PRIV[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
-        --no-breaks --no-replaces --no-enhances criu 2>/dev/null |
-        awk '/^[a-z0-9]/ { print $1 }' | sort -u
-}
-
-fetch_criu() {   # fills $CRIU_PREFIX from the first suite that has criu 4.2+
-    local suite out ver pkgs stage
-    for suite in $CRIU_SUITES; do
-        private_apt_init "$suite"
-        log "reading Debian '$suite' package lists (private apt state in $PRIV_DIR)"
-        if ! out=$(apt-get "${APT_PRIV[@]}" -q --error-on=any update 2>&1); then
-            log "cannot read the package lists of '$suite' from $(debian_mirror):"
-            printf '%s\n' "$out" | grep -E '^(E|W):' | head -n 3 | sed 's/^/    /'
-            continue
-        fi
-        ver=$(apt-cache "${APT_PRIV[@]}" show --no-all-versions criu 2>/dev/null |
-            awk '/^Version:/ { print $2; exit }')
-        if [[ ! $ver =~ ^([0-9]+:)?([0-9]+)\.([0-9]+) ]] ||
-            ((BASH_REMATCH[2] < CRIU_MIN_MAJOR || (BASH_REMATCH[2] == CRIU_MIN_MAJOR &&
-                BASH_REMATCH[3] < CRIU_MIN_MINOR))); then
-            log "'$suite' has criu '${ver:-none}', need >= $CRIU_MIN_MAJOR.$CRIU_MIN_MINOR"
-            continue
-        fi
-        mapfile -t pkgs < <(criu_closure)
-        ((${#pkgs[@]} > 0)) || { log "cannot resolve criu's dependencies in '$suite'"; continue; }
-        log "downloading criu $ver and ${#pkgs[@]} packages of its closure from '$suite'"
-        rm -f "$PRIV_DIR"/debs/*.deb
-        if ! out=$(cd "$PRIV_DIR/debs" && apt-get "${APT_PRIV[@]}" -q download "${pkgs[@]}" 2>&1); then
-            log "download from '$suite' failed: $(printf '%s' "$out" | tail -n 3 | tr '\n' ' ')"
-            continue
-        fi
-        stage="$CRIU_PREFIX.new.$$"
-        rm -rf "$stage"
-        mkdir -p "$stage"
-        local deb
-        for deb in "$PRIV_DIR"/debs/*.deb; do
-            dpkg -x "$deb" "$stage" || die "dpkg -x failed on $deb"
-        done
-        printf 'criu %s from Debian %s (%s)\n' "$ver" "$suite" "$(date -u +%FT%TZ)" >"$stage/INFEROPS-SOURCE"
-        printf '%s\n' "${pkgs[@]}" >"$stage/INFEROPS-PACKAGES"
-        [[ -x $stage/usr/sbin/criu ]] || die "criu package from '$suite' has no usr/sbin/criu"
-        mkdir -p "$(dirname "$CRIU_PREFIX")"
-        rm -rf "$CRIU_PREFIX.old.$$"
-        [[ -e $CRIU_PREFIX ]] && mv "$CRIU_PREFIX" "$CRIU_PREFIX.old.$$"
-        mv "$stage" "$CRIU_PREFIX"
-        rm -rf "$CRIU_PREFIX.old.$$"
-        return 0
-    done
-    die "could not get criu >= $CRIU_MIN_MAJOR.$CRIU_MIN_MINOR from Debian suites: $CRIU_SUITES" \
-        "the host's Debian mirror must serve one of them (set INFEROPS_CRIU_SUITES / INFEROPS_DEBIAN_MIRROR)," \
-        "or install criu >= $CRIU_MIN_MAJOR.$CRIU_MIN_MINOR on PATH yourself"
-}
-
-write_criu_wrapper() {
-    local ld libpath="" d
-    for ld in "$CRIU_PREFIX"/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 \
-        "$CRIU_PREFIX"/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 \
-        "$CRIU_PREFIX"/usr/lib64/ld-linux-x86-64.so.2 "$CRIU_PREFIX"/lib64/ld-linux-x86-64.so.2; do
-        [[ -e $ld ]] && break
-    done
-    [[ -e $ld ]] || die "no ld-linux-x86-64.so.2 in $CRIU_PREFIX (libc6 missing from the closure?)"
-    ld=$(readlink -f "$ld")
-    for d in usr/lib/x86_64-linux-gnu lib/x86_64-linux-gnu usr/lib lib; do
-        [[ -d $CRIU_PREFIX/$d ]] && libpath+="${libpath:+:}$CRIU_PREFIX/$d"
-    done
-    local tmp
-    tmp=$(mktemp "$CRIU_WRAPPER.XXXXXX")
-    cat >"$tmp" <<EOF
-#!/bin/sh
-# criu wrapper installed by inferops.snapshot scripts/env/setup.sh.
-# criu comes from Debian's $(awk '{print $5}' "$CRIU_PREFIX/INFEROPS-SOURCE") suite, unpacked with its own libc into $CRIU_PREFIX;
-# it runs through that prefix's dynamic loader so the host's libraries are not mixed in
-# (--library-path, not LD_LIBRARY_PATH: programs criu executes, e.g. iptables, use the host's).
-exec $ld --library-path $libpath $CRIU_PREFIX/usr/sbin/criu "\$@"
-EOF
-    chmod 0755 "$tmp"
-    mv "$tmp" "$CRIU_WRAPPER"
+    CRIU_PREFIX=$CRIU_PREFIX CRIU_WRAPPER=$CRIU_WRAPPER CRIU_SUITES=$CRIU_SUITES CRIU_MIRROR=$mirror \
+        CRIU_MIN=$CRIU_MIN_MAJOR.$CRIU_MIN_MINOR CRIU_STATE=$BUILD_DIR bash "$CRIU_FROM_DEBIAN" >/dev/null ||
+        die "could not install criu >= $CRIU_MIN_MAJOR.$CRIU_MIN_MINOR into $CRIU_PREFIX (see the lines above)" \
+            "the host's Debian mirror must serve one of: $CRIU_SUITES (set INFEROPS_CRIU_SUITES / INFEROPS_DEBIAN_MIRROR)," \
+            "or install criu >= $CRIU_MIN_MAJOR.$CRIU_MIN_MINOR on PATH yourself"
 }
 
 # runc hands CRIU the options in /etc/criu/runc.conf, for checkpoints and restores alike (also
@@ -506,20 +413,7 @@ step_criu() {
         log "$(command -v criu): $(criu --version | awk '/^Version:/ { print "criu " $2 }'), criu check: ok"
         return 0
     fi
-    # A complete prefix from an earlier run (INFEROPS-SOURCE is written last) only needs its wrapper.
-    if [[ -e $CRIU_PREFIX/INFEROPS-SOURCE && -x $CRIU_PREFIX/usr/sbin/criu ]]; then
-        write_criu_wrapper
-        if criu_version_ok "$CRIU_WRAPPER"; then
-            log "reusing $CRIU_PREFIX ($(cut -d' ' -f1-5 "$CRIU_PREFIX/INFEROPS-SOURCE"))"
-        else
-            log "$CRIU_PREFIX is unusable, fetching it again"
-            fetch_criu
-            write_criu_wrapper
-        fi
-    else
-        fetch_criu
-        write_criu_wrapper
-    fi
+    install_criu_prefix
     local found
     found=$(command -v criu || true)
     [[ $found == "$CRIU_WRAPPER" ]] || die "'criu' on PATH is '$found', not $CRIU_WRAPPER" \
