@@ -65,6 +65,7 @@ else
 fi
 
 # 4. libgomp1 from Debian, the same suite as the image
+# shellcheck disable=SC1091
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 image_suite=$(docker run --rm --network none --entrypoint sh "$workload" -c '. /etc/os-release && echo $VERSION_CODENAME')
 [[ $suite == "$image_suite" ]] || { say "host is Debian '$suite', the image '$image_suite': fetch libgomp1 for $image_suite"; exit 1; }
