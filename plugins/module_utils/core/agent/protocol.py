@@ -1,0 +1,129 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Control protocol between the modules and the process that owns the NPU state.
+
+PRIVATE to the inferops.snapshot collection: no compatibility promise for other users.
+
+The real ACL snapshot API acts only on the calling process, so the modules never call it
+themselves: they send one of these requests to a control endpoint *inside* the inference
+process (the collection's in-process agent over a unix socket, or the engine's own HTTP
+endpoint). Both transports carry the same JSON documents.
+
+Pure standard library: this file is copied into engine images with the rest of the agent folder.
+It is also the home of the agent's own names (its socket and environment variables).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 64 * 1024
+
+# Where an agent listens: agent.<pid>.sock (its pid inside its own pid namespace) in this directory.
+DEFAULT_SOCKET_DIR = "/run/inferops-snapshot"
+SOCKET_ENV = "INFEROPS_AGENT_SOCKET"          # the socket path itself
+SOCKET_DIR_ENV = "INFEROPS_AGENT_SOCKET_DIR"  # the directory
+LIBRARY_ENV = "INFEROPS_ACL_LIBRARY"          # libascendcl.so to load
+SOCKET_NAME = "agent.%d.sock"
+
+OP_STATE = "state"
+OP_LOCK = "lock"
+OP_BACKUP = "backup"
+OP_RESTORE = "restore"
+OP_UNLOCK = "unlock"
+OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK)
+
+STATE_RUNNING = "RUNNING"
+STATE_LOCKED = "LOCKED"
+STATE_BACKED_UP = "BACKED_UP"
+STATES = (STATE_RUNNING, STATE_LOCKED, STATE_BACKED_UP)
+
+# Error kinds carried in failed replies.
+KIND_ACL = "acl"                  # the ACL runtime returned an error code
+KIND_BAD_REQUEST = "bad_request"  # malformed request; the engine is untouched
+KIND_TIMEOUT = "timeout"          # the operation did not finish within the request's timeout
+KIND_BUSY = "busy"                # an earlier operation is still running (requests are serialised)
+KIND_UNAVAILABLE = "unavailable"  # no ACL runtime loaded in this process
+KIND_INTERNAL = "internal"
+
+DEFAULT_TIMEOUT = 60.0
+MAX_TIMEOUT = 3600.0
+
+# Legal transitions of the runtime's state machine: op -> (allowed from, resulting state).
+TRANSITIONS = {
+    OP_LOCK: ((STATE_RUNNING,), STATE_LOCKED),
+    OP_BACKUP: ((STATE_LOCKED,), STATE_BACKED_UP),
+    OP_RESTORE: ((STATE_BACKED_UP,), STATE_LOCKED),
+    OP_UNLOCK: ((STATE_LOCKED, STATE_BACKED_UP), STATE_RUNNING),
+}
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this protocol."""
+
+
+def encode(message):
+    """Serialise one message as a single JSON line."""
+    data = json.dumps(message, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("message of %d bytes exceeds the %d byte limit" % (len(data), MAX_MESSAGE_BYTES))
+    return data
+
+
+def decode(data):
+    """Parse one JSON line into a dict, or raise ProtocolError."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("message exceeds the %d byte limit" % MAX_MESSAGE_BYTES)
+    try:
+        message = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("not a JSON document: %s" % exc)
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object, got %s" % type(message).__name__)
+    return message
+
+
+def make_request(op, timeout=DEFAULT_TIMEOUT):
+    return {"v": PROTOCOL_VERSION, "op": op, "timeout": float(timeout)}
+
+
+def parse_request(message):
+    """Validate a request dict; return (op, timeout) or raise ProtocolError naming the field."""
+    version = message.get("v", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("field 'v': unsupported protocol version %r (this agent speaks %d)"
+                            % (version, PROTOCOL_VERSION))
+    op = message.get("op")
+    if op not in OPERATIONS:
+        raise ProtocolError("field 'op': %r is not one of %s" % (op, ", ".join(OPERATIONS)))
+    timeout = message.get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ProtocolError("field 'timeout': expected a number of seconds, got %r" % (timeout,))
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise ProtocolError("field 'timeout': %r is outside (0, %d] seconds" % (timeout, MAX_TIMEOUT))
+    unknown = sorted(set(message) - {"v", "op", "timeout"})
+    if unknown:
+        raise ProtocolError("unknown field(s) %s" % ", ".join(repr(k) for k in unknown))
+    return op, float(timeout)
+
+
+def error_reply(op, kind, message, state=None, code=None, name=None):
+    error = {"kind": kind, "message": message}
+    if code is not None:
+        error["code"] = code
+    if name is not None:
+        error["name"] = name
+    reply = {"v": PROTOCOL_VERSION, "ok": False, "op": op, "error": error}
+    if state is not None:
+        reply["state"] = state
+    return reply
+
+
+def check_transition(op, state):
+    """Return the state `op` leads to from `state`, or None when the runtime would refuse it."""
+    allowed, result = TRANSITIONS[op]
+    return result if state in allowed else None

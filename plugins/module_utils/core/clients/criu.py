@@ -1,0 +1,269 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one client for the CRIU binary, CRIU's logs and the one CRIU image the collection reads.
+PRIVATE to the inferops.snapshot collection.
+
+A failed CRIU run (directly, or through runc) keeps its log: ``keep_log`` copies it into
+``layout.CRIU_LOG_DIR`` (0600, the newest KEEP_LOGS), and every error names the first CRIU
+``Error`` line -- the cause -- and the kept log's path.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+import shutil
+import struct
+import tempfile
+import time
+
+from .. import layout, paths
+from ..errors import CommandError, ParameterError, SnapshotError
+from . import runner as runner_mod
+
+MINIMUM_VERSION = (4, 2)
+PSTREE_IMAGE = "pstree.img"
+# criu/include/magic.h: most images start with a common (or service) magic, then their own.
+IMG_COMMON_MAGIC = 0x54564319
+IMG_SERVICE_MAGIC = 0x55105940
+PSTREE_MAGIC = 0x50273030
+# CRIU error lines that are not the cause: a harmless early one, and the unwinding after the cause.
+NOT_THE_CAUSE = ("rlimit: Can't setup RLIMIT_NOFILE", "Restoring FAILED", "cgroupd: recv req error",
+                 "Dumping FAILED")
+KEEP_LOGS = 20
+LOG_BYTES = 1024 * 1024
+# CRIU's options for a process like an inference engine: its sockets, unix peers outside the tree,
+# and file locks (llama.cpp's SQLite cache holds one; without it the dump fails).
+PROCESS_OPTIONS = ("--tcp-close", "--ext-unix-sk", "--file-locks")
+
+
+def parse_version(text):
+    """'Version: 4.2.1' -> (4, 2, 1); None when the text holds no version."""
+    match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not match:
+        return None
+    return tuple(int(part) for part in match.groups() if part is not None)
+
+
+def major(version):
+    match = re.match(r"\s*(\d+)", version or "")
+    return int(match.group(1)) if match else None
+
+
+def first_error_line(log_text):
+    """The cause in a CRIU log: its first error line that is not known noise or unwinding."""
+    if isinstance(log_text, bytes):
+        log_text = log_text.decode("utf-8", "replace")
+    for line in (log_text or "").splitlines():
+        if "Error (" in line and not any(noise in line for noise in NOT_THE_CAUSE):
+            return line.strip()[:300]
+    return None
+
+
+def read_tail(path, limit=LOG_BYTES):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - limit))
+            return handle.read()
+    except (IOError, OSError):
+        return b""
+
+
+def keep_log(log_path, kind, name, log_dir=None, now=time.time):
+    """Keep the CRIU log of a failed ``kind`` (dump, restore) of ``name`` in ``log_dir``; returns
+    (kept path or None, the first error line or None). Only the newest KEEP_LOGS are kept."""
+    log_dir = log_dir or layout.CRIU_LOG_DIR
+    data = read_tail(log_path)
+    if not data:
+        return None, None
+    cause = first_error_line(data)
+    try:
+        paths.ensure_dir(log_dir)
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80] or "unnamed"
+        target = os.path.join(log_dir, "%s.%s.%d.%d.log" % (safe, kind, int(now()), os.getpid()))
+        paths.write_file_atomic(target, data)
+        logs = sorted((os.path.join(log_dir, entry) for entry in os.listdir(log_dir) if entry.endswith(".log")),
+                      key=lambda p: os.lstat(p).st_mtime)
+        for old in logs[:-KEEP_LOGS]:
+            os.unlink(old)
+    except (IOError, OSError, SnapshotError):
+        return None, cause
+    return target, cause
+
+
+def failure(exc, log_path, kind, name, log_dir=None):
+    """Turn a failed CRIU/runc command into the error an operator can act on: the cause and the kept log."""
+    kept, cause = keep_log(log_path, kind, name, log_dir)
+    detail = cause or (exc.result.get("stderr") or "").strip()[-300:] or "no error line in its log"
+    exc.msg = "%s: %s (CRIU log: %s)" % (exc.msg.split(":")[0], detail, kept or "not kept")
+    exc.result.update(criu_error=cause, criu_log=kept)
+    return exc
+
+
+class CriuCli:
+    def __init__(self, executable="criu", runner=None):
+        self.name = executable
+        self.executable = shutil.which(executable)
+        self.runner = runner or runner_mod.DEFAULT
+
+    def _argv(self, args):
+        if not self.executable:
+            raise ParameterError("criu: %r was not found on PATH; install CRIU >= %d.%d (see docs/troubleshooting.md)"
+                                 % ((self.name,) + MINIMUM_VERSION))
+        return [self.executable] + list(args)
+
+    def version(self):
+        """The installed version string (e.g. '4.2.1'), or None when CRIU is not installed."""
+        if not self.executable:
+            return None
+        rc, out, err = self.runner.run(self._argv(["--version"]), check=False, timeout=30)
+        parsed = parse_version(out + err)
+        return ".".join(str(p) for p in parsed) if parsed else None
+
+    def require(self):
+        """Fail clearly unless CRIU >= the minimum is installed and `criu check` passes."""
+        version = self.version()
+        parsed = parse_version("Version: %s" % version) if version else None
+        if parsed is None:
+            raise ParameterError("criu: not installed or not runnable; install CRIU >= %d.%d" % MINIMUM_VERSION)
+        if parsed[:2] < MINIMUM_VERSION:
+            raise ParameterError("criu: version %s is too old for this kernel; need >= %d.%d (see "
+                                 "docs/troubleshooting.md)" % ((version,) + MINIMUM_VERSION), criu_version=version)
+        rc, out, err = self.runner.run(self._argv(["check"]), check=False, timeout=60)
+        if rc != 0:
+            raise CommandError("criu check failed, so checkpoints cannot work on this host: %s"
+                               % (err or out).strip()[-2000:], cmd=self._argv(["check"]), rc=rc,
+                               stdout=out, stderr=err, criu_version=version)
+        return version
+
+    def dump(self, pid, image_dir, leave_running, timeout):
+        """Checkpoint a bare process tree (no container) into ``image_dir``."""
+        work = tempfile.mkdtemp(prefix="inferops-dump-")
+        argv = self._argv(["dump", "--tree", str(pid), "--images-dir", image_dir, "--work-dir", work,
+                           "--log-file", "dump.log", "-v4"] + list(PROCESS_OPTIONS)
+                          + (["--leave-running"] if leave_running else []))
+        try:
+            self.runner.run(argv, timeout=timeout, what="criu dump of pid %d" % pid)
+        except SnapshotError as exc:
+            raise failure(exc, os.path.join(work, "dump.log"), "dump", "pid-%d" % pid)
+        finally:
+            remove_work_dir(work)
+
+    def restore_detached(self, images_dir, timeout, name="bare"):
+        """Restore a bare process tree from ``images_dir`` (with its recorded pids); return the restored root pid."""
+        work = tempfile.mkdtemp(prefix="inferops-restore-")
+        pidfile = os.path.join(work, "restored.pid")
+        argv = self._argv(["restore", "--images-dir", images_dir, "--work-dir", work, "--restore-detached",
+                           "--pidfile", pidfile, "--log-file", "restore.log", "-v4"] + list(PROCESS_OPTIONS))
+        try:
+            self.runner.run(argv, timeout=timeout, what="criu restore")
+            with open(pidfile) as handle:
+                return int(handle.read().strip())
+        except SnapshotError as exc:
+            raise failure(exc, os.path.join(work, "restore.log"), "restore", name)
+        finally:
+            remove_work_dir(work)
+
+
+# -- the one image we read: the process tree ---------------------------------------------------------
+
+def _varint(data, pos):
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint at byte %d" % pos)
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _pb_fields(message):
+    """(field number, wire type, value) of a protobuf message; enough of the wire format for pstree entries."""
+    pos = 0
+    while pos < len(message):
+        key, pos = _varint(message, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(message, pos)
+        elif wire == 2:
+            length, pos = _varint(message, pos)
+            value, pos = message[pos:pos + length], pos + length
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, pos = message[pos:pos + size], pos + size
+        else:
+            raise ValueError("unsupported protobuf wire type %d" % wire)
+        if pos > len(message):
+            raise ValueError("truncated protobuf field %d" % number)
+        yield number, wire, value
+
+
+def read_pstree(images_dir):
+    """The checkpointed process tree from CRIU's ``pstree.img``: [(pid, [thread ids])], root first.
+
+    A bare process is restored with these very pids and thread ids, so they must be free. Raises
+    ValueError (IOError/OSError when the file cannot be read) for an image this parser does not know.
+    """
+    with open(os.path.join(images_dir, PSTREE_IMAGE), "rb") as handle:
+        data = handle.read()
+    if len(data) < 8:
+        raise ValueError("%s is too short to be a CRIU image" % PSTREE_IMAGE)
+    first, second = struct.unpack_from("<II", data, 0)
+    magic, pos = (second, 8) if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else (first, 4)
+    if magic != PSTREE_MAGIC:
+        raise ValueError("%s has magic 0x%08x, not CRIU's pstree magic" % (PSTREE_IMAGE, magic))
+    tree = []
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError("%s is truncated" % PSTREE_IMAGE)
+        size = struct.unpack_from("<I", data, pos)[0]
+        message = data[pos + 4:pos + 4 + size]
+        if len(message) != size:
+            raise ValueError("%s is truncated" % PSTREE_IMAGE)
+        pos += 4 + size
+        pid, threads = None, []
+        for number, wire, value in _pb_fields(message):
+            if number == 1 and wire == 0:  # pstree_entry.pid
+                pid = value
+            elif number == 5 and wire == 0:  # pstree_entry.threads, one by one
+                threads.append(value)
+            elif number == 5 and wire == 2:  # ... or packed
+                offset = 0
+                while offset < len(value):
+                    tid, offset = _varint(value, offset)
+                    threads.append(tid)
+        if not pid:
+            raise ValueError("%s has an entry without a pid" % PSTREE_IMAGE)
+        tree.append((pid, threads))
+    if not tree:
+        raise ValueError("%s holds no process" % PSTREE_IMAGE)
+    return tree
+
+
+# -- work directories ------------------------------------------------------------------------------
+
+def mounts_below(path, mountinfo="/proc/self/mountinfo"):
+    """Mount points at or below ``path`` (a killed CRIU restore can leave its cgroup yard mounted)."""
+    prefix = path.rstrip("/") + "/"
+    found = []
+    with open(mountinfo) as handle:
+        for line in handle:
+            point = line.split()[4].replace("\\040", " ")
+            if point == path.rstrip("/") or point.startswith(prefix):
+                found.append(point)
+    return found
+
+
+def remove_work_dir(path):
+    """Remove a CRIU work directory, but never through a mount: rmtree there would delete host files."""
+    if mounts_below(path):
+        return False  # left in place; a later run or the operator unmounts it
+    shutil.rmtree(path, ignore_errors=True)
+    return True

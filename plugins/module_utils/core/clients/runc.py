@@ -1,0 +1,139 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one client for runc: the fast checkpoint path of the modules, and the calls the node's
+restore-on-create runtime makes with containerd's global options. PRIVATE to inferops.snapshot.
+
+No runc argv is built anywhere else. A failed checkpoint or restore keeps CRIU's log and names its
+first error line (clients/criu.py).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from .. import layout
+from ..errors import ParameterError, SnapshotError
+from . import criu as criu_client
+from . import runner as runner_mod
+
+# runc's global options that take a value (the subcommand is the first other non-option word).
+GLOBAL_WITH_VALUE = ("--root", "--log", "--log-format", "--criu", "--rootless")
+
+
+def split_argv(argv):
+    """(global options, subcommand, the subcommand's arguments) of a runc command line."""
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word in GLOBAL_WITH_VALUE:
+            index += 2
+        elif word.startswith("-"):
+            index += 1
+        else:
+            return list(argv[:index]), word, list(argv[index + 1:])
+    return list(argv), None, []
+
+
+def global_value(global_args, name, default=None):
+    for index, word in enumerate(global_args):
+        if word == name and index + 1 < len(global_args):
+            return global_args[index + 1]
+        if word.startswith(name + "="):
+            return word[len(name) + 1:]
+    return default
+
+
+def check_criu_config(path=layout.RUNC_CRIU_CONFIG):
+    """runc passes this file to CRIU on checkpoint and restore (``docker start --checkpoint`` too).
+
+    Without tcp-close a checkpoint taken while requests are in flight fails, or cannot be restored
+    through Docker, which offers no --tcp-established on restore. The snapshot_prereqs role writes it.
+    """
+    try:
+        with open(path) as handle:
+            present = set(line.strip() for line in handle)
+    except (IOError, OSError):
+        present = set()
+    missing = [option for option in layout.RUNC_CRIU_OPTIONS if option not in present]
+    if missing:
+        raise ParameterError(
+            "%s must contain the line(s) %s: requests in flight during a leave-running snapshot then stay with the "
+            "running process and are closed in the restored one (the snapshot_prereqs role and scripts/env/setup.sh "
+            "write it). See docs/troubleshooting.md" % (path, ", ".join("'%s'" % o for o in missing)),
+            runc_criu_config=path)
+
+
+class RuncCli:
+    def __init__(self, executable="runc", global_args=(), criu=None, runner=None):
+        self.executable = executable if os.path.isabs(executable) else (shutil.which(executable) or executable)
+        self.global_args = list(global_args)
+        if criu and global_value(self.global_args, "--criu") is None:
+            self.global_args += ["--criu", criu]
+        self.runner = runner or runner_mod.DEFAULT
+
+    @property
+    def root(self):
+        return global_value(self.global_args, "--root", "/run/runc")
+
+    def argv(self, *args):
+        return [self.executable] + self.global_args + [str(arg) for arg in args]
+
+    def version(self):
+        rc, out, err = self.runner.run(self.argv("--version"), check=False, timeout=30)
+        match = re.search(r"runc version (\S+)", out)
+        return match.group(1) if rc == 0 and match else None
+
+    def checkpoint(self, container_id, image_dir, leave_running, timeout, log_dir=None):
+        """CRIU checkpoint of a running container straight into ``image_dir`` (the fast path)."""
+        work = tempfile.mkdtemp(prefix="inferops-dump-")
+        args = ["checkpoint", "--image-path", image_dir, "--work-path", work, "--file-locks"]
+        if leave_running:
+            args.append("--leave-running")
+        try:
+            self.runner.run(self.argv(*(args + [container_id])), timeout=timeout,
+                            what="runc checkpoint of container %s" % container_id[:12])
+        except SnapshotError as exc:
+            raise criu_client.failure(exc, os.path.join(work, "dump.log"), "dump", container_id[:12], log_dir)
+        finally:
+            criu_client.remove_work_dir(work)
+
+    # -- the node runtime's calls: containerd's stdio is the container's, so they inherit it ------
+    def restore_argv(self, container_id, bundle, image_dir, work, pid_file, console_socket=None, no_pivot=False):
+        args = ["restore", "--detach", "--image-path", image_dir, "--work-path", work, "--bundle", bundle,
+                "--pid-file", pid_file, "--file-locks"]
+        if console_socket:
+            args += ["--console-socket", console_socket]
+        if no_pivot:
+            args.append("--no-pivot")
+        return self.argv(*(args + [container_id]))
+
+    def spawn(self, argv):
+        """Start runc with the caller's stdio (for a restore, CRIU hands it to the restored process's pipes)."""
+        return self.runner.spawn(argv, close_fds=False)
+
+    def call(self, *args, **popen):
+        """Run runc quietly with the caller's stdio unless redirected; returns its exit status (127: not run)."""
+        popen.setdefault("stdin", subprocess.DEVNULL)
+        popen.setdefault("stdout", subprocess.DEVNULL)
+        popen.setdefault("stderr", subprocess.DEVNULL)
+        try:
+            return subprocess.call(self.argv(*args), **popen)
+        except OSError:
+            return 127
+
+    def kill(self, container_id, signal_name="KILL"):
+        return self.call("kill", container_id, signal_name)
+
+    def delete(self, container_id, force=True):
+        return self.call("delete", *(["--force"] if force else []) + [container_id])
+
+    def exec_argv(self, args):
+        """The argv that hands a whole call (``args``, global options included) to the real runc."""
+        return [self.executable] + list(args)

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The process boundary: every external command of the collection runs through ``Runner``. PRIVATE.
+
+List argv only, never a shell; a wall-clock limit that kills the command's whole process group; and
+errors that carry the command, its exit status and the tail of its output -- with every secret the
+caller names (environment values given to ``docker create``, for instance) masked in all of them.
+Tests replace ``Runner`` at this boundary and nowhere else.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import signal
+import subprocess
+
+from ..errors import CommandError, SnapshotTimeout
+
+MASK = "********"
+OUTPUT_TAIL = 2000
+
+
+def mask(text, secrets):
+    """``text`` (a string or a list of strings) with each secret value replaced by MASK."""
+    if isinstance(text, (list, tuple)):
+        return [mask(item, secrets) for item in text]
+    if not text:
+        return text
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def tail(text, limit=OUTPUT_TAIL):
+    text = (text or "").strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class Runner:
+    """Runs commands; ``run`` returns (rc, stdout, stderr) as text and raises only where told to."""
+
+    def __init__(self, env=None):
+        self.env = env
+
+    def run(self, argv, timeout=None, data=None, check=True, what=None, secrets=(), env=None):
+        """Run ``argv``; with ``check`` a non-zero exit is a CommandError naming ``what`` (default: the command).
+
+        ``timeout`` (seconds): the command's process group is killed when it runs longer, and a
+        SnapshotTimeout is raised whatever ``check`` says.
+        """
+        argv = [str(arg) for arg in argv]
+        what = what or os.path.basename(argv[0])
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or self.env,
+                                    start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise CommandError("%s could not be started: %s" % (what, exc), cmd=mask(argv, secrets), rc=None)
+        try:
+            out, err = proc.communicate(data.encode() if isinstance(data, str) else data, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out, err = proc.communicate()
+            raise SnapshotTimeout("%s did not finish within %.0f s and was stopped" % (what, timeout),
+                                  cmd=mask(argv, secrets), rc=proc.returncode,
+                                  stdout=mask(tail(_text(out)), secrets), stderr=mask(tail(_text(err)), secrets))
+        out, err = _text(out), _text(err)
+        if check and proc.returncode != 0:
+            raise CommandError("%s failed (rc=%d): %s" % (what, proc.returncode, mask(tail(err or out, 500), secrets)),
+                               cmd=mask(argv, secrets), rc=proc.returncode, stdout=mask(tail(out), secrets),
+                               stderr=mask(tail(err), secrets))
+        return proc.returncode, out, err
+
+    def spawn(self, argv, **popen):
+        """Start ``argv`` and return the Popen object (for a process that must inherit stdio, or outlive us)."""
+        return subprocess.Popen([str(arg) for arg in argv], **popen)
+
+
+def kill_group(proc, grace=5.0):
+    """SIGTERM the process group of ``proc``, SIGKILL it after ``grace`` seconds, and reap ``proc``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _text(data):
+    return (data or b"").decode("utf-8", "replace")
+
+
+DEFAULT = Runner()

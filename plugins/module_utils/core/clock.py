@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Clocks, the stopwatch and the one waiter. PRIVATE to the inferops.snapshot collection.
+
+Standard library only: used by the modules, the node's restore-on-create runtime and the tests.
+Every duration is measured on the monotonic clock; wall-clock time only appears in records
+(``utc_now``). Every wait in the collection is ``wait_for``: a predicate, a deadline, an interval.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import datetime
+import time
+
+from .errors import SnapshotTimeout
+
+
+def utc_now():
+    """The time for records: ISO 8601, UTC, microseconds."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Stopwatch:
+    """Per-stage durations on a monotonic clock, reported as ``durations`` in results and records."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.started = clock()
+        self.durations = {}
+
+    def stage(self, name):
+        watch = self
+
+        class _Stage:
+            def __enter__(self):
+                self.started = watch.clock()
+                return self
+
+            def __exit__(self, *exc):
+                watch.durations[name] = round(watch.durations.get(name, 0.0) + watch.clock() - self.started, 6)
+                return False
+
+        return _Stage()
+
+    def elapsed(self):
+        return self.clock() - self.started
+
+    def total(self):
+        """Record and return the time since the stopwatch was made, as ``durations["total"]``."""
+        self.durations["total"] = round(self.elapsed(), 6)
+        return self.durations
+
+
+class Deadline:
+    """A point on the monotonic clock that several steps share (one timeout for a whole restore)."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        self.clock = clock
+        self.seconds = float(seconds)
+        self.at = clock() + self.seconds
+
+    def remaining(self, floor=0.0):
+        return max(floor, self.at - self.clock())
+
+    def expired(self):
+        return self.clock() >= self.at
+
+
+def wait_for(predicate, timeout, interval=0.1, what="the condition", clock=time.monotonic, sleep=time.sleep,
+             progress=None, progress_every=None):
+    """Call ``predicate()`` until it returns ``(True, state)``; return ``(state, elapsed)``.
+
+    ``predicate`` returns ``(done, state)``: ``state`` is whatever was last observed (an HTTP status,
+    a pod phase) and is put into the timeout error, so that an operator sees where it stood. It may
+    raise to end the wait at once (the process it waits for died). ``timeout`` is wall time on the
+    monotonic clock, not a number of attempts: a slow predicate does not stretch it past the
+    deadline by more than one call. ``progress(state, elapsed)`` is called at most every
+    ``progress_every`` seconds, for long waits.
+    """
+    started = clock()
+    deadline = started + float(timeout)
+    last_note = started
+    while True:
+        done, state = predicate()
+        now = clock()
+        if done:
+            return state, now - started
+        if now >= deadline:
+            raise SnapshotTimeout("%s did not happen within %.1f s (last: %s)" % (what, float(timeout), state),
+                                  last_state=state, elapsed=round(now - started, 3))
+        if progress is not None and progress_every is not None and now - last_note >= progress_every:
+            last_note = now
+            progress(state, now - started)
+        sleep(max(0.0, min(interval, deadline - now)))

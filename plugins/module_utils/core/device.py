@@ -1,0 +1,96 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The device (NPU) part of a snapshot. PRIVATE to the inferops.snapshot collection.
+
+The ACL runtime keeps a backup of device memory in the host memory of the inference process, so
+the bytes travel inside the host (CRIU) snapshot. What is written to disk here is the device
+part's metadata: which process and devices, which runtime version, how much device memory.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+
+from . import layout, paths, schema
+from .agent import protocol
+from .clients.control import AgentSocketClient
+from .clock import Deadline, utc_now
+from .errors import RuntimeRefusedError
+
+RUNTIME_NAME = "ascend-acl"
+
+
+def device_part_path(directory):
+    return os.path.join(directory, layout.DEVICE_PART)
+
+
+def build_device_part(reply, identity=None, durations=None):
+    part = {
+        "schema_version": 1,
+        "pid": reply["pid"],
+        "state": protocol.STATE_BACKED_UP,
+        "devices": list(reply.get("devices") or []),
+        "runtime": {"name": RUNTIME_NAME, "version": reply.get("runtime_version")},
+        "device_memory_bytes": (reply.get("engine") or {}).get("device_memory_bytes"),
+        "created_at": utc_now(),
+        "durations": dict(durations or {}),
+        "note": "device memory is held in the process's host memory and travels in the host snapshot",
+    }
+    if identity:
+        part["identity"] = identity
+    schema.validate("manifest", part, "device part", definition="device_part")
+    return part
+
+
+def read_device_part(directory):
+    try:
+        with open(device_part_path(directory)) as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def write_device_part(staging_dir, part):
+    """Write device.json into the snapshot's staging directory (0700 dirs, 0600 file, atomic)."""
+    paths.ensure_dir(staging_dir)
+    paths.ensure_dir(os.path.join(staging_dir, layout.DEVICE_DIR))
+    target = device_part_path(staging_dir)
+    paths.write_file_atomic(target, (json.dumps(part, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    return target
+
+
+def resume(client, timeout, restore=True):
+    """Bring a locked or backed-up process back to RUNNING with its device memory intact.
+
+    BACKED_UP: RESTORE (copies the backup back onto the device) then UNLOCK. LOCKED: UNLOCK.
+    RUNNING: nothing. Returns (actions, last reply).
+    """
+    reply = client.request(protocol.OP_STATE, timeout)
+    actions = []
+    if reply["state"] == protocol.STATE_BACKED_UP and restore:
+        reply = client.request(protocol.OP_RESTORE, timeout)
+        actions.append(protocol.OP_RESTORE)
+    if reply["state"] in (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP):
+        reply = client.request(protocol.OP_UNLOCK, timeout)
+        actions.append(protocol.OP_UNLOCK)
+    return actions, reply
+
+
+def resume_process(pid, socket_dir, timeout, gone=None):
+    """Restore and unlock the device state of a restored process through its agent; it must end RUNNING.
+
+    The agent's listening socket comes back with the restored process: wait for it first. Returns the
+    actions taken. ``gone()`` says whether the process died meanwhile (the wait then ends at once).
+    """
+    deadline = Deadline(timeout)
+    client = AgentSocketClient.for_pid(pid, socket_dir)
+    client.wait_listening(deadline.remaining(0.1), gone=gone)
+    actions, reply = resume(client, deadline.remaining(1.0))
+    if reply.get("state") != protocol.STATE_RUNNING:
+        raise RuntimeRefusedError("the process is %s after %s, not RUNNING" % (reply.get("state"), actions),
+                                  state=reply.get("state"))
+    return actions

@@ -1,0 +1,225 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host part of a generation: checkpoint, seal, publish, status. PRIVATE to inferops.snapshot.
+
+What ``host_checkpoint`` does: check the host and the target (CRIU, the daemon, the device part of
+the staging directory), checkpoint the container (runc, the fast path; or ``docker checkpoint``) or
+the bare process (CRIU) into the staging directory, seal it (seal.py) and publish it by one rename,
+within one deadline. Any failure removes what this run wrote and records ``failed`` with the reason.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+from . import container as container_record
+from . import device, layout, manifest, paths, seal, status
+from .agent import protocol
+from .clients.control import AgentSocketClient
+from .clients.criu import CriuCli
+from .clients.docker import DockerCli
+from .clients.runc import RuncCli, check_criu_config
+from .clock import Deadline, Stopwatch, utc_now
+from .errors import ParameterError, RuntimeRefusedError, SnapshotError, SnapshotTimeout
+
+
+class Progress:
+    """Progress of a long step, as lines (returned as ``progress``, shown by the roles at -v) and to ``log``."""
+
+    def __init__(self, what, log=None, every_seconds=2.0, watch=None):
+        self.what, self.log, self.every = what, log, every_seconds
+        self.watch = watch or Stopwatch()
+        self.lines = []
+        self._last = None
+
+    def note(self, text, force=False):
+        now = self.watch.elapsed()
+        if force or self._last is None or now - self._last >= self.every:
+            self._last = now
+            self._add("%s: %s (%.1f s)" % (self.what, text, now))
+
+    def final(self, text):
+        self._add("%s: %s (%.1f s)" % (self.what, text, self.watch.elapsed()))
+
+    def bytes_done(self, done_bytes, done_files):
+        self.note("%d files, %.1f MiB hashed" % (done_files, done_bytes / 1048576.0))
+
+    def _add(self, line):
+        self.lines.append(line)
+        if self.log:
+            self.log(line)
+
+
+class Checkpointer:
+    def __init__(self, params, log=None):
+        self.params = params
+        self.watch = Stopwatch()
+        self.deadline = Deadline(params["timeout"])
+        self.snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
+        self.staging_dir = layout.staging_dir(self.snapshot_dir)
+        paths.validate_snapshot_dir(self.staging_dir, field="snapshot_dir (staging sibling)")
+        self.identity = paths.check_identity(params["identity"], self.snapshot_dir)
+        self.progress = Progress("host_checkpoint %s" % self.snapshot_dir, log, watch=self.watch)
+        self.versions = {}
+        self.info = None
+        self.pid = None
+        self.device_part = None
+        self.follower = None
+        self.docker = DockerCli(params["docker_cli"])
+        self.criu = CriuCli()
+        self.runc = RuncCli(global_args=["--root", params["runc_root"]])
+
+    def remaining(self, stage):
+        if self.deadline.expired():
+            raise SnapshotTimeout("generation ran past its timeout of %.0f s before %s" % (self.params["timeout"], stage))
+        return self.deadline.remaining()
+
+    def preflight(self):
+        params = self.params
+        self.versions["criu"] = self.criu.require()
+        if params["engine"] == "docker":
+            if not params["container"]:
+                raise ParameterError("container: required with engine=docker")
+            self.versions["docker"], experimental = self.docker.server_info()
+            if params["method"] == "docker" and not experimental:
+                raise ParameterError("method=docker needs the Docker daemon in experimental mode: set "
+                                     "\"experimental\": true in /etc/docker/daemon.json and restart dockerd, "
+                                     "or use method=runc")
+            if params["method"] == "runc":
+                check_criu_config()
+            self.info = self.docker.inspect_container(params["container"])
+            self.pid = self.docker.running_pid(params["container"])
+            self.versions["runc"] = self.runc.version()
+        else:
+            if not params["pid"]:
+                raise ParameterError("pid: required with engine=criu")
+            self.pid = params["pid"]
+            if not os.path.exists("/proc/%d" % self.pid):
+                raise ParameterError("pid: process %d does not exist" % self.pid)
+        self.device_part = device.read_device_part(self.staging_dir)
+        if params["require_device_part"]:
+            self._check_device_part()
+        self.versions["runtime"] = (self.device_part or {}).get("runtime", {}).get("version")
+
+    def _check_device_part(self):
+        if self.device_part is None:
+            raise RuntimeRefusedError(
+                "no device part at %s: back up the NPU state first with inferops.snapshot.npu_snapshot_backup "
+                "(same snapshot_dir), or set require_device_part=false for a process without an NPU"
+                % device.device_part_path(self.staging_dir))
+        reply = AgentSocketClient.for_pid(self.pid, self.params["agent_socket_dir"]).request(protocol.OP_STATE, 30)
+        if reply["state"] != protocol.STATE_BACKED_UP:
+            raise RuntimeRefusedError(
+                "the process is %s, not BACKED_UP: its device memory would not be in the checkpoint. Run "
+                "inferops.snapshot.npu_snapshot_backup first" % reply["state"], state=reply["state"])
+        if reply["pid"] != self.device_part.get("pid"):
+            raise RuntimeRefusedError(
+                "the device part in %s was recorded for pid %s, but the target process is pid %s: it belongs to "
+                "another process; take the device snapshot again" % (self.staging_dir, self.device_part.get("pid"),
+                                                                     reply["pid"]))
+
+    def checkpoint(self):
+        params = self.params
+        image_dir = os.path.join(self.staging_dir, layout.IMAGES_DIR)
+        if os.path.lexists(image_dir):
+            paths.remove_tree(image_dir)  # a leftover of an interrupted run: never mix two checkpoints
+        paths.ensure_dir(os.path.dirname(image_dir))
+        seconds = self.remaining("the checkpoint")
+        if params["engine"] == "criu" or params["method"] == "runc":
+            paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
+        if params["hash_during_checkpoint"]:
+            self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
+        try:
+            if params["engine"] == "docker":
+                if params["method"] == "runc":
+                    self.runc.checkpoint(self.info["Id"], image_dir, params["leave_running"], seconds)
+                else:
+                    self.docker.checkpoint_create(self.info["Id"], os.path.dirname(image_dir),
+                                                  os.path.basename(image_dir), params["leave_running"], seconds)
+                container_record.write_container_record(self.staging_dir, self.info)
+            else:
+                self.criu.dump(self.pid, image_dir, params["leave_running"], seconds)
+        except Exception:
+            if self.follower:
+                self.follower.abort()
+                self.follower = None
+            raise
+
+    def fields(self):
+        image = None
+        if self.info is not None:
+            image = {"id": self.info["Image"], "name": (self.info.get("Config") or {}).get("Image")}
+        part = self.device_part or {}
+        fields = {
+            "identity": self.identity,
+            "created_at": utc_now(),
+            "image": image,
+            "engine": {"name": self.params["engine"], "version": self.versions.get("docker"),
+                       "criu_version": self.versions.get("criu"), "oci_runtime_version": self.versions.get("runc")},
+            "runtime": part.get("runtime") or {"name": device.RUNTIME_NAME, "version": None},
+            "devices": part.get("devices") or [],
+            "durations": dict(self.watch.durations),
+        }
+        if part:
+            fields["device"] = part
+        return fields
+
+    def run(self):
+        """The whole generation of the host part; returns the module's result."""
+        params = self.params
+        result = dict(snapshot_dir=self.snapshot_dir, durations=self.watch.durations, progress=self.progress.lines)
+        status.update(self.snapshot_dir, "generating", identity=self.identity)
+        try:
+            self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
+                               force=True)
+            with self.watch.stage("checkpoint"):
+                self.checkpoint()
+            self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
+            self.remaining("sealing")
+            with self.watch.stage("seal"):
+                known = self.follower.finish() if self.follower else {}
+                self.follower = None
+                document, fingerprint, hashing = seal.seal(self.staging_dir, self.fields(), workers=params["workers"],
+                                                          progress=self.progress.bytes_done, known=known)
+            self.remaining("publishing")
+            with self.watch.stage("publish"):
+                seal.publish(self.staging_dir, self.snapshot_dir)
+            self.progress.final("published %d bytes" % document["total_bytes"])
+        except Exception as exc:
+            if self.follower:
+                self.follower.abort()
+            seal.discard(self.staging_dir)
+            reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
+            status.update(self.snapshot_dir, "failed", reason=reason)
+            if not isinstance(exc, SnapshotError):
+                raise
+            exc.result.update(result, status="failed", cleaned=[self.staging_dir])
+            raise
+        self.watch.total()
+        status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"])
+        return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
+                    files=len(document["files"]), versions=self.versions, hashing=hashing,
+                    manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
+
+
+def host_checkpoint(params, check_mode=False, log=None):
+    """The result of a host_checkpoint task."""
+    if not params["timeout"] > 0:
+        raise ParameterError("timeout: must be a positive number of seconds, got %s" % params["timeout"], field="timeout")
+    job = Checkpointer(params, log)
+    result = dict(snapshot_dir=job.snapshot_dir, durations=job.watch.durations)
+    if os.path.lexists(job.snapshot_dir) and params["if_exists"] != "replace":
+        if params["if_exists"] == "fail":
+            raise ParameterError("snapshot_dir: a snapshot is already published at %s (if_exists=fail); use "
+                                 "if_exists=replace to take a new one" % job.snapshot_dir, **result)
+        record = status.read(job.snapshot_dir) or {}
+        return dict(result, changed=False, status=record.get("status", "completed"), checksum=record.get("checksum"),
+                    msg="a snapshot is already published at %s; kept (if_exists=keep)" % job.snapshot_dir)
+    with job.watch.stage("preflight"):
+        job.preflight()
+    if check_mode:
+        return dict(result, changed=True, status="completed", versions=job.versions)
+    return job.run()

@@ -1,0 +1,138 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one home of every name the collection's programs agree on. PRIVATE to inferops.snapshot.
+
+What a snapshot directory holds and where its records live, the environment variables and
+annotations the engine, the node's runtime and Kubernetes read, and the defaults of the paths they
+share. Everything else imports these names from here (the agent's own names live in
+``agent/protocol.py``, since the agent is copied into images without the rest). The JSON documents
+themselves have schemas in ``schemas/``: manifest, metadata file, status record, snapshot config.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+from .agent import protocol
+
+# -- a snapshot directory: <root>/<namespace>/<service>/<instance>/<pod>/ -----------------------------
+IDENTITY_KEYS = ("namespace", "service", "instance", "pod")
+MANIFEST = "manifest.json"            # schemas/manifest.schema.json
+CHECKSUMS = "checksum.sha256"         # `sha256sum -c` format, the manifest included, in canonical form
+HOST_DIR = "host"
+IMAGES_DIR = "host/criu"              # the CRIU images
+CONTAINER_RECORD = "host/container.json"  # what `docker inspect` said, enough to recreate the container
+CHUNK_INDEX = "host/chunks.json"      # per-chunk digests of the big images, listed in checksum.sha256
+DEVICE_DIR = "device"
+DEVICE_PART = "device/device.json"    # the device part (schemas/manifest.schema.json#/$defs/device_part)
+IMAGES_INVENTORY = "inventory.img"    # CRIU writes it last: a directory without it holds no checkpoint
+# Beside the snapshot directory, in its parent (so that they survive its removal):
+STAGING_SUFFIX = ".partial"           # .<pod>.partial: a generation being assembled, published by rename
+STATUS_SUFFIX = ".status.json"        # .<pod>.status.json: the status record (schemas/status.schema.json)
+OLD_INFIX = ".old."                   # .<pod>.old.<pid>: the previous snapshot while a new one is published
+
+
+def snapshot_dir(root, identity):
+    return os.path.join(root, *[identity[key] for key in IDENTITY_KEYS])
+
+
+def identity_string(identity):
+    return "/".join(str(identity.get(key) or "?") for key in IDENTITY_KEYS)
+
+
+def _sibling(snapshot_dir_, suffix):
+    parent, name = os.path.split(snapshot_dir_.rstrip("/"))
+    return os.path.join(parent, "." + name + suffix)
+
+
+def staging_dir(snapshot_dir_):
+    return _sibling(snapshot_dir_, STAGING_SUFFIX)
+
+
+def status_path(snapshot_dir_):
+    return _sibling(snapshot_dir_, STATUS_SUFFIX)
+
+
+def old_dir(snapshot_dir_, pid):
+    return _sibling(snapshot_dir_, "%s%d" % (OLD_INFIX, pid))
+
+
+def images_dir(snapshot_dir_):
+    return os.path.join(snapshot_dir_, IMAGES_DIR)
+
+
+# -- what the engine reads ---------------------------------------------------------------------------
+ENV_NPU_SNAPSHOT_PATH = "VLLM_NPU_SNAPSHOT_PATH"   # the engine takes the device snapshot itself after warmup
+ENV_METADATA_FILE = "INFEROPS_METADATA_FILE"       # where it reads its new environment after a restore
+ENV_AGENT_SOCKET_DIR = protocol.SOCKET_DIR_ENV     # where its agent listens
+DEFAULT_METADATA_FILE = "/run/inferops-snapshot/metadata.json"   # schemas/metadata.schema.json
+DEFAULT_AGENT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
+
+# -- what the restore-on-create runtime reads from a container's OCI config -----------------------
+# (setting, annotation, environment variable): the annotation wins when both are set, since
+# orchestrators set annotations and image authors set env.
+ANNOTATION_RESTORE_FROM = "org.inferops.restore-from"
+ENV_RESTORE_FROM = "INFEROPS_RESTORE_FROM"
+RESTORE_REQUEST_KEYS = (
+    ("snapshot", ANNOTATION_RESTORE_FROM, ENV_RESTORE_FROM),
+    ("timeout", "org.inferops.restore-timeout", "INFEROPS_RESTORE_TIMEOUT"),
+    ("policy", "org.inferops.restore-policy", "INFEROPS_RESTORE_POLICY"),
+    ("identity", "org.inferops.restore-identity", "INFEROPS_RESTORE_IDENTITY"),
+    ("device", "org.inferops.restore-device", "INFEROPS_RESTORE_DEVICE"),
+    ("runtime_version", "org.inferops.restore-runtime-version", "INFEROPS_RESTORE_RUNTIME_VERSION"),
+    ("image_id", "org.inferops.restore-image-id", None),
+    ("metadata_file", "org.inferops.metadata-file", ENV_METADATA_FILE),
+    ("agent_socket_dir", "org.inferops.agent-socket-dir", ENV_AGENT_SOCKET_DIR),
+)
+RESTORE_POLICIES = ("once", "always")
+
+# -- host paths and their defaults ------------------------------------------------------------------
+DEFAULT_SNAPSHOT_ROOT = "/var/lib/inferops/snapshots"
+DOCKER_ROOT = "/var/lib/docker"
+DOCKER_RUNC_ROOT = "/var/run/docker/runtime-runc/moby"
+RUNC_CRIU_CONFIG = "/etc/criu/runc.conf"          # runc passes it to CRIU on checkpoint and restore
+RUNC_CRIU_OPTIONS = ("tcp-close",)                # lines it must hold (see clients/runc.py)
+CRIU_LOG_DIR = "/var/log/inferops-snapshot/criu"   # logs of failed CRIU runs (clients/criu.py keep_log)
+RUNTIME_STATE_DIR = "/run/inferops-restore"
+RUNTIME_LOG = "/var/log/inferops-restore-runtime.log"
+RUNTIME_DEFAULTS = {                              # the node runtime's runtime.json (role snapshot_node)
+    "runc": "/usr/bin/runc",
+    "criu": None,                                 # runc's --criu; None: runc finds criu on its PATH
+    "state_dir": RUNTIME_STATE_DIR,
+    "log_file": RUNTIME_LOG,
+    "timeout": 60.0,
+    "policy": "once",
+    "snapshot_roots": [DEFAULT_SNAPSHOT_ROOT],
+    "docker_root": DOCKER_ROOT,
+    "min_size": 1024,
+    "device_restore": True,
+    "metadata_file": DEFAULT_METADATA_FILE,
+    "agent_socket_dir": DEFAULT_AGENT_SOCKET_DIR,
+    "criu_log_dir": CRIU_LOG_DIR,
+}
+
+# -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------
+K8S_SERVICE_LABEL = "inferops.org/service"
+K8S_INSTANCE_LABEL = "inferops.org/instance"
+K8S_HOSTNAME_LABEL = "kubernetes.io/hostname"
+K8S_RESTORE_GATE = "inferops.org/snapshot-restore"
+K8S_PREFIX = "snapshot.inferops.org/"
+K8S_ENABLED = K8S_PREFIX + "enabled"
+K8S_IDENTITY = K8S_PREFIX + "identity"
+K8S_NPU_PATH = K8S_PREFIX + "npu-path"
+K8S_HOST_PATH = K8S_PREFIX + "host-path"
+K8S_TIMEOUT = K8S_PREFIX + "timeout-seconds"
+K8S_STATUS = K8S_PREFIX + "status"
+K8S_REASON = K8S_PREFIX + "reason"
+K8S_CHECKSUM = K8S_PREFIX + "checksum"
+K8S_NODE = K8S_PREFIX + "node"
+K8S_RESTORE = K8S_PREFIX + "restore"
+K8S_RESTORE_REASON = K8S_PREFIX + "restore-reason"
+K8S_METADATA = K8S_PREFIX + "metadata"          # the new pod's view of the metadata document
+K8S_RECORD_PREFIX = "inferops-snapshot-"        # ConfigMap inferops-snapshot-<service>
+
+# -- the snapshot config (schemas/snapshot-config.schema.json) ---------------------------------------
+CONFIG_DEFAULTS = {"timeoutSeconds": 300, "minSizeBytes": 1024, "engine": "docker"}

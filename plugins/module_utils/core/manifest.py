@@ -1,0 +1,323 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Hashing, the checksum list and the verification of published snapshots. PRIVATE to inferops.snapshot.
+
+A published snapshot directory holds ``manifest.json`` (schemas/manifest.schema.json),
+``checksum.sha256`` (``sha256sum -c`` format, one line per file, the manifest included, sorted, in
+exactly the form ``format_checksums`` writes: any other byte is a reason to refuse it) and the
+device and host parts. Files larger than CHUNK_BYTES also get per-chunk digests in the chunk index
+``host/chunks.json`` (itself listed in ``checksum.sha256``), so verification hashes a multi-GB page
+image on all cores at once. Verification reads every byte exactly once. Sealing (writing them) is
+seal.py; the layout's names are layout.py.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import json
+import os
+import re
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import layout, schema
+from .clients.criu import major as criu_major
+
+MANIFEST = layout.MANIFEST
+CHECKSUMS = layout.CHECKSUMS
+CHUNK_INDEX = layout.CHUNK_INDEX
+# Files above this size get per-chunk digests in the chunk index, so that one big file is hashed on all cores.
+CHUNK_BYTES = 64 * 1024 * 1024
+CHUNK = 1024 * 1024
+_CHECKSUM_LINE = re.compile(r"^([0-9a-f]{64})  ([^\n]+)$")
+
+
+class ChecksumFormatError(ValueError):
+    pass
+
+
+def list_files(root):
+    """Relative paths of the regular files below ``root``, sorted; symlinks and specials refused."""
+    found = []
+    for directory, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise ValueError("%s is not a regular file or directory; a snapshot holds only plain files"
+                                 % os.path.relpath(full, root))
+        for name in sorted(files):
+            found.append(os.path.relpath(os.path.join(directory, name), root))
+    return found
+
+
+def _hash_range(path, offset=0, length=None):
+    """(bytes read, sha256) of ``length`` bytes of ``path`` from ``offset`` (to the end when None)."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead when cold
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        done = 0
+        while length is None or done < length:
+            want = CHUNK if length is None else min(CHUNK, length - done)
+            n = os.preadv(fd, [view[:want]], offset + done)
+            if not n:
+                break
+            digest.update(view[:n])  # hashlib releases the GIL: files and chunks hash in parallel threads
+            done += n
+    finally:
+        os.close(fd)
+    return done, digest.hexdigest()
+
+
+def hash_file(path):
+    """(size, sha256) of a whole file."""
+    return _hash_range(path)
+
+
+def hash_range(path, offset, length):
+    return _hash_range(path, offset, length)
+
+
+def fingerprint(directory):
+    """The snapshot's fingerprint: SHA-256 of its checksum.sha256 (what status records and annotations hold)."""
+    try:
+        return hash_file(os.path.join(directory, CHECKSUMS))[1]
+    except (IOError, OSError):
+        return None
+
+
+def hash_tree(root, whole, chunked=None, workers=None, progress=None):
+    """Hash files in parallel threads: ``whole`` relpaths as one stream each, ``chunked`` ({relpath:
+    chunk_bytes}) chunk by chunk, so that one big file is hashed on every core at once.
+
+    Returns (results {relpath: (size, sha256)} for ``whole``, chunks {relpath: [(length, sha256), ...]}
+    for ``chunked``, stats). ``progress(done_bytes, done_jobs)`` is called as jobs complete. A file in
+    both is read twice (sealing does that, from the page cache the checkpoint just filled); verification
+    reads every byte once.
+    """
+    chunked = chunked or {}
+    jobs = []
+    for rel in whole:
+        size = os.lstat(os.path.join(root, rel)).st_size
+        jobs.append((rel, None, 0, None, (1 if rel in chunked else 0, size)))
+    for rel, chunk_bytes in chunked.items():
+        size = os.lstat(os.path.join(root, rel)).st_size
+        for index, offset in enumerate(range(0, max(size, 1), chunk_bytes)):
+            length = min(chunk_bytes, size - offset)
+            jobs.append((rel, index, offset, length, (0, length)))
+    # Longest first (a whole-file digest of a chunked file is the one serial job): nothing long starts last.
+    jobs.sort(key=lambda job: job[4], reverse=True)
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    started = time.monotonic()
+    results, chunks, done_bytes = {}, {}, 0
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [(job, pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3])) for job in jobs]
+        for count, (job, future) in enumerate(futures, 1):
+            got = future.result()
+            if job[1] is None:
+                results[job[0]] = got
+            else:
+                chunks.setdefault(job[0], {})[job[1]] = got
+            done_bytes += got[0]
+            if progress:
+                progress(done_bytes, count)
+    chunks = dict((rel, [parts[i] for i in sorted(parts)]) for rel, parts in chunks.items())
+    elapsed = time.monotonic() - started
+    stats = {"bytes": done_bytes, "files": len(set(results) | set(chunks)), "chunks": sum(len(c) for c in chunks.values()),
+             "seconds": round(elapsed, 6), "workers": workers,
+             "throughput_mb_s": round(done_bytes / 1e6 / elapsed, 1) if elapsed > 0 else None}
+    return results, chunks, stats
+
+
+def hash_files(root, relpaths, workers=None, progress=None):
+    """{relpath: (size, sha256)} hashing whole files in parallel, each read once. Returns (hashes, stats)."""
+    results, _chunks, stats = hash_tree(root, relpaths, None, workers, progress)
+    return results, stats
+
+
+def _chunk_plan(index_data, listed):
+    """{relpath: entry} of the files the (already verified) chunk index lets us check chunk by chunk.
+
+    A file is checked by chunks only when the index agrees with checksum.sha256 about its digest and
+    the chunk list covers its recorded size; any other file is hashed whole, as without an index.
+    """
+    try:
+        index = json.loads(index_data.decode("utf-8"))
+        chunk_bytes = int(index["chunk_bytes"])
+        entries = index["files"]
+        if chunk_bytes <= 0 or not isinstance(entries, dict):
+            return {}, None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}, None
+    plan = {}
+    for rel, entry in entries.items():
+        try:
+            size, chunks = int(entry["size"]), list(entry["chunks"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if rel in listed and entry.get("sha256") == listed[rel] and size > 0 and len(chunks) == (size + chunk_bytes - 1) // chunk_bytes:
+            plan[rel] = dict(size=size, chunks=chunks)
+    return plan, chunk_bytes
+
+
+def format_checksums(hashes):
+    return "".join("%s  %s\n" % (hashes[rel][1], rel) for rel in sorted(hashes))
+
+
+def parse_checksums(text):
+    """{relpath: sha256} from checksum.sha256; anything but the canonical form raises ChecksumFormatError.
+
+    Canonical: the bytes ``format_checksums`` writes for these entries (sorted, two spaces, one LF
+    per line, nothing else). A list that says the same thing in other bytes was not written by us.
+    """
+    entries = {}
+    if not text.endswith("\n") or "\r" in text:
+        raise ChecksumFormatError("not in canonical form (every line ends with one LF, no CR)")
+    for number, line in enumerate(text[:-1].split("\n"), 1):
+        match = _CHECKSUM_LINE.match(line)
+        if not match:
+            raise ChecksumFormatError("line %d is not '<sha256>  <path>'" % number)
+        digest, rel = match.groups()
+        if rel.startswith("/") or ".." in rel.split("/") or rel in entries:
+            raise ChecksumFormatError("line %d names an absolute, parent or repeated path %r" % (number, rel))
+        entries[rel] = digest
+    if format_checksums(dict((rel, (None, digest)) for rel, digest in entries.items())) != text:
+        raise ChecksumFormatError("not in canonical form (sorted '<sha256>  <path>' lines)")
+    return entries
+
+
+def manifest_files(hashes, exclude=(MANIFEST, CHECKSUMS)):
+    files = [{"path": rel, "size": hashes[rel][0], "sha256": hashes[rel][1]} for rel in sorted(hashes)
+             if rel not in exclude]
+    return files, sum(item["size"] for item in files)
+
+
+def load_manifest(directory):
+    with open(os.path.join(directory, MANIFEST)) as handle:
+        return json.load(handle)
+
+
+def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True):
+    """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
+
+    ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
+    the restore would run with. A key whose value is None is not checked.
+
+    ``hash_files=False`` checks everything but the content of the files other than the manifest
+    (listing, sizes, manifest, identity, versions): for a caller whose next step hands the
+    snapshot to a component that hashes every file right before it uses them, so that no file is
+    read twice. ``details["checksums"]`` says which was done.
+    """
+    expect = expect or {}
+    reasons = []
+    details = {"path": directory, "bytes": 0, "files": 0, "hashing": None, "manifest": None}
+    if not os.path.isdir(directory):
+        return False, ["missing: no snapshot at %s" % directory], details
+    for name in (MANIFEST, CHECKSUMS):
+        if not os.path.isfile(os.path.join(directory, name)):
+            reasons.append("incomplete: %s is missing" % name)
+    if reasons:
+        return False, reasons, details
+
+    try:
+        with open(os.path.join(directory, CHECKSUMS)) as handle:
+            listed = parse_checksums(handle.read())
+    except (ChecksumFormatError, UnicodeDecodeError) as exc:
+        return False, ["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)], details
+    try:
+        present = set(list_files(directory)) - {CHECKSUMS}
+    except ValueError as exc:
+        return False, ["unsafe_file: %s" % exc], details
+    for rel in sorted(set(listed) - present):
+        reasons.append("file_missing: %s is listed in %s but absent" % (rel, CHECKSUMS))
+    for rel in sorted(present - set(listed)):
+        reasons.append("file_unlisted: %s is not covered by %s" % (rel, CHECKSUMS))
+
+    to_hash = sorted(set(listed) & present)
+    hashes, plan, chunk_bytes = {}, {}, None
+    details["checksums"] = "verified" if hash_files else "sizes only"
+    if not hash_files:
+        # Taken as listed; a file whose size differs from the manifest's record is still caught below.
+        hashes.update((rel, (os.lstat(os.path.join(directory, rel)).st_size, listed[rel]))
+                      for rel in to_hash if rel != MANIFEST)
+    if CHUNK_INDEX in to_hash and hash_files:
+        # Read once: hash these bytes and, if they are the listed ones, plan the chunked checks from them.
+        with open(os.path.join(directory, CHUNK_INDEX), "rb") as handle:
+            index_data = handle.read()
+        hashes[CHUNK_INDEX] = (len(index_data), hashlib.sha256(index_data).hexdigest())
+        if hashes[CHUNK_INDEX][1] == listed[CHUNK_INDEX]:
+            plan, chunk_bytes = _chunk_plan(index_data, listed)
+    chunked = {}
+    for rel, entry in plan.items():
+        if rel not in to_hash:
+            continue
+        size = os.lstat(os.path.join(directory, rel)).st_size
+        if size != entry["size"]:
+            hashes[rel] = (size, None)  # truncated or grown: no need to read it to know
+        else:
+            chunked[rel] = chunk_bytes
+    whole = [rel for rel in to_hash if rel not in hashes and rel not in chunked]
+    whole_hashes, chunk_hashes, stats = hash_tree(directory, whole, chunked, workers=workers, progress=progress)
+    hashes.update(whole_hashes)
+    for rel in chunked:
+        good = [digest for _length, digest in chunk_hashes[rel]] == plan[rel]["chunks"]
+        hashes[rel] = (plan[rel]["size"], listed[rel] if good else None)
+    stats["chunked_files"] = len(chunked)
+    details["hashing"] = stats
+    details["files"] = len(hashes)
+    details["bytes"] = sum(size for size, _digest in hashes.values())
+    corrupted = set(rel for rel in to_hash if hashes[rel][1] != listed[rel])
+    reasons.extend("checksum_mismatch: %s" % rel for rel in sorted(corrupted))
+
+    manifest = None
+    if MANIFEST in hashes:
+        try:
+            manifest = load_manifest(directory)
+        except ValueError as exc:
+            reasons.append("manifest_invalid: %s is not JSON: %s" % (MANIFEST, exc))
+    if manifest is not None:
+        problems = schema.errors("manifest", manifest)
+        reasons.extend("manifest_invalid: %s" % problem for problem in problems[:5])
+        if not problems:
+            details["manifest"] = manifest
+            reasons.extend(_compare(manifest, hashes, expect, corrupted))
+    if details["bytes"] < min_size:
+        reasons.append("too_small: %d bytes in total, below the minimum of %d" % (details["bytes"], min_size))
+    return not reasons, reasons, details
+
+
+def _compare(manifest, hashes, expect, already_reported):
+    reasons = []
+    for item in manifest["files"]:
+        got = hashes.get(item["path"])
+        if got is not None and item["path"] not in already_reported and (got[0] != item["size"] or got[1] != item["sha256"]):
+            reasons.append("manifest_mismatch: %s differs from the manifest's record" % item["path"])
+    if expect.get("identity") is not None and manifest["identity"] != expect["identity"]:
+        reasons.append("identity_mismatch: snapshot belongs to %s, not %s"
+                       % (_identity_str(manifest["identity"]), _identity_str(expect["identity"])))
+    image = (manifest.get("image") or {}).get("id")
+    if expect.get("image_id") is not None and image != expect["image_id"]:
+        reasons.append("image_mismatch: snapshot was taken from image %s, the container would run %s"
+                       % (image, expect["image_id"]))
+    wanted_criu = criu_major(expect.get("criu_version"))
+    taken_criu = criu_major(manifest["engine"].get("criu_version"))
+    if wanted_criu is not None and taken_criu != wanted_criu:
+        reasons.append("criu_mismatch: snapshot was taken with CRIU %s, this host has %s"
+                       % (manifest["engine"].get("criu_version"), expect["criu_version"]))
+    if expect.get("runtime_version") is not None and manifest["runtime"]["version"] != expect["runtime_version"]:
+        reasons.append("runtime_mismatch: snapshot was taken with ACL runtime %s, the engine would load %s"
+                       % (manifest["runtime"]["version"], expect["runtime_version"]))
+    return reasons
+
+
+def _identity_str(identity):
+    return "/".join(identity[key] for key in ("namespace", "service", "instance", "pod"))

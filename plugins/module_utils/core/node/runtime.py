@@ -1,0 +1,381 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Restore-on-create OCI runtime: the restore path. PRIVATE to the inferops.snapshot collection.
+
+Docker and containerd call the runtime shim that the ``snapshot_node`` role installs
+(``roles/snapshot_node/templates/inferops-restore-runtime.sh.j2``) exactly as they call runc. The
+shim hands every call straight to runc except three, which come here (``main``):
+
+``create`` of a container whose OCI config asks for a restore
+    (annotation ``org.inferops.restore-from`` or env ``INFEROPS_RESTORE_FROM``): the restore pipeline
+    (core/restore/pipeline.py) with the on-create driver (core/restore/on_create.py) -- the same
+    verification as every other path, ``runc restore --detach`` within a time limit, the metadata
+    file with the new environment, the device state through the agent inside the restored process.
+    Anything wrong: what was done is undone and the call becomes ``exec runc create`` (a cold start),
+    with the reason in the log and in the snapshot's status record.
+``start`` of a container restored on create
+    the process already runs: nothing to do.
+``delete`` of a container this runtime holds state for
+    runc delete, then drop that state (never through a mount).
+
+Nothing here may write to stdout or stderr: those are the container's stdio pipes. Every attempt
+appends one JSON line to the runtime's log; errors are logged, never raised to the caller.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import re
+import subprocess
+import time
+import traceback
+
+from .. import layout, paths, proc
+from ..clients import criu as criu_client
+from ..clients.criu import CriuCli
+from ..clients.docker import env_dict
+from ..clients.runc import RuncCli, split_argv
+from ..clock import utc_now
+from ..restore import pipeline
+from ..restore.on_create import OnCreate
+from ..restore.pipeline import Fallback  # noqa: F401  (part of this module's interface for its callers)
+
+# Node settings (the role writes them to runtime.json; see roles/snapshot_node/defaults/main.yml).
+DEFAULTS = layout.RUNTIME_DEFAULTS
+REQUEST_KEYS = layout.RESTORE_REQUEST_KEYS
+POLICIES = layout.RESTORE_POLICIES
+ONCE_DIR = "restored-once"     # <state_dir>/restored-once/<id>: this container id was restored once
+RESTORED_FILE = "restored"     # <state_dir>/<id>/restored: the next `start` is a no-op
+ONCE_MARKER_DAYS = 30
+STOP_GRACE = 10.0
+# create options runc restore accepts as well, and which of them take a value.
+CREATE_VALUE_OPTIONS = ("--bundle", "-b", "--pid-file", "--console-socket", "--preserve-fds")
+CREATE_FLAGS = ("--no-pivot", "--no-new-keyring")
+
+
+def load_config(path):
+    """Node settings from ``path`` (JSON) over DEFAULTS; a missing file gives the defaults."""
+    config = dict(DEFAULTS)
+    if path:
+        try:
+            with open(path) as handle:
+                config.update(json.load(handle))
+        except (IOError, OSError):
+            pass
+    config["timeout"] = float(config["timeout"])
+    config["min_size"] = int(config["min_size"])
+    if isinstance(config["snapshot_roots"], str):
+        config["snapshot_roots"] = [config["snapshot_roots"]]
+    return config
+
+
+# -- argv ------------------------------------------------------------------------------------------
+
+def parse_create(args):
+    """Options of ``runc create``: dict with bundle, pid_file, console_socket, flags, unknown, id."""
+    parsed = {"bundle": None, "pid_file": None, "console_socket": None, "preserve_fds": None, "flags": [],
+              "unknown": [], "id": None}
+    names = {"--bundle": "bundle", "-b": "bundle", "--pid-file": "pid_file", "--console-socket": "console_socket",
+             "--preserve-fds": "preserve_fds"}
+    index = 0
+    while index < len(args):
+        word = args[index]
+        option, has_value, value = word.partition("=")
+        if word in CREATE_VALUE_OPTIONS and index + 1 < len(args):
+            parsed[names[word]] = args[index + 1]
+            index += 2
+            continue
+        if has_value and option in CREATE_VALUE_OPTIONS:
+            parsed[names[option]] = value
+        elif word in CREATE_FLAGS:
+            parsed["flags"].append(word)
+        elif word.startswith("-"):
+            parsed["unknown"].append(word)
+        else:
+            parsed["id"] = word
+        index += 1
+    return parsed
+
+
+# -- the container's request -------------------------------------------------------------------------
+
+def env_map(spec):
+    return env_dict((spec.get("process") or {}).get("env"))
+
+
+def asks_for_restore(spec):
+    annotations = spec.get("annotations") or {}
+    return bool(annotations.get(layout.ANNOTATION_RESTORE_FROM) or env_map(spec).get(layout.ENV_RESTORE_FROM))
+
+
+def _bool(text):
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false, got %r" % text)
+
+
+def restore_request(spec, config):
+    """What the container asks for, with the node's defaults filled in; None when it asks nothing.
+
+    Values that cannot be parsed are returned in ``problems``: the attempt then starts cold, as an
+    operator who asked for a check must not get a restore without it.
+    """
+    annotations = spec.get("annotations") or {}
+    env = env_map(spec)
+    raw = {}
+    for key, annotation, variable in REQUEST_KEYS:
+        if annotations.get(annotation) not in (None, ""):
+            raw[key] = annotations[annotation]
+        elif variable and env.get(variable) not in (None, ""):
+            raw[key] = env[variable]
+    if not raw.get("snapshot"):
+        return None
+    request = {"snapshot": raw["snapshot"], "timeout": config["timeout"], "policy": config["policy"],
+               "identity": None, "device": config["device_restore"], "runtime_version": raw.get("runtime_version"),
+               "image_id": raw.get("image_id"), "metadata_file": raw.get("metadata_file") or config["metadata_file"],
+               "agent_socket_dir": raw.get("agent_socket_dir") or config["agent_socket_dir"], "problems": [],
+               "annotated": sorted(key for key, annotation, _variable in REQUEST_KEYS if annotations.get(annotation))}
+    problems = request["problems"]
+    if "timeout" in raw:
+        try:
+            request["timeout"] = float(raw["timeout"])
+            if not 0 < request["timeout"] <= 3600:
+                raise ValueError
+        except ValueError:
+            problems.append("restore-timeout: %r is not a number of seconds in (0, 3600]" % raw["timeout"])
+    if "policy" in raw:
+        if raw["policy"] in POLICIES:
+            request["policy"] = raw["policy"]
+        else:
+            problems.append("restore-policy: %r is not one of %s" % (raw["policy"], ", ".join(POLICIES)))
+    if "device" in raw:
+        try:
+            request["device"] = _bool(raw["device"])
+        except ValueError as exc:
+            problems.append("restore-device: %s" % exc)
+    if "identity" in raw:
+        parts = raw["identity"].split("/")
+        if len(parts) == 4 and all(parts):
+            request["identity"] = dict(zip(("namespace", "service", "instance", "pod"), parts))
+        else:
+            problems.append("restore-identity: %r is not namespace/service/instance/pod" % raw["identity"])
+    for key in ("metadata_file", "agent_socket_dir"):
+        if not request[key].startswith("/") or ".." in request[key].split("/"):
+            problems.append("%s: %r must be an absolute path without '..'" % (key, request[key]))
+    return request
+
+
+# -- small helpers -----------------------------------------------------------------------------------
+
+class Log:
+    """One JSON object per line, appended to the runtime's log file (0600). Never raises."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def write(self, record):
+        try:
+            line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+            directory = os.path.dirname(self.path)
+            if directory and not os.path.isdir(directory):
+                paths.ensure_dir(directory)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except Exception:  # logging must never break a container start
+            pass
+
+    def event(self, event, **fields):
+        record = {"ts": utc_now(), "event": event, "pid": os.getpid()}
+        record.update(fields)
+        self.write(record)
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def docker_record(config, container_id):
+    """Name and image id of a Docker container from dockerd's own record (config.v2.json).
+
+    Read from disk: asking dockerd (docker inspect) from inside a runtime call would wait on the
+    container lock dockerd holds while it starts the container.
+    """
+    if not re.match(r"^[0-9a-f]{64}$", container_id or ""):
+        return {}
+    try:
+        record = read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
+    except (IOError, OSError, ValueError):
+        return {}
+    return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image")}
+
+
+# -- the runtime ----------------------------------------------------------------------------------
+
+class Runtime:
+    def __init__(self, config, argv, execv=os.execv, clock=time.monotonic):
+        self.config = config
+        self.argv = list(argv)
+        self.globals, self.command, self.args = split_argv(argv)
+        self.runc = RuncCli(config["runc"], self.globals, criu=config.get("criu"))
+        self.log = Log(config["log_file"])
+        self._execv = execv
+        self._clock = clock
+
+    def exec_runc(self):
+        argv = self.runc.exec_argv(self.argv)
+        self._execv(argv[0], argv)
+        return 127  # only reached when execv is replaced (tests)
+
+    def state_path(self, *parts):
+        return os.path.join(self.config["state_dir"], *parts)
+
+    # entry point -----------------------------------------------------------------------------------
+    def main(self):
+        try:
+            if self.command == "create":
+                return self.create()
+            if self.command == "start":
+                return self.start()
+            if self.command == "delete":
+                return self.delete()
+        except Exception:  # a bug here must never cost the container: log it, behave like runc
+            self.log.event("error", command=self.command, traceback=traceback.format_exc()[-4000:])
+        return self.exec_runc()
+
+    def start(self):
+        container_id = self.args[-1] if self.args else None
+        marker = self.state_path(container_id or "-", RESTORED_FILE)
+        if container_id and os.path.exists(marker):
+            os.unlink(marker)
+            self.log.event("start", container=container_id, action="noop: restored on create, already running")
+            return 0
+        return self.exec_runc()
+
+    def delete(self):
+        container_id = self.args[-1] if self.args else None
+        rc = self.runc.call("delete", *self.args, stdin=None, stdout=None, stderr=None)
+        if container_id and rc == 0:
+            self.drop_state(container_id)
+        return rc
+
+    def drop_state(self, container_id):
+        path = self.state_path(container_id)
+        if os.path.isdir(path) and not criu_client.remove_work_dir(path):
+            self.log.event("cleanup", container=container_id,
+                           action="left %s in place: mounts below it (%s)" % (path, criu_client.mounts_below(path)))
+
+    def restored_once(self, container_id):
+        self._prune()
+        return os.path.exists(self.state_path(ONCE_DIR, container_id))
+
+    # create ----------------------------------------------------------------------------------------
+    def create(self):
+        create = parse_create(self.args)
+        bundle = create["bundle"] or os.getcwd()
+        try:
+            spec = read_json(os.path.join(bundle, "config.json"))
+        except (IOError, OSError, ValueError):
+            return self.exec_runc()
+        request = restore_request(spec, self.config)
+        if request is None or not create["id"]:
+            return self.exec_runc()
+        container_id = create["id"]
+        driver = OnCreate(self, spec, bundle, create, request, docker_record(self.config, container_id),
+                          CriuCli(self.config["criu"] or "criu").version())
+        attempt = pipeline.Attempt(request["snapshot"], request["timeout"], device_restore=request["device"],
+                                   min_size=self.config["min_size"])
+        pipeline.run(driver, attempt)
+        record = {"event": "restore", "ts": utc_now(), "pid": os.getpid(), "container": container_id,
+                  "name": driver.docker.get("name"), "snapshot": request["snapshot"], "policy": request["policy"],
+                  "outcome": "restored" if attempt.restored else "cold", "reason": attempt.reason,
+                  "durations": attempt.watch.durations, "restored_pid": attempt.pid,
+                  "device_actions": attempt.device_actions, "verify": _verify_summary(attempt)}
+        record["verify"].update(image_checked=bool(request["image_id"] or driver.docker.get("image_id")),
+                                identity_checked=request["identity"] is not None)
+        if "record_error" in attempt.details:
+            record["record_error"] = attempt.details["record_error"]
+        self.log.write(record)
+        if not attempt.restored:
+            return self.exec_runc()
+        try:
+            paths.ensure_dir(self.state_path(container_id))
+            with open(self.state_path(container_id, RESTORED_FILE), "w"):
+                pass
+            if request["policy"] == "once":
+                paths.ensure_dir(self.state_path(ONCE_DIR))
+                with open(self.state_path(ONCE_DIR, container_id), "w") as handle:
+                    handle.write(utc_now() + "\n")
+        except (IOError, OSError, ValueError) as exc:  # without its markers `start` would run it twice: start cold
+            self.log.event("error", container=container_id, action="restored, but cannot record it: %s; "
+                           "undone, starting cold" % exc)
+            self.undo_restore(container_id)
+            return self.exec_runc()
+        return 0
+
+    def undo_restore(self, container_id):
+        """Remove a half-done or rejected restore so that `runc create` of the same id can follow."""
+        try:
+            state = read_json(os.path.join(self.runc.root, container_id, "state.json"))
+            pid = state.get("init_process_pid")
+        except (IOError, OSError, ValueError):
+            pid = None
+        if pid and proc.alive(pid):
+            self.runc.kill(container_id, "KILL")
+            try:
+                proc.wait_gone(pid, STOP_GRACE)
+            except Exception:  # still there: runc delete --force below kills it
+                pass
+        self.runc.delete(container_id, force=True)
+        work = self.state_path(container_id, "work")
+        runc_state = os.path.join(self.runc.root, container_id)
+        for base in (work, runc_state):
+            for point in sorted(criu_client.mounts_below(base), reverse=True):
+                rc = _umount_lazy(point)
+                self.log.event("cleanup", container=container_id, action="umount -l %s" % point, rc=rc)
+        if os.path.isdir(runc_state) and not os.path.exists(os.path.join(runc_state, "state.json")):
+            criu_client.remove_work_dir(runc_state)
+        if os.path.lexists(work) and not criu_client.remove_work_dir(work):
+            self.log.event("cleanup", container=container_id, action="left %s in place: mounts below it" % work)
+
+    def _prune(self):
+        """Forget once-markers older than ONCE_MARKER_DAYS."""
+        directory = self.state_path(ONCE_DIR)
+        try:
+            entries = [os.path.join(directory, name) for name in os.listdir(directory)]
+        except (IOError, OSError):
+            return
+        now = time.time()
+        for path in entries:
+            try:
+                if now - os.lstat(path).st_mtime > ONCE_MARKER_DAYS * 86400:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+def _umount_lazy(point):
+    return subprocess.call(["umount", "-l", point], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+
+
+def _verify_summary(attempt):
+    verdict = attempt.verdict or {}
+    return {"valid": verdict.get("valid"), "bytes": verdict.get("bytes"), "files": verdict.get("files"),
+            "throughput_mb_s": verdict.get("throughput_mb_s")}
+
+
+def main(argv, config_path=None):
+    """Run one runtime call (argv without the program name); returns the exit status."""
+    config = load_config(config_path)
+    return Runtime(config, argv).main()

@@ -1,0 +1,212 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Safe handling of snapshot paths. PRIVATE to the inferops.snapshot collection.
+
+Snapshots hold a process's whole memory, secrets included, and are restored as root: a path that
+an attacker can redirect (traversal, a symlink planted in a shared directory, a directory someone
+else owns) must never be written to or restored from. Directories are created 0700, files 0600,
+and a snapshot becomes visible only by one atomic rename of its staging directory.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import errno
+import os
+import shutil
+import stat
+
+from . import schema
+from .errors import ParameterError, UnsafePathError
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def _trusted_owner(uid):
+    return uid in (0, os.geteuid())
+
+
+def validate_snapshot_dir(path, field="snapshot_dir", root=None):
+    """Return the normalised absolute ``path`` or raise UnsafePathError naming ``field``.
+
+    Rules: absolute; no '..' component; inside ``root`` when given; no symlink in a directory that
+    someone other than root/us can write; the directory itself (when it exists) a real directory
+    owned by root or us and not writable by group or others.
+    """
+    if not isinstance(path, str) or not path:
+        raise UnsafePathError("%s: a non-empty absolute path is required" % field, path=path)
+    if "\x00" in path:
+        raise UnsafePathError("%s: the path contains a NUL byte" % field, path=path)
+    if not os.path.isabs(path):
+        raise UnsafePathError("%s: %r is relative; give an absolute path" % (field, path), path=path)
+    if ".." in path.split("/"):
+        raise UnsafePathError("%s: %r contains '..'; give the path without parent references" % (field, path),
+                              path=path)
+    normal = os.path.normpath(path)
+    if normal == "/":
+        raise UnsafePathError("%s: '/' cannot be a snapshot directory" % field, path=path)
+    if root is not None:
+        root_normal = os.path.normpath(root)
+        if os.path.commonpath([root_normal, normal]) != root_normal or normal == root_normal:
+            raise UnsafePathError("%s: %r is not below the snapshot root %r" % (field, path, root), path=path)
+
+    current = "/"
+    for part in normal.strip("/").split("/"):
+        parent, current = current, os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                break  # the rest will be created by us, 0700
+            raise UnsafePathError("%s: cannot inspect %r: %s" % (field, current, exc), path=path)
+        if stat.S_ISLNK(st.st_mode):
+            pst = os.stat(parent)
+            if current == normal or not _trusted_owner(pst.st_uid) or pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise UnsafePathError(
+                    "%s: %r is a symbolic link%s; refusing to follow it. Use the real path of a directory owned "
+                    "by root" % (field, current, "" if current == normal else " in a directory others can write"),
+                    path=path)
+        elif current == normal:
+            if not stat.S_ISDIR(st.st_mode):
+                raise UnsafePathError("%s: %r exists and is not a directory" % (field, normal), path=path)
+            if not _trusted_owner(st.st_uid):
+                raise UnsafePathError("%s: %r is owned by uid %d, not root; fix its owner or choose another path"
+                                      % (field, normal, st.st_uid), path=path)
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise UnsafePathError("%s: %r is writable by group or others (mode %o); chmod 0700 it"
+                                      % (field, normal, stat.S_IMODE(st.st_mode)), path=path)
+    return normal
+
+
+def check_identity(identity, snapshot_dir):
+    """The identity must be well-formed and the pod's name must be part of its snapshot path."""
+    if identity is None:
+        return None
+    schema.validate("manifest", identity, "identity", definition="identity")
+    if identity["pod"] not in snapshot_dir.split("/"):
+        raise ParameterError(
+            "snapshot_dir: %r does not contain the pod name %r; give each pod its own path, e.g. "
+            "<root>/%s/%s/%s/%s" % (snapshot_dir, identity["pod"], identity["namespace"], identity["service"],
+                                    identity["instance"], identity["pod"]), snapshot_dir=snapshot_dir)
+    return identity
+
+
+def ensure_dir(path, mode=DIR_MODE):
+    """Create ``path`` and missing parents with ``mode``; verify the leaf is a real directory."""
+    old_umask = os.umask(0o077)
+    try:
+        os.makedirs(path, mode=mode, exist_ok=True)
+    finally:
+        os.umask(old_umask)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError("%r is not a directory" % path, path=path)
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+    return path
+
+
+def write_file_atomic(path, data, mode=FILE_MODE):
+    """Write bytes to ``path`` through a temporary file and a rename, never following symlinks."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, ".%s.tmp.%d" % (name, os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def remove_tree(path):
+    """Remove a directory tree we created; symlinks inside are removed, never followed."""
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+# -- inside another root (a container's), never following a link it could plant -------------------
+
+def open_dirs_below(root_fd, parts, uid=None, gid=None, create=True):
+    """An fd of the directory ``parts`` below ``root_fd``, created 0700 (owned by uid/gid) where missing.
+
+    No symlink is followed at any step, so an image or a process cannot redirect the walk out of
+    its root.
+    """
+    if ".." in parts:
+        raise ValueError("bad path %r" % "/".join(parts))
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            try:
+                nxt = os.open(part, flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, DIR_MODE, dir_fd=fd)
+                nxt = os.open(part, flags, dir_fd=fd)
+                if uid is not None:
+                    os.fchown(nxt, uid, gid if gid is not None else -1)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _parts(inner_path):
+    parts = [part for part in inner_path.split("/") if part]
+    if not parts:
+        raise ValueError("bad path %r" % inner_path)
+    return parts
+
+
+def write_below(root_fd, inner_path, data, uid=None, gid=None):
+    """Write ``data`` (0600, owned by uid/gid) at ``inner_path`` below ``root_fd``: a temporary name, fsync, rename."""
+    parts = _parts(inner_path)
+    fd = open_dirs_below(root_fd, parts[:-1], uid, gid)
+    try:
+        name = parts[-1]
+        tmp = ".%s.tmp.%d" % (name, os.getpid())
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+            if uid is not None:
+                os.fchown(out, uid, gid if gid is not None else -1)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_below(root_fd, inner_path, limit):
+    """Up to ``limit`` bytes of the file at ``inner_path`` below ``root_fd``; None when it is not there."""
+    try:
+        parts = _parts(inner_path)
+        directory = open_dirs_below(root_fd, parts[:-1], create=False)
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        finally:
+            os.close(directory)
+        with os.fdopen(fd, "rb") as handle:
+            return handle.read(limit)
+    except (IOError, OSError, ValueError):
+        return None

@@ -1,0 +1,154 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Restore driver: a bare process tree (engine criu, no container). PRIVATE to the inferops.snapshot collection.
+
+A bare process comes back with its original pids, so they must be free; it keeps the environment
+it was checkpointed with, so its new environment goes to a metadata file on the host; and with no
+container to start cold, the fallback is an operator-given command started detached. What was
+started from a snapshot is in the status record (``last_restore``: pid and the kernel's start time
+of that pid), which is how a second run knows it is still running.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import subprocess
+
+from .. import layout, metadata, paths, proc, status
+from ..clients.criu import CriuCli, read_pstree
+from ..errors import CommandError, ParameterError
+from . import verify
+from .pipeline import Driver, Fallback
+
+ENGINE = "criu"
+PID_FREE_GRACE = 5.0   # a killed process may linger a moment as a zombie
+
+
+def pids_in_use(tree, proc_root="/proc"):
+    """'pid N (comm)' for each pid or thread id of the checkpointed tree that exists now (zombies too)."""
+    taken = []
+    for pid, threads in tree:
+        for number in [pid] + [tid for tid in threads if tid != pid]:
+            if proc.exists(number, proc_root):
+                taken.append("%d (%s)" % (number, proc.comm(number, proc_root) or "?"))
+    return taken
+
+
+def obstacle(snapshot_dir, proc_root="/proc"):
+    """(tree, why the verified snapshot cannot be restored on this host now, or None when it can)."""
+    try:
+        tree = read_pstree(layout.images_dir(snapshot_dir))
+    except (IOError, OSError, ValueError) as exc:
+        return None, "host_images_unreadable: %s" % exc
+    taken = pids_in_use(tree, proc_root)
+    if taken:
+        return tree, ("pid_in_use: CRIU restores the process tree with its recorded pids, and %s %s already in use "
+                      "on this host; stop that process first" % (", ".join(taken[:5]) + (" ..." if len(taken) > 5 else ""),
+                                                                 "is" if len(taken) == 1 else "are"))
+    return tree, None
+
+
+def running_from_snapshot(snapshot_dir, proc_root="/proc"):
+    """The ``last_restore`` entry of a bare process this collection started from the snapshot, if it still runs."""
+    last = (status.read(snapshot_dir) or {}).get("last_restore") or {}
+    if last.get("path") != ENGINE or not last.get("pid") or last.get("pid_start_time") is None:
+        return None
+    if not proc.alive(last["pid"], proc_root) or proc.start_time(last["pid"], proc_root) != last["pid_start_time"]:
+        return None
+    return last
+
+
+def start_detached(argv, env, log_path=None):
+    """Start ``argv`` in its own session, stdin from /dev/null, output to ``log_path`` or /dev/null.
+
+    Returns the Popen object; the process outlives the module (it is reparented when the module exits).
+    """
+    out = subprocess.DEVNULL
+    try:
+        if log_path:
+            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, paths.FILE_MODE)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd="/", close_fds=True, start_new_session=True)
+    except (IOError, OSError) as exc:
+        raise CommandError("cold_start: could not start %r: %s" % (argv[0], exc), cmd=list(argv))
+    finally:
+        if out is not subprocess.DEVNULL:
+            os.close(out)
+
+
+class BareProcess(Driver):
+    path = ENGINE
+    engine = ENGINE
+
+    def __init__(self, identity, env, metadata_path, agent_socket_dir, cold_start, cold_start_log=None,
+                 criu_version="auto", runtime_version=None, criu=None):
+        self.identity = identity
+        self.env = dict(env or {})
+        self.metadata_path = metadata_path
+        self.socket_dir = agent_socket_dir
+        self.cold_start_argv = cold_start
+        self.cold_start_log = cold_start_log
+        self.criu_version = criu_version
+        self.runtime_version = runtime_version
+        self.criu = criu or CriuCli()
+        self.cold_proc = None
+
+    def locate(self, attempt):
+        return paths.validate_snapshot_dir(attempt.requested)
+
+    def expectations(self, attempt):
+        return verify.expectations(self.identity, None, self.criu_version, self.runtime_version, criu=self.criu)
+
+    def check(self, attempt):
+        tree, why = obstacle(attempt.snapshot_dir)
+        if why and tree:  # a process just killed may still be a zombie for a moment
+            root = tree[0][0]
+            try:
+                proc.wait_gone(root, min(PID_FREE_GRACE, attempt.remaining()))
+            except Exception:  # still there: say which pids
+                pass
+            tree, why = obstacle(attempt.snapshot_dir)
+        if why:
+            raise Fallback(why)
+
+    def prepare(self, attempt):
+        doc = metadata.document(self.env, True, attempt.snapshot_dir, "snapshot_restore", engine=ENGINE)
+        metadata.write_host(self.metadata_path, doc)
+        attempt.details["metadata_env_keys"] = metadata.env_keys(doc)
+
+    def host_restore(self, attempt):
+        pid = self.criu.restore_detached(layout.images_dir(attempt.snapshot_dir), attempt.remaining(1.0),
+                                         name=self.identity["pod"])
+        attempt.pid_start_time = proc.start_time(pid)
+        return pid
+
+    def agent_socket_dir(self, attempt):
+        return self.socket_dir
+
+    def undo(self, attempt):
+        if attempt.pid:  # a half-restored process holds the pids and ports a cold start needs
+            proc.stop(attempt.pid, attempt.pid_start_time)
+
+    def cold_start(self, attempt):
+        if not self.cold_start_argv:
+            raise ParameterError("cold_start: %s cannot be restored (%s) and there is no cold_start command to start "
+                                 "the process normally; fix the reason or give cold_start"
+                                 % (attempt.snapshot_dir or attempt.requested, attempt.reason),
+                                 restored=False, reason=attempt.reason, verify=attempt.verdict)
+        doc = metadata.document(self.env, False, attempt.snapshot_dir, "snapshot_restore", attempt.reason,
+                                engine=ENGINE)
+        metadata.write_host(self.metadata_path, doc)
+        attempt.details["metadata_env_keys"] = metadata.env_keys(doc)
+        env = dict(os.environ)
+        env.update(self.env)
+        self.cold_proc = start_detached(self.cold_start_argv, env, self.cold_start_log)
+        attempt.pid = self.cold_proc.pid
+        attempt.pid_start_time = proc.start_time(attempt.pid)
+
+    def exited(self, attempt):
+        """Why the started process is gone (for the health wait), or None while it runs."""
+        code = self.cold_proc.poll() if self.cold_proc else (None if proc.alive(attempt.pid) else "gone")
+        return None if code is None else "process %d exited (%s)" % (attempt.pid, code)

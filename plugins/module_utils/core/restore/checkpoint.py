@@ -1,0 +1,153 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Restore driver: a Docker container through ``docker start --checkpoint``. PRIVATE to inferops.snapshot.
+
+The container is the recreated one (created, not started) or, when there is none, one created from
+the snapshot's container record. Docker restores only from ``<data root>/containers/<id>/checkpoints``
+(moby#37344), so the verified images are hard-linked there. Slower than the node runtime for big
+states (containerd uploads the checkpoint into its content store, docs/benchmarks.md), but needs
+nothing installed on the node.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import shutil
+import tempfile
+
+from .. import container as container_record
+from .. import layout, metadata, paths
+from ..errors import CommandError, ParameterError
+from . import verify
+from .containerd_leak import LeakGuard
+from .pipeline import Driver, Fallback
+
+CHECKPOINT_NAME = "inferops-restore"
+
+
+def place_checkpoint(snapshot_dir, container_id, name, docker_root):
+    """Put the verified CRIU images where `docker start --checkpoint NAME` looks for them.
+
+    Hard links when the snapshot and Docker's root share a filesystem (no copy of multi-GB images), a
+    copy otherwise. Docker deletes that directory with the container; the snapshot's own files are
+    untouched because CRIU only reads images.
+    """
+    source = layout.images_dir(snapshot_dir)
+    target = os.path.join(docker_root, "containers", container_id, "checkpoints", name)
+    if os.path.lexists(target):
+        shutil.rmtree(target)
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    try:
+        shutil.copytree(source, target, copy_function=os.link)
+        return target, "hardlink"
+    except OSError:
+        shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+    return target, "copy"
+
+
+class DockerCheckpoint(Driver):
+    path = "docker"
+    engine = "docker"
+
+    def __init__(self, docker, container, env, metadata_path, agent_socket_dir, identity, criu_version="auto",
+                 runtime_version=None):
+        self.docker = docker
+        self.container = container
+        self.env = dict(env or {})
+        self.metadata_path = metadata_path
+        self.socket_dir = agent_socket_dir
+        self.identity = identity
+        self.criu_version = criu_version
+        self.runtime_version = runtime_version
+        self.container_id = docker.container_id(container)
+        self.created = False
+        self.docker_root = None
+
+    def locate(self, attempt):
+        return paths.validate_snapshot_dir(attempt.requested)
+
+    def expectations(self, attempt):
+        image = self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
+        return verify.expectations(self.identity, image, self.criu_version, self.runtime_version)
+
+    def check(self, attempt):
+        if not self.container_id:
+            recorded = container_record.read_container_record(attempt.snapshot_dir)["image_id"]
+            if not self.docker.has_image(recorded):
+                raise Fallback("image_mismatch: image %s recorded in the snapshot is not on this host" % recorded)
+        self.docker_root, experimental = self.docker.checkpoint_support()
+        if not experimental:
+            raise Fallback("docker_not_experimental: method=docker needs the Docker daemon in experimental mode for "
+                           "docker start --checkpoint: set \"experimental\": true in /etc/docker/daemon.json and "
+                           "restart dockerd, or use method=runtime")
+
+    def prepare(self, attempt):
+        self.ensure_container(attempt)
+        self.write_metadata(attempt, restored=True)
+
+    def host_restore(self, attempt):
+        target, attempt.details["placement"] = place_checkpoint(attempt.snapshot_dir, self.container_id,
+                                                                CHECKPOINT_NAME, self.docker_root or layout.DOCKER_ROOT)
+        with LeakGuard(target):
+            try:
+                self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
+                                  what="docker start --checkpoint")
+            except CommandError as exc:
+                # Seen after daemon restarts: containerd's content store already holds the upload. Once more.
+                if "already exists" not in (exc.result.get("stderr") or ""):
+                    raise
+                self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
+                                  what="docker start --checkpoint (retry)")
+        return self.docker.running_pid(self.container_id)
+
+    def agent_socket_dir(self, attempt):
+        return self.socket_dir
+
+    def undo(self, attempt):
+        if self.container_id and self.docker.is_running(self.container_id):
+            self.docker.stop(self.container_id)
+
+    def cold_start(self, attempt):
+        if not self.container_id:
+            if attempt.verdict is None or not attempt.verdict["valid"]:
+                raise ParameterError(
+                    "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it "
+                    "first (for example with community.docker.docker_container state=present)"
+                    % (self.container, attempt.reason), restored=False, reason=attempt.reason)
+            self.ensure_container(attempt)
+        self.write_metadata(attempt, restored=False)
+        self.docker.start(self.container_id, attempt.remaining(30.0), what="docker start (cold)")
+
+    def record_fields(self, attempt):
+        return {"container": self.container_id, "name": self.container}
+
+    # -- this path's own steps ----------------------------------------------------------------------
+    def ensure_container(self, attempt):
+        if self.container_id:
+            return
+        record = container_record.read_container_record(attempt.snapshot_dir)
+        self.docker.create(container_record.create_args(record, self.container, self.env), env=self.env)
+        self.container_id = self.docker.container_id(self.container)
+        self.created = True
+
+    def write_metadata(self, attempt, restored):
+        """The new environment, where the engine reads it: `docker cp` into the created container."""
+        from ..clients.docker import env_dict
+        env = env_dict((self.docker.inspect_container(self.container_id).get("Config") or {}).get("Env"))
+        env.update(self.env)
+        doc = metadata.document(env, restored, attempt.snapshot_dir, "snapshot_restore", attempt.reason,
+                                engine="docker", container=self.container, container_id=self.container_id)
+        inner_dir, name = os.path.split(self.metadata_path)
+        scratch = tempfile.mkdtemp(prefix="inferops-meta-")
+        try:
+            staged = os.path.join(scratch, os.path.basename(inner_dir) or "metadata")
+            os.mkdir(staged, 0o700)
+            paths.write_file_atomic(os.path.join(staged, name), metadata.encode(doc))
+            self.docker.copy_into(self.container_id, staged, os.path.dirname(inner_dir) or "/")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        attempt.details["metadata_env_keys"] = metadata.env_keys(doc)

@@ -1,0 +1,235 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Restore driver: a container restored inside its own ``runc create`` by the node's restore-on-create
+runtime (core/node/runtime.py). PRIVATE to the inferops.snapshot collection.
+
+Instead of creating the container's process, ``runc restore --detach`` brings the checkpointed one
+back into the new container (same bundle, same containerd stdio). Its new environment is written
+through ``/proc/PID/root`` before the device state is restored; a cold start writes it into the
+rootfs and lets the runtime ``exec runc create``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import subprocess
+
+from .. import layout, metadata, paths, proc
+from ..clients import criu as criu_client
+from ..clients.docker import env_dict
+from ..container import read_container_record
+from ..errors import SnapshotError
+from . import verify
+from .pipeline import Driver, Fallback
+
+STOP_GRACE = 10.0
+
+
+def under_mount(spec, inner_path):
+    """The mount destination of the OCI config that would hide ``inner_path`` in the rootfs, if any."""
+    best = None
+    for mount in spec.get("mounts") or []:
+        dest = (mount.get("destination") or "").rstrip("/") or "/"
+        if dest != "/" and (inner_path == dest or inner_path.startswith(dest + "/")):
+            if best is None or len(dest) > len(best):
+                best = dest
+    return best
+
+
+def restored_process_paths(request, recorded_env, config):
+    """(metadata file, agent socket dir) as the *restored* process sees them.
+
+    It keeps the environment it was checkpointed with, so unless an annotation says otherwise, its
+    old environment (recorded in the snapshot's host/container.json) decides, not the new one.
+    """
+    found = []
+    for key, variable in (("metadata_file", layout.ENV_METADATA_FILE), ("agent_socket_dir", layout.ENV_AGENT_SOCKET_DIR)):
+        value = request[key] if key in request["annotated"] else (recorded_env.get(variable) or config[key])
+        if not value.startswith("/") or ".." in value.split("/"):
+            raise Fallback("bad_request: %s of the snapshotted process, %r, is not an absolute path" % (variable, value))
+        found.append(value)
+    return tuple(found)
+
+
+class OnCreate(Driver):
+    path = "runtime"
+    engine = "docker"
+
+    def __init__(self, runtime, spec, bundle, create, request, docker, criu_version):
+        self.runtime = runtime          # the node runtime: config, log, runc client, state paths
+        self.spec = spec
+        self.bundle = bundle
+        self.create = create
+        self.request = request
+        self.docker = docker            # {name, image_id} from dockerd's own record
+        self.criu_version = criu_version
+        self.container_id = create["id"]
+        self.paths = None               # (metadata file, agent socket dir) of the restored process
+
+    @property
+    def rootfs(self):
+        root = (self.spec.get("root") or {}).get("path") or "rootfs"
+        return root if os.path.isabs(root) else os.path.join(self.bundle, root)
+
+    @property
+    def user(self):
+        return (self.spec.get("process") or {}).get("user") or {}
+
+    def locate(self, attempt):
+        """Everything decided before the snapshot's contents are touched: the request, the policy, the path."""
+        request, create = self.request, self.create
+        if request["problems"]:
+            raise Fallback("bad_request: %s" % "; ".join(request["problems"]))
+        if create["unknown"] or create["preserve_fds"] or "--no-new-keyring" in create["flags"]:
+            raise Fallback("unsupported: runc create options %s have no restore equivalent"
+                           % (create["unknown"] + (["--preserve-fds"] if create["preserve_fds"] else [])
+                              + [f for f in create["flags"] if f == "--no-new-keyring"]))
+        if request["policy"] == "once" and self.runtime.restored_once(self.container_id):
+            raise Fallback("policy_once: container %s was restored before; its restarts start cold (set "
+                           "restore-policy=always to restore on every start)" % self.container_id[:12])
+        roots = self.runtime.config["snapshot_roots"] or []
+        last = "no snapshot root is configured on this node (snapshot_node_snapshot_roots)"
+        for root in roots:
+            try:
+                return paths.validate_snapshot_dir(attempt.requested, field="restore-from", root=root)
+            except SnapshotError as exc:
+                last = exc.msg
+        raise Fallback("unsafe_path: %s; allowed roots: %s" % (last, ", ".join(roots) or "none"))
+
+    def expectations(self, attempt):
+        return verify.expectations(self.request["identity"], self.request["image_id"] or self.docker.get("image_id"),
+                                   self.criu_version, self.request["runtime_version"])
+
+    def check(self, attempt):
+        try:
+            old_env = env_dict((read_container_record(attempt.snapshot_dir).get("config") or {}).get("Env"))
+        except (IOError, OSError, ValueError):
+            old_env = {}
+        self.paths = restored_process_paths(self.request, old_env, self.runtime.config)
+
+    def prepare(self, attempt):
+        """Recreate what the process had made in its old container's writable layer and needs back.
+
+        The new container's rootfs is the image's: the directory of the agent's listening socket
+        (created at run time) is missing there, and CRIU cannot re-bind the socket without it.
+        """
+        inner = self.paths[1]
+        if under_mount(self.spec, inner):
+            return  # a volume or tmpfs of the new container provides it
+        try:
+            root_fd = os.open(self.rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.close(paths.open_dirs_below(root_fd, [p for p in inner.split("/") if p], self.user.get("uid"),
+                                               self.user.get("gid")))
+            finally:
+                os.close(root_fd)
+        except (IOError, OSError, ValueError) as exc:
+            raise Fallback("rootfs: cannot create %s in the new container's rootfs: %s" % (inner, exc))
+
+    def host_restore(self, attempt):
+        """runc restore --detach within the deadline; returns the restored pid or raises Fallback."""
+        runtime, container_id = self.runtime, self.container_id
+        state = paths.ensure_dir(runtime.state_path(container_id))
+        work = os.path.join(state, "work")
+        if os.path.lexists(work) and not criu_client.remove_work_dir(work):
+            raise Fallback("busy: %s has mounts below it from an earlier restore; unmount them" % work)
+        paths.ensure_dir(work)
+        pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
+        argv = runtime.runc.restore_argv(container_id, self.bundle, layout.images_dir(attempt.snapshot_dir), work,
+                                         pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"])
+        process = runtime.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
+        try:
+            rc = process.wait(timeout=attempt.remaining())
+        except subprocess.TimeoutExpired:
+            self.stop_restore(process)
+            kept, _cause = self.keep_log(work)
+            raise Fallback("timeout: runc restore did not finish within %.0f s and was stopped (CRIU log: %s)"
+                           % (attempt.timeout, kept))
+        if rc != 0:
+            kept, cause = self.keep_log(work)
+            raise Fallback("criu_failed: runc restore exited %d%s (CRIU log: %s)"
+                           % (rc, ": %s" % cause if cause else "", kept))
+        try:
+            with open(pid_file) as handle:
+                pid = int(handle.read().strip())
+        except (IOError, OSError, ValueError):
+            raise Fallback("criu_failed: runc restore wrote no pid to %s" % pid_file)
+        criu_client.remove_work_dir(work)
+        attempt.pid_start_time = proc.start_time(pid)
+        return pid
+
+    def after_host_restore(self, attempt):
+        """The new environment, through /proc/PID/root (which sees the container's own mounts)."""
+        try:
+            self.write_metadata(attempt, "/proc/%d/root" % attempt.pid, True)
+        except (IOError, OSError, ValueError) as exc:
+            raise Fallback("metadata_failed: cannot write %s into the restored container: %s" % (self.paths[0], exc))
+
+    def agent_socket_dir(self, attempt):
+        return self.paths[1]
+
+    def undo(self, attempt):
+        self.runtime.undo_restore(self.container_id)
+
+    def cold_start(self, attempt):
+        """Write the metadata file into the rootfs (unless a mount of the config would hide it); the runtime
+        then hands the call to runc create."""
+        self.runtime.drop_state(self.container_id)
+        inner = self.request["metadata_file"]
+        hidden = under_mount(self.spec, inner)
+        if hidden:
+            self.runtime.log.event("metadata", container=self.container_id,
+                                   action="not written: %s is below the mount %s" % (inner, hidden))
+            return
+        try:
+            self.write_metadata(attempt, self.rootfs, False, inner)
+        except (IOError, OSError, ValueError) as exc:
+            self.runtime.log.event("metadata", container=self.container_id, action="not written: %s" % exc)
+
+    def record_fields(self, attempt):
+        return {"container": self.container_id, "name": self.docker.get("name"), "policy": self.request["policy"]}
+
+    # -- this path's own steps ----------------------------------------------------------------------
+    def write_metadata(self, attempt, root, restored, inner=None):
+        doc = metadata.document(env_dict((self.spec.get("process") or {}).get("env")), restored,
+                                attempt.snapshot_dir or self.request["snapshot"], "restore-on-create runtime",
+                                attempt.reason, engine="docker", container=self.docker.get("name") or self.container_id,
+                                container_id=self.container_id)
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            metadata.write_in_root(root_fd, inner or self.paths[0], doc, self.user.get("uid"), self.user.get("gid"))
+        finally:
+            os.close(root_fd)
+
+    def keep_log(self, work):
+        return criu_client.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
+                                    self.runtime.config["criu_log_dir"])
+
+    def stop_restore(self, process):
+        """Stop a hung restore gently: kill the half-restored tasks (the leaves of runc's tree).
+
+        CRIU then reports the restore failed and cleans up after itself (its cgroup yard, runc's
+        criu-root mount). Only if runc is still there after STOP_GRACE is the whole tree killed;
+        the mounts it leaves are unmounted (never removed through) by the undo.
+        """
+        tree = proc.children()
+        leaves = [pid for pid in proc.descendants(process.pid, tree) if not tree.get(pid)]
+        self.runtime.log.event("restore_stop", container=self.container_id,
+                               action="killing the half-restored tasks", pids=leaves)
+        proc.kill_quietly(leaves)
+        try:
+            process.wait(timeout=STOP_GRACE)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        everything = proc.descendants(process.pid)
+        self.runtime.log.event("restore_stop", container=self.container_id, action="runc still running, killing its tree",
+                               pids=everything)
+        proc.kill_quietly(everything)
+        try:
+            process.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            pass

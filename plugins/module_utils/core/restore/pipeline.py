@@ -1,0 +1,205 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one restore pipeline. PRIVATE to the inferops.snapshot collection.
+
+Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the node's restore-on-create
+runtime, a bare process -- runs these stages on one stopwatch:
+
+    locate, verify -> check -> prepare -> host_restore -> metadata -> device_restore -> restored
+                 any failure, at any stage: undo what was started -> cold_start, with the reason
+
+and records the attempt in the snapshot's status record. A driver supplies only what differs
+between paths (how to find the snapshot, what to expect of it, how to put the process back, how
+to start it cold). Every guarantee lives here once: a snapshot that does not verify is never
+restored; a failure, an unexpected error included, ends in a cold start with its reason, never in a
+half-restored process; the outcome says ``restored`` only after the device state is back too.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import traceback
+
+from .. import device, status
+from ..clock import Deadline, Stopwatch
+from ..errors import SnapshotError
+from . import verify
+
+
+class Fallback(Exception):
+    """The snapshot cannot be used: start cold, for ``reason`` (``<kind>: <detail>``)."""
+
+    def __init__(self, reason):
+        super(Fallback, self).__init__(reason)
+        self.reason = reason
+
+
+class Attempt:
+    """What one restore knows as it goes; drivers read and fill it."""
+
+    def __init__(self, requested, timeout, device_restore=True, check_mode=False, hash_files=True, min_size=0,
+                 workers=None):
+        self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
+        self.snapshot_dir = None
+        self.watch = Stopwatch()
+        self.deadline = Deadline(timeout)
+        self.timeout = timeout
+        self.device_restore = device_restore
+        self.check_mode = check_mode
+        self.hash_files = hash_files
+        self.min_size = min_size
+        self.workers = workers
+        self.verdict = None
+        self.manifest = None
+        self.pid = None
+        self.pid_start_time = None
+        self.started = False           # the host restore began: a failure from here on needs an undo
+        self.device_actions = None
+        self.restored = False
+        self.failed = False            # neither restored nor started cold (the cold start itself failed)
+        self.reason = None
+        self.details = {}              # driver facts for the caller's result (container id, placement, ...)
+
+    def remaining(self, floor=0.1):
+        return self.deadline.remaining(floor)
+
+
+class Driver:
+    """What differs between restore paths. ``path`` names it in status records (docker, runtime, criu)."""
+
+    path = None
+    engine = "docker"
+
+    def locate(self, attempt):
+        """The validated snapshot directory of ``attempt.requested`` (raise Fallback when it may not be used)."""
+        raise NotImplementedError
+
+    def expectations(self, attempt):
+        """What the snapshot must match: identity, image_id, criu_version, runtime_version (None: unchecked)."""
+        return {}
+
+    def check(self, attempt):
+        """Refuse before anything is touched when this host cannot succeed (raise Fallback)."""
+
+    def prepare(self, attempt):
+        """Everything before the process comes back (a container to restore into, its metadata file)."""
+
+    def host_restore(self, attempt):
+        """Bring the process back from the CRIU images; return its host pid."""
+        raise NotImplementedError
+
+    def after_host_restore(self, attempt):
+        """What needs the restored process but must come before its device state (its metadata file)."""
+
+    def device_resume(self, attempt):
+        return device.resume_process(attempt.pid, self.agent_socket_dir(attempt), attempt.remaining(1.0),
+                                     gone=lambda: not self.alive(attempt))
+
+    def agent_socket_dir(self, attempt):
+        raise NotImplementedError
+
+    def alive(self, attempt):
+        from .. import proc
+        return proc.alive(attempt.pid)
+
+    def undo(self, attempt):
+        """Remove a half-restored process: it holds the pids, ports and device a cold start needs."""
+
+    def cold_start(self, attempt):
+        """Start the engine normally (the reason is in ``attempt.reason``)."""
+        raise NotImplementedError
+
+    def record_fields(self, attempt):
+        """Fields of this path for the status record's restore entry (container, name, policy)."""
+        return {}
+
+
+def run(driver, attempt):
+    """Restore through ``driver``, or start cold with the reason. Returns ``attempt`` (restored, reason, ...).
+
+    In check mode only locate, verify and check run, and ``attempt.restored`` says what would happen.
+    An error of the cold start itself is raised to the caller: there is nothing left to fall back to.
+    """
+    watch = attempt.watch
+    stage = Stage(watch)
+    try:
+        with stage("verify"):
+            attempt.snapshot_dir = driver.locate(attempt)
+            attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, driver.expectations(attempt),
+                                                 attempt.min_size, attempt.workers, attempt.hash_files)
+            if not attempt.verdict["valid"]:
+                raise Fallback(verify.reason(attempt.verdict))
+            attempt.manifest = attempt.verdict.pop("manifest")
+        with stage("check"):
+            driver.check(attempt)
+        if attempt.check_mode:
+            attempt.restored = True
+            return attempt
+        with stage("prepare"):
+            driver.prepare(attempt)
+        attempt.started = True
+        with stage("host_restore"):
+            attempt.pid = driver.host_restore(attempt)
+        with stage("metadata"):
+            driver.after_host_restore(attempt)
+        if attempt.device_restore and attempt.manifest.get("device"):
+            with stage("device_restore"):
+                attempt.device_actions = driver.device_resume(attempt)
+        attempt.restored = True
+    except Exception as exc:  # every failure, a bug included, is a cold start with its reason
+        attempt.reason = _reason(exc, stage.current)
+        attempt.manifest = attempt.manifest or (attempt.verdict or {}).pop("manifest", None)
+        if attempt.check_mode:
+            return attempt
+        if attempt.started:
+            driver.undo(attempt)
+        attempt.failed = True  # until the cold start is done: nothing serves
+        with watch.stage("cold_start"):
+            driver.cold_start(attempt)
+        attempt.failed = False
+    finally:
+        watch.total()
+        if not attempt.check_mode:
+            _record(driver, attempt)
+    return attempt
+
+
+class Stage:
+    """The stopwatch's stages, remembering which one is running (a failure's reason names it)."""
+
+    def __init__(self, watch):
+        self.watch = watch
+        self.current = None
+
+    def __call__(self, name):
+        self.current = name
+        return self.watch.stage(name)
+
+
+def _reason(exc, stage):
+    """``<kind>: <detail>``: a Fallback says its own kind; any other error is named by the stage it broke."""
+    if isinstance(exc, Fallback):
+        return exc.reason
+    if isinstance(exc, SnapshotError):
+        return "%s_failed: %s" % (stage, exc.msg)
+    return "internal_error: %s failed with %s: %s (%s)" % (stage, type(exc).__name__, exc,
+                                                         traceback.format_exc(limit=-1).strip()[-300:])
+
+
+def _record(driver, attempt):
+    """The attempt in the snapshot's status record; informative, so a failure to write it is not one of the restore."""
+    if not attempt.snapshot_dir or not os.path.isdir(os.path.dirname(attempt.snapshot_dir.rstrip("/"))):
+        return
+    fields = dict(driver.record_fields(attempt))
+    outcome = "restored" if attempt.restored else ("failed" if attempt.failed else "cold")
+    entry = status.restore_entry(driver.path, outcome, attempt.reason,
+                                 pid=attempt.pid, pid_start_time=attempt.pid_start_time,
+                                 device_actions=attempt.device_actions, durations=attempt.watch.durations, **fields)
+    try:
+        status.update(attempt.snapshot_dir, restore=entry)
+        attempt.details["record"] = entry
+    except (IOError, OSError, SnapshotError) as exc:
+        attempt.details["record_error"] = str(getattr(exc, "msg", exc))

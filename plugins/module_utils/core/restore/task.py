@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What one ``snapshot_restore`` task does, for each engine and method. PRIVATE to inferops.snapshot.
+
+The module hands its parameters here (as community.docker's modules hand over to an engine driver):
+leave a running engine alone, choose the driver, run the restore pipeline (or hand it to the
+node's runtime), wait until the engine serves, and say what happened and why.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+try:
+    from urllib.parse import urlparse
+except ImportError:  # pragma: no cover
+    from urlparse import urlparse
+
+from .. import container as container_record
+from .. import health, paths, schema
+from ..clients.docker import DockerCli
+from ..clock import Stopwatch
+from ..errors import ParameterError
+from . import bare, pipeline, verify
+from .checkpoint import DockerCheckpoint
+from .handover import RuntimeHandover
+
+
+def check_options(params):
+    """Options that belong to one engine only, and values that cannot work: say so, naming the field."""
+    if params["engine"] == bare.ENGINE:
+        for name, wrong in (("container", params["container"]), ("method", params["method"] == "runtime")):
+            if wrong:
+                raise ParameterError("%s: only for engine=docker; engine=criu restores the bare process recorded in "
+                                     "the snapshot" % name)
+    elif params["cold_start"] or params["cold_start_log"]:
+        raise ParameterError("%s: only for engine=criu; with engine=docker the container itself is started cold"
+                             % ("cold_start" if params["cold_start"] else "cold_start_log"))
+    for name in ("timeout", "health_timeout"):
+        if not params[name] > 0:
+            raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, params[name]), field=name)
+    url = params["health_url"]
+    if url is not None and not (urlparse(url).scheme in ("http", "https") and urlparse(url).netloc):
+        raise ParameterError("health_url: %r is not an http(s) URL, e.g. http://127.0.0.1:8000/health" % url,
+                             field="health_url")
+    metadata_path = params["metadata_path"]
+    if not metadata_path.startswith("/") or metadata_path.endswith("/") or ".." in metadata_path.split("/"):
+        raise ParameterError("metadata_path: give an absolute file path (without '..') inside the container")
+    schema.validate("manifest", params["identity"], "identity", definition="identity")
+    return paths.validate_snapshot_dir(params["snapshot_dir"])
+
+
+def restore(params, check_mode=False, warn=lambda text: None):
+    """The result of a snapshot_restore task (raises the collection's typed errors)."""
+    snapshot_dir = check_options(params)
+    if params["engine"] == bare.ENGINE:
+        return _bare(params, snapshot_dir, check_mode, warn)
+    docker = DockerCli(params["docker_cli"])
+    if params["method"] == "runtime":
+        return _via_runtime(params, snapshot_dir, docker, check_mode, warn)
+    driver = DockerCheckpoint(docker, params["container"], params["env"], params["metadata_path"],
+                              params["agent_socket_dir"], params["identity"], params["criu_version"],
+                              params["runtime_version"])
+    base = dict(snapshot_dir=snapshot_dir, container=params["container"])
+    if driver.container_id and docker.is_running(driver.container_id):
+        return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
+                    verify=None, container_id=driver.container_id, created=False, durations={})
+    attempt = _attempt(params, snapshot_dir, check_mode)
+    pipeline.run(driver, attempt)
+    result = _result(attempt, base, warn)
+    if check_mode:
+        return result
+    result.update(container_id=driver.container_id, created=driver.created)
+    _wait_serving(params, attempt)
+    return result
+
+
+def _attempt(params, snapshot_dir, check_mode, hash_files=True):
+    return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
+                            check_mode=check_mode, hash_files=hash_files, min_size=params["min_size"],
+                            workers=params["workers"])
+
+
+def _result(attempt, base, warn):
+    if attempt.reason and not attempt.check_mode:
+        warn("cold start instead of a restore: %s" % attempt.reason)
+    result = dict(base, changed=True, restored=attempt.restored, reason=attempt.reason, verify=attempt.verdict,
+                  durations=attempt.watch.durations)
+    for key in ("placement", "metadata_env_keys"):
+        if key in attempt.details:
+            result[key] = attempt.details[key]
+    if attempt.device_actions is not None:
+        result["device_actions"] = attempt.device_actions
+    return result
+
+
+def _wait_serving(params, attempt, gone=None):
+    if params["health_url"]:
+        with attempt.watch.stage("health"):
+            health.wait_serving(params["health_url"], params["health_timeout"], gone=gone)
+        attempt.watch.total()
+
+
+def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
+    """method=runtime: verify what can be verified without reading the files, then hand over."""
+    job = RuntimeHandover(docker, params["container"], params["env"], params["runtime_name"], params["metadata_path"],
+                          params["device_restore"])
+    base = dict(snapshot_dir=snapshot_dir, container=params["container"])
+    if job.container_id and docker.is_running(job.container_id):
+        return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
+                    verify=None, container_id=job.container_id, created=False, durations={})
+    watch = Stopwatch()
+    with watch.stage("verify"):
+        image = docker.inspect_container(job.container_id)["Image"] if job.container_id else None
+        # The runtime hashes every file right before it restores; hashing here too would read the whole
+        # snapshot twice. Check mode hashes, to predict truthfully.
+        verdict = verify.for_restore(snapshot_dir, "docker", verify.expectations(
+            params["identity"], image, params["criu_version"], params["runtime_version"]), params["min_size"],
+            params["workers"], hash_files=check_mode)
+        verdict.pop("manifest")
+        if verdict["valid"] and not job.container_id:
+            recorded = container_record.read_container_record(snapshot_dir)["image_id"]
+            if not docker.has_image(recorded):
+                verdict.update(valid=False, reasons=["image_mismatch: image %s recorded in the snapshot is not on "
+                                                     "this host" % recorded])
+    reason = None if verdict["valid"] else verify.reason(verdict)
+    result = dict(base, verify=verdict, durations=watch.durations)
+    if check_mode:
+        return dict(result, changed=True, restored=verdict["valid"], reason=reason)
+    if not verdict["valid"]:
+        if not job.container_id:
+            raise ParameterError(
+                "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it "
+                "first (for example with community.docker.docker_container state=present)" % (params["container"], reason),
+                restored=False, reason=reason, **result)
+        warn("cold start instead of a restore: %s" % reason)
+        with watch.stage("cold_start"):
+            docker.start(job.container_id, params["timeout"], what="docker start (cold)")
+        record = None
+    else:
+        with watch.stage("prepare"):
+            job.require_runtime()
+            job.ensure_container(snapshot_dir)
+        with watch.stage("host_restore"):  # the runtime restores host and device state within the start
+            record = job.start(snapshot_dir, params["timeout"])
+        if record.get("outcome") != "restored":
+            reason = "the restore-on-create runtime started the container cold: %s" % record.get("reason")
+            warn(reason)
+    if params["health_url"]:
+        with watch.stage("health"):
+            health.wait_serving(params["health_url"], params["health_timeout"])
+    watch.total()
+    return dict(result, changed=True, restored=reason is None, reason=reason, container_id=job.container_id,
+                created=job.created, metadata_env_keys=job.env_keys(), placement="runtime", runtime_record=record)
+
+
+def _bare(params, snapshot_dir, check_mode, warn):
+    base = dict(snapshot_dir=snapshot_dir)
+    running = bare.running_from_snapshot(snapshot_dir)
+    if running:
+        return dict(base, changed=False, restored=None, pid=running["pid"], verify=None, durations={},
+                    reason="pid %d, %s from this snapshot at %s, is still running"
+                           % (running["pid"], "restored" if running["outcome"] == "restored" else "started cold",
+                              running["at"]))
+    driver = bare.BareProcess(params["identity"], params["env"], params["metadata_path"], params["agent_socket_dir"],
+                              params["cold_start"], params["cold_start_log"], params["criu_version"],
+                              params["runtime_version"])
+    attempt = _attempt(params, snapshot_dir, check_mode)
+    pipeline.run(driver, attempt)
+    result = _result(attempt, base, warn)
+    if check_mode:
+        if attempt.reason and not params["cold_start"]:
+            driver.cold_start(attempt)  # raises: no way to start it, say so before anything is done
+        return result
+    result["pid"] = attempt.pid
+    _wait_serving(params, attempt, gone=lambda: driver.exited(attempt))
+    result["durations"] = attempt.watch.durations
+    return result

@@ -1,0 +1,68 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The verdict on a snapshot before a restore, the same for every path. PRIVATE to inferops.snapshot.
+
+``for_restore`` runs the content checks of ``manifest.verify`` (listing, sizes, checksums, manifest
+schema, identity, image, CRIU and runtime versions) and adds what a restore by this engine needs:
+the snapshot was taken with the same engine and holds CRIU images. ``expectations`` is the one
+place where "what the restore would run with" is worked out from the modules' options.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+from .. import layout, manifest
+from ..clients.criu import CriuCli
+
+ENGINE_HINTS = {"docker": "a Docker container: restore it with engine=docker",
+                "criu": "a bare process: restore it with engine=criu"}
+
+
+def expectations(identity=None, image_id=None, criu_version="auto", runtime_version=None, criu=None):
+    """What a restore here would run with. ``criu_version``: ``auto`` asks this host's CRIU, ``skip``
+    checks nothing, anything else is the version to compare with."""
+    if criu_version == "auto":
+        criu_version = (criu or CriuCli()).version()
+    elif criu_version == "skip":
+        criu_version = None
+    return {"identity": identity, "image_id": image_id, "criu_version": criu_version,
+            "runtime_version": runtime_version}
+
+
+def engine_reason(recorded, engine):
+    """Why a verified snapshot cannot be restored by ``engine`` (None when it can, or is unknown)."""
+    taken = ((recorded or {}).get("engine") or {}).get("name")
+    if not taken or taken == engine:
+        return None
+    return "engine_mismatch: snapshot was taken with engine %s (%s), not %s" % (
+        taken, ENGINE_HINTS.get(taken, "another engine"), engine)
+
+
+def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None):
+    """{valid, reasons, bytes, files, checksums, throughput_mb_s, manifest}; never raises for a bad snapshot.
+
+    ``hash_files=False`` checks everything but the content of the files (for a caller that hands the
+    snapshot to the node's runtime, which hashes every file right before it restores).
+    """
+    valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
+                                              hash_files=hash_files)
+    recorded = details["manifest"]
+    mismatch = engine_reason(recorded, engine)
+    if mismatch:
+        reasons.append(mismatch)
+    if valid and not os.path.isfile(os.path.join(layout.images_dir(snapshot_dir), layout.IMAGES_INVENTORY)):
+        reasons.append("incomplete: %s holds no CRIU images (%s)" % (layout.images_dir(snapshot_dir),
+                                                                     layout.IMAGES_INVENTORY))
+    hashing = details["hashing"] or {}
+    return {"valid": not reasons, "reasons": reasons, "bytes": details["bytes"], "files": details["files"],
+            "checksums": details.get("checksums"),
+            "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
+            "manifest": recorded}
+
+
+def reason(verdict):
+    return "; ".join((verdict or {}).get("reasons") or []) or "not verified"

@@ -1,0 +1,288 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Sealing and publishing a snapshot: everything that writes its manifest and checksums. PRIVATE.
+
+A snapshot is assembled in the hidden sibling ``.<pod>.partial`` (layout.staging_dir). Sealing makes
+every file 0600 and every directory 0700 (CRIU writes its images 0644), hashes every file -- the big
+ones while CRIU still writes them (``Follower``), from the page cache -- writes the chunk index, the
+manifest and checksum.sha256, and flushes everything to stable storage, overlapped with the hashing,
+so that a snapshot is durable before anyone is told it is complete. Publishing renames the whole
+directory into place: a reader sees the old snapshot, none, or the complete new one.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import json
+import os
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import layout, manifest, paths, schema
+from .manifest import CHUNK, CHUNK_INDEX, hash_tree
+
+def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, known=None):
+    """Hashes for sealing a snapshot: every file whole (for checksum.sha256), and, when the snapshot has a
+    host part, per-chunk digests of every file larger than ``chunk_bytes``, written to the chunk index
+    (CHUNK_INDEX), which is itself hashed and returned with the rest. Returns (hashes, stats).
+
+    ``known`` ({relpath: (size, sha256, chunk digests)}, from a Follower with the same chunk size) are
+    taken as they are when the file still has that size; only the other files are read.
+    """
+    chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
+    index_path = os.path.join(root, CHUNK_INDEX)
+    if os.path.lexists(index_path):
+        os.unlink(index_path)  # a leftover of an earlier seal: rebuilt from the files as they are now
+    relpaths = [rel for rel in relpaths if rel != CHUNK_INDEX]
+    chunked = {}
+    if os.path.isdir(os.path.dirname(index_path)):
+        chunked = dict((rel, chunk_bytes) for rel in relpaths if os.lstat(os.path.join(root, rel)).st_size > chunk_bytes)
+    known = dict((rel, item) for rel, item in (known or {}).items()
+                 if rel in relpaths and os.lstat(os.path.join(root, rel)).st_size == item[0]
+                 and (rel not in chunked or len(item[2]) == (item[0] + chunk_bytes - 1) // chunk_bytes))
+    results, chunks, stats = hash_tree(root, [rel for rel in relpaths if rel not in known],
+                                       dict((rel, c) for rel, c in chunked.items() if rel not in known), workers, progress)
+    for rel, (size, digest, parts) in known.items():
+        results[rel] = (size, digest)
+        if rel in chunked:
+            chunks[rel] = [(min(chunk_bytes, size - i * chunk_bytes), d) for i, d in enumerate(parts)]
+    stats["followed_files"] = len(known)
+    stats["followed_bytes"] = sum(item[0] for item in known.values())
+    if chunked:
+        files = {}
+        for rel in sorted(chunked):
+            size, digest = results[rel]
+            if sum(length for length, _d in chunks[rel]) != size:
+                raise ValueError("%s changed while it was being hashed" % rel)
+            files[rel] = {"size": size, "sha256": digest, "chunks": [d for _length, d in chunks[rel]]}
+        data = (json.dumps({"version": 1, "chunk_bytes": chunk_bytes, "files": files}, indent=1, sort_keys=True) + "\n").encode()
+        paths.write_file_atomic(index_path, data)
+        results[CHUNK_INDEX] = (len(data), hashlib.sha256(data).hexdigest())
+    return results, stats
+
+
+class Follower(object):
+    """Hashes the big files of a directory while another process writes them, so that sealing does not
+    read them again (the checkpoint's page images, read from the page cache while they are still there).
+
+    CRIU and tar write their image files front to back and never go back; that is the assumption.
+    A file is followed once it reaches ``min_size``: one thread reads it as it grows and keeps the
+    whole-file digest, and each chunk, once written, is hashed by a pool thread. Call ``finish()``
+    after the writer has exited: the followers read on to the end of each file and the results are
+    returned as {relpath: (size, sha256, [chunk sha256, ...])}. Anything that went wrong with a file
+    (it shrank, vanished, could not be read) just leaves it out: sealing then hashes it as usual.
+    """
+
+    def __init__(self, root, prefix="", min_size=None, chunk_bytes=None, workers=None, poll=0.02):
+        self.root, self.prefix, self.poll = root, prefix, poll
+        self.chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
+        self.min_size = min_size or 4 * CHUNK
+        self.done = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=workers or max(1, (os.cpu_count() or 1) - 1))
+        self.files = {}
+        self.lock = threading.Lock()
+        self.scanner = threading.Thread(target=self._scan, name="inferops-follow-scan")
+        self.scanner.daemon = True
+
+    def start(self):
+        self.scanner.start()
+        return self
+
+    def _scan(self):
+        while True:
+            finished = self.done.is_set()
+            for directory, _dirs, names in os.walk(self.root):
+                for name in names:
+                    path = os.path.join(directory, name)
+                    if path in self.files:
+                        continue
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and st.st_size >= self.min_size:
+                        thread = threading.Thread(target=self._follow, args=(path,), name="inferops-follow")
+                        thread.daemon = True
+                        with self.lock:
+                            self.files[path] = {"thread": thread}
+                        thread.start()
+            if finished:
+                return
+            self.done.wait(self.poll)
+
+    def _follow(self, path):
+        entry = self.files[path]
+        try:
+            digest = hashlib.sha256()
+            chunks = []
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            pos = 0
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                while True:
+                    writer_done = self.done.is_set()  # read before the size: then EOF below is final
+                    size = os.fstat(fd).st_size
+                    if size < pos:
+                        raise ValueError("shrank while being written")
+                    start = pos
+                    while pos < size:
+                        want = min(CHUNK, size - pos, self.chunk_bytes - pos % self.chunk_bytes)  # never across a chunk
+                        n = os.preadv(fd, [view[:want]], pos)
+                        if not n:
+                            break
+                        digest.update(view[:n])
+                        pos += n
+                        if pos % self.chunk_bytes == 0:
+                            chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
+                    if writer_done and pos >= os.fstat(fd).st_size:
+                        break
+                    if pos == start and not writer_done:
+                        self.done.wait(self.poll)  # nothing new yet
+            finally:
+                os.close(fd)
+            if pos % self.chunk_bytes:
+                chunks.append(self.pool.submit(manifest.hash_range, path, pos - pos % self.chunk_bytes, pos % self.chunk_bytes))
+            entry["result"] = (pos, digest.hexdigest(), chunks)
+        except (OSError, ValueError) as exc:
+            entry["error"] = str(exc)
+
+    def finish(self, timeout=None):
+        """The writer has exited: finish every followed file and return their digests."""
+        self.done.set()
+        self.scanner.join(timeout)
+        results = {}
+        with self.lock:
+            followed = list(self.files.items())
+        for path, entry in followed:
+            entry["thread"].join(timeout)
+            if "result" not in entry:
+                continue
+            size, digest, futures = entry["result"]
+            try:
+                parts = [future.result() for future in futures]
+            except OSError:
+                continue  # a chunk could not be read back: sealing hashes the file itself
+            if sum(length for length, _d in parts) != size:
+                continue
+            rel = os.path.join(self.prefix, os.path.relpath(path, self.root))
+            results[rel] = (size, digest, [d for _length, d in parts])
+        self.pool.shutdown(wait=True)
+        return results
+
+    def abort(self):
+        """The writer failed: stop following, discard everything."""
+        self.done.set()
+        self.scanner.join()
+        for entry in list(self.files.values()):
+            entry["thread"].join()
+        self.pool.shutdown(wait=True)
+
+
+def secure_modes(root):
+    """Every directory 0700 and every file 0600 below ``root`` (CRIU and tar write 0644): a copy, a backup
+    or an export that keeps file modes must not expose the engine's memory."""
+    os.chmod(root, paths.DIR_MODE)
+    for directory, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(directory, name), paths.DIR_MODE, follow_symlinks=False)
+        for name in files:
+            os.chmod(os.path.join(directory, name), paths.FILE_MODE, follow_symlinks=False)
+
+
+class Flusher(threading.Thread):
+    """fsync every file of the staging directory in the background, while sealing hashes them: the page
+    images are what CRIU just wrote, and a snapshot is durable before its status says completed."""
+
+    def __init__(self, root, relpaths):
+        super(Flusher, self).__init__(name="inferops-fsync")
+        self.daemon = True
+        self.root, self.relpaths, self.error, self.seconds = root, relpaths, None, None
+
+    def run(self):
+        started = time.monotonic()
+        try:
+            for rel in sorted(self.relpaths, key=lambda r: -os.lstat(os.path.join(self.root, r)).st_size):
+                fd = os.open(os.path.join(self.root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            self.error = exc
+        self.seconds = round(time.monotonic() - started, 6)
+
+    def finish(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.seconds
+
+
+def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=True):
+    """Write the chunk index, manifest.json and checksum.sha256 into ``staging_dir``, with every file 0600,
+    and (``durable``) every file on stable storage; return (manifest, fingerprint, stats).
+
+    ``fields`` supplies everything but ``files`` and ``total_bytes``, which come from hashing.
+    ``known``: digests of files hashed while they were written (a ``Follower``); not read again.
+    """
+    for stale in (manifest.MANIFEST, manifest.CHECKSUMS, CHUNK_INDEX):  # leftovers of an earlier seal
+        if os.path.lexists(os.path.join(staging_dir, stale)):
+            os.unlink(os.path.join(staging_dir, stale))
+    secure_modes(staging_dir)
+    relpaths = manifest.list_files(staging_dir)
+    flusher = Flusher(staging_dir, relpaths) if durable else None
+    if flusher is not None:
+        flusher.start()
+    hashes, stats = seal_hashes(staging_dir, relpaths, workers=workers, progress=progress, known=known)
+    stats["fsync_seconds"] = flusher.finish() if flusher is not None else None
+    files, total = manifest.manifest_files(hashes)
+    document = dict(fields, schema_version=1, files=files, total_bytes=total)
+    schema.validate("manifest", document, "manifest")
+    data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    paths.write_file_atomic(os.path.join(staging_dir, manifest.MANIFEST), data)
+    hashes[manifest.MANIFEST] = (len(data), hashlib.sha256(data).hexdigest())
+    checksums = manifest.format_checksums(hashes).encode("utf-8")
+    paths.write_file_atomic(os.path.join(staging_dir, manifest.CHECKSUMS), checksums)
+    return document, hashlib.sha256(checksums).hexdigest(), stats
+
+
+def publish(staging_dir, snapshot_dir):
+    """Atomically put the sealed staging directory at ``snapshot_dir``, replacing an older snapshot.
+
+    The old snapshot is moved aside first and removed only after the new one is in place.
+    """
+    _fsync_dir(staging_dir)
+    old = None
+    if os.path.lexists(snapshot_dir):
+        old = layout.old_dir(snapshot_dir, os.getpid())
+        os.rename(snapshot_dir, old)
+    try:
+        os.rename(staging_dir, snapshot_dir)
+    except OSError:
+        if old:
+            os.rename(old, snapshot_dir)  # put the previous snapshot back: never lose it
+        raise
+    _fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+    if old:
+        paths.remove_tree(old)
+
+
+def discard(staging_dir):
+    """Remove a staging directory after a failure; returns whether there was one."""
+    existed = os.path.lexists(staging_dir)
+    paths.remove_tree(staging_dir)
+    return existed
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
