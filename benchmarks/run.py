@@ -56,14 +56,25 @@ def ensure_collection_link():
 
 
 ensure_collection_link()
+
+
+def agent_package_dir():
+    """A folder holding the agent as the package inferops_agent, as an engine image has it."""
+    parent = os.path.join(REPO, "build", "agent")
+    link = os.path.join(parent, "inferops_agent")
+    if not os.path.islink(link):
+        os.makedirs(parent, exist_ok=True)
+        os.symlink(os.path.join(REPO, "plugins", "module_utils", "core", "agent"), link)
+    return parent
 sys.path.insert(0, COLLECTIONS)
 # pylint: disable=wrong-import-position
-from ansible_collections.inferops.snapshot.plugins.module_utils import _containerd_leak as containerd_leak  # noqa: E402
-from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control  # noqa: E402
-from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device  # noqa: E402
-from ansible_collections.inferops.snapshot.plugins.module_utils import _host as host  # noqa: E402
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils  # noqa: E402
-from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import device  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import container, layout  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import checkpoint  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol  # noqa: E402
 
 sys.path.insert(0, HERE)
 import report  # noqa: E402  pylint: disable=import-error
@@ -622,7 +633,7 @@ class Bench:
                 os.makedirs(work, mode=0o700)
                 self.settle()
                 t0 = time.monotonic()
-                run(["runc", "--root", host.DOCKER_RUNC_ROOT, "checkpoint", "--leave-running", "--image-path", target,
+                run(["runc", "--root", layout.DOCKER_RUNC_ROOT, "checkpoint", "--leave-running", "--image-path", target,
                      "--work-path", work, cid])
                 seconds = time.monotonic() - t0
                 self.record("checkpoint", variant, w["size_mb"], rep, seconds, total_bytes=self.snapshot_bytes(target))
@@ -677,8 +688,8 @@ class Bench:
         self.reset_device(w)
 
     def recreate_args(self, w, verb, env_overrides=None):
-        record = host.read_container_record(w["snapshot_dir"])
-        args = host.create_args(record, w["name"], env_overrides)
+        record = container.read_container_record(w["snapshot_dir"])
+        args = ["create"] + container.create_args(record, w["name"], env_overrides)
         return [verb] + args[1:]
 
     def write_metadata(self, name):
@@ -710,10 +721,10 @@ class Bench:
         docker(*self.recreate_args(w, "create"))
         cid = docker("inspect", "--format", "{{.Id}}", w["name"])
         self.write_metadata(cid)
-        host.place_checkpoint(w["snapshot_dir"], cid, "bench")
+        checkpoint.place_checkpoint(w["snapshot_dir"], cid, "bench", layout.DOCKER_ROOT)
         store_before = self.content_store_mb()
         before = self.profile()
-        guard = containerd_leak.LeakGuard(host.images_dir(w["snapshot_dir"])).__enter__()
+        guard = containerd_leak.LeakGuard(layout.images_dir(w["snapshot_dir"])).__enter__()
         t1 = time.monotonic()
         docker("start", "--checkpoint", "bench", cid)
         start_s = time.monotonic() - t1
@@ -743,7 +754,8 @@ class Bench:
                    PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
         env.update(self.workload_env(w["size_mb"], w["port"], w["device_dir"], warmup))
         logfile = open(os.path.join(self.workdir, w["name"] + ".log"), "ab")
-        proc = subprocess.Popen(["/usr/bin/python3", os.path.join(REPO, "plugins", "module_utils", "_agent.py"), "--",
+        env["PYTHONPATH"] = agent_package_dir()
+        proc = subprocess.Popen(["/usr/bin/python3", "-m", "inferops_agent", "--",
                                  os.path.join(REPO, "tests", "workload", "workload.py")], env=env, stdin=subprocess.DEVNULL,
                                 stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
         logfile.close()
@@ -790,7 +802,7 @@ class Bench:
             self.kill_bare(w["pid"])
             self.reset_device(w)
             # Restore the module's snapshot with raw criu: same images, no module around it.
-            images = host.images_dir(w["snapshot_dir"])
+            images = layout.images_dir(w["snapshot_dir"])
             pidfile = os.path.join(work, "restored.pid")
             self.settle(warm=[w["snapshot_dir"]])
             wall_t0 = time.time()

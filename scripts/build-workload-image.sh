@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Build the sample workload image (inferops/workload:latest) offline from inferops/base:bookworm
-# (made by scripts/env/setup.sh). The agent files are the collection's own module_utils, copied
-# as they are; the simulator is built on the host, whose Debian suite matches the base image's.
+# (made by scripts/env/setup.sh). The agent is the collection's own folder plugins/module_utils/core/agent,
+# copied whole as the package inferops_agent; the simulator is built on the host, whose Debian suite matches
+# the base image's.
 # Rebuilds only when an input changed (the inputs' hash is an image label).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tag=${1:-inferops/workload:latest}
 bash "$root/tests/simulator/build.sh" "$root/build/simulator" >/dev/null
 ctx="$root/build/workload-image"
-rm -rf "$ctx" && mkdir -p "$ctx/agent"
-cp "$root"/plugins/module_utils/{_acl.py,_agent.py,_protocol.py} "$ctx/agent/"
+rm -rf "$ctx" && mkdir -p "$ctx"
+cp -r "$root/plugins/module_utils/core/agent" "$ctx/inferops_agent"
+find "$ctx/inferops_agent" -name __pycache__ -prune -exec rm -rf {} +
 cp "$root/tests/workload/workload.py" "$root/tests/workload/Dockerfile" "$root/build/simulator/libascendcl.so" "$ctx/"
 digest=$(cd "$ctx" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 current=$(docker image inspect --format '{{ index .Config.Labels "org.inferops.inputs" }}' "$tag" 2>/dev/null || true)

@@ -8,7 +8,7 @@ __metaclass__ = type
 
 
 class ModuleDocFragment(object):
-    # Matches CONTROL_TARGET_ARGS in plugins/module_utils/_common.py.
+    # Matches CONTROL_TARGET_ARGS in plugins/module_utils/_module.py.
     DOCUMENTATION = r"""
 options:
   pid:

@@ -8,7 +8,7 @@ __metaclass__ = type
 
 
 class ModuleDocFragment(object):
-    # Matches IDENTITY_OPTIONS in plugins/module_utils/_common.py. The two variants differ only in
+    # Matches IDENTITY_OPTIONS in plugins/module_utils/_module.py. The two variants differ only in
     # `required`: ansible-doc replaces a whole option when a module redefines it.
     DOCUMENTATION = r"""
 options:

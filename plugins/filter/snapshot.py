@@ -11,18 +11,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import copy
 import posixpath
 import re
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_native
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import config as core_config
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
-NPU_ENV = "VLLM_NPU_SNAPSHOT_PATH"
-CONFIG_DEFAULTS = {"timeoutSeconds": 300, "minSizeBytes": 1024, "engine": "docker"}
+NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
 POD_KEYS = ("name", "container", "host", "readiness_url", "readiness_file", "env")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
@@ -39,31 +38,8 @@ def _plain(value):
 
 
 def normalize_config(config):
-    """The validated snapshotConfig with the schema's defaults filled in.
-
-    None (no snapshotConfig at all) gives ``{"enabled": False, "configured": False}``: the service
-    works as if the feature did not exist. Raises ParameterError naming the failing field.
-    """
-    if config is None:
-        return {"enabled": False, "configured": False}
-    if not isinstance(config, dict):
-        raise ParameterError("snapshot_config: expected a mapping in the shape of snapshotConfig "
-                             "(see schemas/snapshot-config.schema.json), got %s" % type(config).__name__)
-    if not schema.HAS_JSONSCHEMA:
-        raise ParameterError("snapshot_config: validating it needs the jsonschema Python package on the "
-                             "controller; pip install jsonschema")
-    config = _plain(config)
-    schema.validate("snapshot-config", config, "snapshot_config")
-    result = dict(CONFIG_DEFAULTS)
-    result.update(copy.deepcopy(config))
-    for key in ("npuSnapshotPath", "hostSnapshotPath"):
-        if key in result:
-            result[key] = posixpath.normpath(result[key])
-    if result["enabled"] and result["npuSnapshotPath"] == result["hostSnapshotPath"]:
-        raise ParameterError("snapshot_config: npuSnapshotPath and hostSnapshotPath are both %s; give the device "
-                             "and the host snapshots separate roots" % result["hostSnapshotPath"])
-    result["configured"] = True
-    return result
+    """The validated snapshotConfig with the schema's defaults filled in (core/config.py)."""
+    return core_config.normalize(_plain(config))
 
 
 def _name(value, field):

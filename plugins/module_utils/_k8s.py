@@ -19,7 +19,8 @@ import os
 import time
 import traceback
 
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import SnapshotError, SnapshotTimeout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError, SnapshotTimeout
 
 try:
     import kubernetes
@@ -166,18 +167,18 @@ class K8sClient:
 
     def wait_pod_gone(self, namespace, name, uid, timeout):
         """Wait until the pod ``name`` with ``uid`` is gone (404, or a pod of another uid took the name)."""
-        started = self._clock()
-        last = None
-        while True:
+        def gone():
             pod = self.get_pod(namespace, name)
             if pod is None or (uid and pod["metadata"].get("uid") not in (None, uid)):
-                return self._clock() - started
-            last = {"phase": (pod.get("status") or {}).get("phase"),
-                    "deletionTimestamp": pod["metadata"].get("deletionTimestamp")}
-            if self._clock() - started >= timeout:
-                raise SnapshotTimeout("pod %s/%s was not gone %.0f s after its deletion (last: %s)"
-                                      % (namespace, name, timeout, last), last_state=last)
-            self._sleep(0.2)
+                return True, None
+            return False, {"phase": (pod.get("status") or {}).get("phase"),
+                           "deletionTimestamp": pod["metadata"].get("deletionTimestamp")}
+        try:
+            return wait_for(gone, timeout, 0.2, clock=self._clock, sleep=self._sleep)[1]
+        except SnapshotTimeout as exc:
+            raise SnapshotTimeout("pod %s/%s was not gone %.0f s after its deletion (last: %s)"
+                                  % (namespace, name, timeout, exc.result.get("last_state")),
+                                  last_state=exc.result.get("last_state"))
 
     def get_configmap(self, namespace, name):
         try:

@@ -18,70 +18,53 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import copy
-import datetime
 import json
 import os
 import re
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import config as core_config
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, metadata, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
-SERVICE_LABEL = "inferops.org/service"
-INSTANCE_LABEL = "inferops.org/instance"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-RESTORE_GATE = "inferops.org/snapshot-restore"
-
-PREFIX = "snapshot.inferops.org/"
-A_ENABLED = PREFIX + "enabled"
-A_IDENTITY = PREFIX + "identity"
-A_NPU_PATH = PREFIX + "npu-path"
-A_HOST_PATH = PREFIX + "host-path"
-A_TIMEOUT = PREFIX + "timeout-seconds"
-A_STATUS = PREFIX + "status"
-A_REASON = PREFIX + "reason"
-A_CHECKSUM = PREFIX + "checksum"
-A_NODE = PREFIX + "node"
-A_RESTORE = PREFIX + "restore"
-A_RESTORE_REASON = PREFIX + "restore-reason"
-A_METADATA = PREFIX + "metadata"
-# What the restore-on-create runtime reads (OCI annotation; env for runtimes that cannot pass annotations).
-RESTORE_FROM_ANNOTATION = "org.inferops.restore-from"
-RESTORE_FROM_ENV = "INFEROPS_RESTORE_FROM"
-NPU_PATH_ENV = "VLLM_NPU_SNAPSHOT_PATH"
+SERVICE_LABEL = layout.K8S_SERVICE_LABEL
+INSTANCE_LABEL = layout.K8S_INSTANCE_LABEL
+HOSTNAME_LABEL = layout.K8S_HOSTNAME_LABEL
+RESTORE_GATE = layout.K8S_RESTORE_GATE
+A_ENABLED = layout.K8S_ENABLED
+A_IDENTITY = layout.K8S_IDENTITY
+A_NPU_PATH = layout.K8S_NPU_PATH
+A_HOST_PATH = layout.K8S_HOST_PATH
+A_TIMEOUT = layout.K8S_TIMEOUT
+A_STATUS = layout.K8S_STATUS
+A_REASON = layout.K8S_REASON
+A_CHECKSUM = layout.K8S_CHECKSUM
+A_NODE = layout.K8S_NODE
+A_RESTORE = layout.K8S_RESTORE
+A_RESTORE_REASON = layout.K8S_RESTORE_REASON
+A_METADATA = layout.K8S_METADATA
+RESTORE_FROM_ANNOTATION = layout.ANNOTATION_RESTORE_FROM
+RESTORE_FROM_ENV = layout.ENV_RESTORE_FROM
+NPU_PATH_ENV = layout.ENV_NPU_SNAPSHOT_PATH
 
 STATUS_PENDING, STATUS_GENERATING, STATUS_COMPLETED, STATUS_FAILED = "pending", "generating", "completed", "failed"
 RESTORE_PENDING, RESTORE_COLD, RESTORE_RESTORED = "pending", "cold", "restored"
-CONFIG_DEFAULTS = {"timeoutSeconds": 300, "minSizeBytes": 1024, "engine": "docker"}
-RECORD_PREFIX = "inferops-snapshot-"
 # Server-set fields dropped when a pod is recreated from its own manifest.
 _SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "selfLink",
                     "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences", "generateName")
 
 
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # -- config -----------------------------------------------------------------------------------------
 def normalize_config(config):
-    """(enabled, config with defaults, why disabled). No config or enabled=false means: change nothing."""
-    if config is None or config == {}:
-        return False, None, "no snapshotConfig given: the service runs without snapshots"
-    schema.validate("snapshot-config", config, "snapshotConfig")
-    if not config["enabled"]:
-        return False, dict(config), "snapshotConfig.enabled is false: the service runs without snapshots"
-    normal = dict(CONFIG_DEFAULTS)
-    normal.update(config)
-    for key in ("npuSnapshotPath", "hostSnapshotPath"):
-        normal[key] = os.path.normpath(normal[key])
-        if normal[key] == "/":
-            raise ParameterError("snapshotConfig.%s: '/' cannot be a snapshot root; give a directory such as "
-                                 "/var/lib/inferops/snapshots" % key, field=key)
-    return True, normal, None
+    """(enabled, config with defaults or None, why disabled). No config or enabled=false means: change nothing."""
+    normal = core_config.normalize(config, "snapshotConfig")
+    if not normal["configured"]:
+        return False, None, core_config.disabled_reason(normal)
+    normal = dict((key, value) for key, value in normal.items() if key != "configured")
+    return normal["enabled"], normal, core_config.disabled_reason(dict(normal, configured=True))
 
 
 def record_name(service):
-    return RECORD_PREFIX + service
+    return layout.K8S_RECORD_PREFIX + service
 
 
 # -- pods, instances, identities --------------------------------------------------------------------
@@ -135,12 +118,8 @@ def identity(pod, service, instance_label=INSTANCE_LABEL):
     return ident
 
 
-def identity_string(ident):
-    return "/".join(ident[key] for key in ("namespace", "service", "instance", "pod"))
-
-
-def snapshot_path(root, ident):
-    return os.path.join(root, ident["namespace"], ident["service"], ident["instance"], ident["pod"])
+identity_string = layout.identity_string
+snapshot_path = layout.snapshot_dir
 
 
 def engine_container(pod, wanted=None):
@@ -375,10 +354,11 @@ def restore_metadata(pod, container, restore_requested, snapshot_dir, reason=Non
     ``restore_requested`` says whether the pod was marked for restore-on-create; whether the runtime
     did restore it ends up in the annotation snapshot.inferops.org/restore."""
     env, unresolved = resolve_env(pod, container)
-    return {"env": env, "unresolved_env": unresolved, "pod": name(pod), "namespace": pod["metadata"]["namespace"],
-            "uid": pod["metadata"].get("uid"), "node": pod.get("spec", {}).get("nodeName"),
-            "container": container.get("name"), "restore_requested": restore_requested, "snapshot_dir": snapshot_dir,
-            "reason": reason, "written_at": utc_now()}
+    # Not restored yet: the node's runtime decides; the annotation snapshot.inferops.org/restore says what it did.
+    return metadata.document(env, False, snapshot_dir, "k8s_snapshot_restore", reason, unresolved_env=unresolved,
+                             pod=name(pod), namespace=pod["metadata"]["namespace"], uid=pod["metadata"].get("uid"),
+                             node=pod.get("spec", {}).get("nodeName"), container=container.get("name"),
+                             restore_requested=restore_requested)
 
 
 # -- the service as the modules report it ----------------------------------------------------------

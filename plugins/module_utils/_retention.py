@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What is on disk under a snapshot root, what uses it, and what a retention policy removes. PRIVATE.
 
-Layout (see _snapshot.py): ``<root>/<namespace>/<service>/<instance>/`` holds per pod ``<pod>/`` (the
+Layout (core/layout.py): ``<root>/<namespace>/<service>/<instance>/`` holds per pod ``<pod>/`` (the
 published snapshot), ``.<pod>.partial`` (staging), ``.<pod>.old.<pid>`` (a replaced snapshot being
 removed) and ``.<pod>.status.json`` (the status record). The device (NPU) root has ``<pod>/`` dirs at
 the same depth, written by engines that take the device snapshot themselves.
@@ -23,12 +23,11 @@ import os
 import re
 import stat
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, metadata, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
-NPU_ENV = "VLLM_NPU_SNAPSHOT_PATH"
-DEFAULT_METADATA_PATH = "/run/inferops-snapshot/metadata.json"
+NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
+DEFAULT_METADATA_PATH = layout.DEFAULT_METADATA_FILE
 CATEGORIES = ("failed", "orphaned", "stale")
 _STATUS = re.compile(r"^\.(.+)\.status\.json$")
 _STAGING = re.compile(r"^\.(.+)\.partial$")
@@ -52,13 +51,9 @@ def restored_from(pid, metadata_path=DEFAULT_METADATA_PATH, proc="/proc"):
     wrote into it (only its ``restored`` and ``snapshot_dir`` keys; the environment is not read out)."""
     if not pid:
         return None
-    try:
-        with open(os.path.join(proc, str(pid), "root", metadata_path.lstrip("/"))) as handle:
-            metadata = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-    if isinstance(metadata, dict) and metadata.get("restored") and isinstance(metadata.get("snapshot_dir"), str):
-        return os.path.normpath(metadata["snapshot_dir"])
+    doc = metadata.read_in_process(pid, metadata_path, proc)
+    if isinstance(doc, dict) and doc.get("restored") and isinstance(doc.get("snapshot_dir"), str):
+        return os.path.normpath(doc["snapshot_dir"])
     return None
 
 
@@ -84,13 +79,8 @@ def container_facts(info, metadata_path=DEFAULT_METADATA_PATH, proc="/proc"):
 
 def running_containers(docker, metadata_path=DEFAULT_METADATA_PATH):
     """container_facts of every running container (one `docker inspect` for all of them)."""
-    rc, out, err = docker.run(["ps", "--quiet", "--no-trunc"])
-    ids = out.split()
-    if not ids:
-        return []
-    rc, out, err = docker.run(["container", "inspect", "--"] + ids, check=False)
     facts = []
-    for info in json.loads(out or "[]"):  # a container that went away meanwhile is simply not listed
+    for info in docker.inspect_containers(docker.running_ids()):  # one that went away meanwhile is not listed
         item = container_facts(info, metadata_path)
         if item["running"]:
             facts.append(item)
@@ -179,7 +169,7 @@ def scan(root, now):
                 entry["age"] = now - created if created is not None else _age(full, now)
             elif kind == "status":
                 entry["status_path"] = full
-                entry["status"] = snapshot.read_status(entry["snapshot_dir"])
+                entry["status"] = status.read(entry["snapshot_dir"])
             else:
                 entry["leftovers"].append({"path": full, "kind": kind, "age": _age(full, now)})
     return [pods[key] for key in sorted(pods)]

@@ -153,19 +153,27 @@ elapsed:
   type: float
 """
 
-import time
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
 from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s as k8s
 from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import SnapshotError, SnapshotTimeout
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
+    ParameterError,
+    SnapshotError,
+    SnapshotTimeout,
+)
+
+ARGUMENT_SPEC = dict(k8s.AUTH_ARGS, **svc.SERVICE_ARGS)
+ARGUMENT_SPEC.update(
+    wait_for=dict(type="str", default="none", choices=["none", "running", "ready"]),
+    wait_pods=dict(type="list", elements="str"),
+    wait_timeout=dict(type="float", default=300.0),
+    wait_sleep=dict(type="float", default=0.5),
+)
 
 
-def arrived(pod, container_name, wait_for):
-    ready = svc.is_ready(pod) if wait_for == "ready" else True
+def arrived(pod, container_name, wait_for_state):
+    ready = svc.is_ready(pod) if wait_for_state == "ready" else True
     return ready and svc.container_id(pod, container_name)[1] is not None
 
 
@@ -173,11 +181,12 @@ def describe_state(state):
     return ", ".join("%s=%s" % (key, value) for key, value in sorted(state.items()) if key != "state")
 
 
-def wait(module, client, params, result, clock=time.monotonic):
+def wait(client, params, result):
+    """Wait until every awaited pod is there; fail at once when one stopped or its snapshot failed."""
     names = params["wait_pods"] if params["wait_pods"] is not None else [pod["name"] for pod in result["pods"]]
-    started = clock()
     last = {}
-    while True:
+
+    def every_pod_there():
         missing = []
         for pod_name in names:
             pod = client.get_pod(params["namespace"], pod_name)
@@ -190,22 +199,24 @@ def wait(module, client, params, result, clock=time.monotonic):
             if last[pod_name]["phase"] in ("Failed", "Succeeded"):
                 raise SnapshotError("pod %s/%s stopped (phase %s) while waiting for it to be %s"
                                     % (params["namespace"], pod_name, last[pod_name]["phase"], params["wait_for"]),
-                                    waited=last, elapsed=round(clock() - started, 3))
+                                    waited=last)
             if svc.annotations(pod).get(svc.A_STATUS) == svc.STATUS_FAILED:
                 raise SnapshotError("pod %s/%s: snapshot status is failed: %s" % (
-                    params["namespace"], pod_name, svc.annotations(pod).get(svc.A_REASON)), waited=last,
-                    elapsed=round(clock() - started, 3))
+                    params["namespace"], pod_name, svc.annotations(pod).get(svc.A_REASON)), waited=last)
             if not arrived(pod, container.get("name"), params["wait_for"]):
                 missing.append(pod_name)
-        elapsed = round(clock() - started, 3)
-        if not missing:
-            return last, elapsed
-        if elapsed >= params["wait_timeout"]:
-            details = "; ".join("%s: %s" % (pod_name, describe_state(last[pod_name])) for pod_name in missing)
-            raise SnapshotTimeout("timeout: pods not %s within %.0f s: %s" % (params["wait_for"], params["wait_timeout"],
-                                                                              details),
-                                  waited=last, elapsed=elapsed, missing=missing)
-        time.sleep(params["wait_sleep"])
+        return not missing, missing
+
+    try:
+        _missing, elapsed = wait_for(every_pod_there, params["wait_timeout"], params["wait_sleep"],
+                                     what="pods %s" % params["wait_for"])
+    except SnapshotTimeout as exc:
+        missing = exc.result.get("last_state") or []
+        details = "; ".join("%s: %s" % (pod_name, describe_state(last.get(pod_name, {}))) for pod_name in missing)
+        raise SnapshotTimeout("timeout: pods not %s within %.0f s: %s" % (params["wait_for"], params["wait_timeout"],
+                                                                          details),
+                              waited=last, elapsed=exc.result.get("elapsed"), missing=missing)
+    return last, round(elapsed, 3)
 
 
 def main_logic(module):
@@ -214,30 +225,17 @@ def main_logic(module):
     result = svc.read_service(client, params)
     if params["wait_for"] != "none":
         if params["wait_timeout"] < 0:
-            raise SnapshotError("wait_timeout: must be 0 or more seconds, got %s" % params["wait_timeout"])
+            raise ParameterError("wait_timeout: must be 0 or more seconds, got %s" % params["wait_timeout"])
         try:
-            result["waited"], result["elapsed"] = wait(module, client, params, result)
+            result["waited"], result["elapsed"] = wait(client, params, result)
         except SnapshotError as exc:
             exc.result.update(result)
             raise
-    module.exit_json(changed=False, **result)
+    return dict(result, changed=False)
 
 
 def main():
-    argument_spec = dict(k8s.AUTH_ARGS)
-    argument_spec.update(svc.SERVICE_ARGS)
-    argument_spec.update(
-        wait_for=dict(type="str", default="none", choices=["none", "running", "ready"]),
-        wait_pods=dict(type="list", elements="str"),
-        wait_timeout=dict(type="float", default=300.0),
-        wait_sleep=dict(type="float", default=0.5),
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not k8s.HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=k8s.KUBERNETES_IMPORT_ERROR)
-    if not schema.HAS_JSONSCHEMA:
-        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic, requires=("kubernetes", "jsonschema"))
 
 
 if __name__ == "__main__":

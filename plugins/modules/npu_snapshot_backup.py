@@ -131,31 +131,25 @@ durations:
   sample: {backup: 0.21, record: 0.001}
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import device, layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import RuntimeRefusedError, SnapshotError
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
-from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import (
-    CONTROL_TARGET_ARGS,
-    CONTROL_TARGET_EXCLUSIVE,
-    CONTROL_TARGET_REQUIRED_ONE_OF,
-    IDENTITY_OPTIONS,
-    Stopwatch,
-    control_client,
-    run_module,
-)
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import RuntimeRefusedError, SnapshotError
+ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS,
+                     snapshot_dir=dict(type="path", required=True),
+                     identity=dict(type="dict", options=_module.IDENTITY_OPTIONS),
+                     lock=dict(type="bool", default=False))
 
 
 def main_logic(module):
     params = module.params
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
-    staging_dir = paths.staging_dir_for(snapshot_dir)
+    staging_dir = layout.staging_dir(snapshot_dir)
     paths.validate_snapshot_dir(staging_dir, field="snapshot_dir (staging sibling)")
-    identity = device.check_identity(params["identity"], snapshot_dir)
-    client = control_client(module)
+    identity = paths.check_identity(params["identity"], snapshot_dir)
+    client = _module.control_client(module)
     timeout = params["timeout"]
     watch = Stopwatch()
 
@@ -167,7 +161,7 @@ def main_logic(module):
 
     if previous == protocol.STATE_BACKED_UP and recorded and recorded.get("pid") == reply["pid"] \
             and recorded.get("identity") == identity:
-        module.exit_json(changed=False, state=previous, actions=[], pid=reply["pid"], devices=reply.get("devices", []),
+        return dict(changed=False, state=previous, actions=[], pid=reply["pid"], devices=reply.get("devices", []),
                          runtime_version=reply.get("runtime_version"),
                          device_memory_bytes=recorded.get("device_memory_bytes"), durations={},
                          diff=dict(before=dict(state=previous), after=dict(state=previous)), **result)
@@ -182,7 +176,7 @@ def main_logic(module):
     if previous != protocol.STATE_BACKED_UP:
         operations.append(protocol.OP_BACKUP)
     if module.check_mode:
-        module.exit_json(changed=True, state=protocol.STATE_BACKED_UP, actions=operations, pid=reply["pid"],
+        return dict(changed=True, state=protocol.STATE_BACKED_UP, actions=operations, pid=reply["pid"],
                          devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
                          device_memory_bytes=(reply.get("engine") or {}).get("device_memory_bytes"),
                          durations={}, diff=dict(before=dict(state=previous), after=dict(state=protocol.STATE_BACKED_UP)),
@@ -200,28 +194,14 @@ def main_logic(module):
     except SnapshotError as exc:
         exc.result.update(actions=done, durations=watch.durations, **result)
         raise
-    module.exit_json(changed=True, state=reply["state"], actions=done, pid=reply["pid"],
+    return dict(changed=True, state=reply["state"], actions=done, pid=reply["pid"],
                      devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
                      device_memory_bytes=part["device_memory_bytes"], durations=watch.durations,
                      diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
 
 
 def main():
-    argument_spec = dict(CONTROL_TARGET_ARGS)
-    argument_spec.update(
-        snapshot_dir=dict(type="path", required=True),
-        identity=dict(type="dict", options=IDENTITY_OPTIONS),
-        lock=dict(type="bool", default=False),
-    )
-    module = AnsibleModule(
-        argument_spec=argument_spec,
-        mutually_exclusive=CONTROL_TARGET_EXCLUSIVE,
-        required_one_of=CONTROL_TARGET_REQUIRED_ONE_OF,
-        supports_check_mode=True,
-    )
-    if not schema.HAS_JSONSCHEMA:
-        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic, **_module.CONTROL_TARGET_OPTIONS)
 
 
 if __name__ == "__main__":

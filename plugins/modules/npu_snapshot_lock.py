@@ -48,7 +48,7 @@ options:
     type: bool
     default: true
 notes:
-  - The engine must run under the collection's agent launcher (C(python3 _agent.py -- engine.py)) or
+  - The engine must run under the collection's agent launcher (C(python3 -m inferops_agent -- engine.py)) or
     expose the snapshot protocol on its own HTTP endpoint.
 seealso:
   - module: inferops.snapshot.npu_snapshot_backup
@@ -120,20 +120,15 @@ durations:
   sample: {lock: 0.012}
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import (
-    CONTROL_TARGET_ARGS,
-    CONTROL_TARGET_EXCLUSIVE,
-    CONTROL_TARGET_REQUIRED_ONE_OF,
-    Stopwatch,
-    control_client,
-    run_module,
-)
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
 
 LOCKED_STATES = (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP)
+ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS,
+                     state=dict(type="str", required=True, choices=["locked", "unlocked"]),
+                     restore_before_unlock=dict(type="bool", default=True))
 
 
 def plan(current, wanted, restore_before_unlock):
@@ -148,13 +143,12 @@ def plan(current, wanted, restore_before_unlock):
 
 
 def main_logic(module):
-    client = control_client(module)
+    client = _module.control_client(module)
     timeout = module.params["timeout"]
     reply = client.request(protocol.OP_STATE, timeout)
-    previous = reply["state"]
+    previous = state = reply["state"]
     operations = plan(previous, module.params["state"], module.params["restore_before_unlock"])
     watch = Stopwatch()
-    state = previous
     if operations and module.check_mode:
         state = protocol.STATE_LOCKED if module.params["state"] == "locked" else protocol.STATE_RUNNING
     elif operations:
@@ -168,33 +162,14 @@ def main_logic(module):
                 raise
             done.append(op)
         state = reply["state"]
-    module.exit_json(
-        changed=bool(operations),
-        previous_state=previous,
-        state=state,
-        actions=operations,
-        pid=reply.get("pid"),
-        devices=reply.get("devices", []),
-        runtime_version=reply.get("runtime_version"),
-        endpoint=client.where,
-        durations=watch.durations,
-        diff=dict(before=dict(state=previous), after=dict(state=state)),
-    )
+    return dict(changed=bool(operations), previous_state=previous, state=state, actions=operations,
+                pid=reply.get("pid"), devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
+                endpoint=client.where, durations=watch.durations,
+                diff=dict(before=dict(state=previous), after=dict(state=state)))
 
 
 def main():
-    argument_spec = dict(CONTROL_TARGET_ARGS)
-    argument_spec.update(
-        state=dict(type="str", required=True, choices=["locked", "unlocked"]),
-        restore_before_unlock=dict(type="bool", default=True),
-    )
-    module = AnsibleModule(
-        argument_spec=argument_spec,
-        mutually_exclusive=CONTROL_TARGET_EXCLUSIVE,
-        required_one_of=CONTROL_TARGET_REQUIRED_ONE_OF,
-        supports_check_mode=True,
-    )
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic, requires=(), **_module.CONTROL_TARGET_OPTIONS)
 
 
 if __name__ == "__main__":

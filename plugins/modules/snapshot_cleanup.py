@@ -127,12 +127,23 @@ summary:
 import os
 import time
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", required=True),
+    npu_root=dict(type="path"),
+    remove=dict(type="list", elements="str", default=["failed", "orphaned", "stale"],
+                choices=["failed", "orphaned", "stale"]),
+    max_age=dict(type="int"),
+    check_images=dict(type="bool", default=True),
+    known_pods=dict(type="list", elements="dict"),
+    generation_grace=dict(type="int", default=3600),
+    metadata_path=dict(type="path", default=layout.DEFAULT_METADATA_FILE),
+    docker_cli=dict(type="str", default="docker"),
+)
 
 
 def main_logic(module):
@@ -141,18 +152,14 @@ def main_logic(module):
     root = paths.validate_snapshot_dir(params["root"], field="root")
     npu_root = paths.validate_snapshot_dir(params["npu_root"], field="npu_root") if params["npu_root"] else None
     now = time.time()
-    docker = DockerCli(module, params["docker_cli"])
+    docker = DockerCli(params["docker_cli"])
     in_use, npu_in_use = {}, {}
     for container in retention.running_containers(docker, params["metadata_path"]):
         if container["restored_from"]:
             in_use[container["restored_from"]] = "container %s" % container["name"]
         if container["npu_snapshot_path"]:
             npu_in_use[container["npu_snapshot_path"]] = "container %s" % container["name"]
-    images = None
-    if params["check_images"]:
-        rc, out, err = docker.run(["image", "ls", "--quiet", "--no-trunc"])
-        images = set(out.split())
-
+    images = docker.image_ids() if params["check_images"] else None
     entries = retention.scan(root, now) if os.path.isdir(root) else []
     npu_dirs = retention.scan_npu(npu_root) if npu_root and os.path.isdir(npu_root) else {}
     policy = dict(remove=params["remove"], max_age=params["max_age"], generation_grace=params["generation_grace"],
@@ -165,26 +172,11 @@ def main_logic(module):
                                       if r["category"] == category)))
                    for category in retention.CATEGORIES)
     summary["kept"] = len(kept)
-    module.exit_json(changed=bool(removals), removed=removals, kept=kept, in_use=in_use, summary=summary)
+    return dict(changed=bool(removals), removed=removals, kept=kept, in_use=in_use, summary=summary)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", required=True),
-            npu_root=dict(type="path"),
-            remove=dict(type="list", elements="str", default=["failed", "orphaned", "stale"],
-                        choices=["failed", "orphaned", "stale"]),
-            max_age=dict(type="int"),
-            check_images=dict(type="bool", default=True),
-            known_pods=dict(type="list", elements="dict"),
-            generation_grace=dict(type="int", default=3600),
-            metadata_path=dict(type="path", default=retention.DEFAULT_METADATA_PATH),
-            docker_cli=dict(type="str", default="docker"),
-        ),
-        supports_check_mode=True,
-    )
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic, requires=())
 
 
 if __name__ == "__main__":

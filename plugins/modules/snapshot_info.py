@@ -199,27 +199,36 @@ npu_dir_exists:
   type: bool
 """
 
-import hashlib
 import os
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control
-from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
-from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
-from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
+
+ARGUMENT_SPEC = dict(
+    snapshot_dir=dict(type="path", required=True),
+    identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
+    container=dict(type="str"),
+    npu_dir=dict(type="path"),
+    verify=dict(type="bool", default=True),
+    image=dict(type="str"),
+    min_size=dict(type="int", default=1024),
+    criu_version=dict(type="str", default="auto"),
+    runtime_version=dict(type="str"),
+    device_state=dict(type="bool", default=True),
+    agent_socket_dir=dict(type="path", default=layout.DEFAULT_AGENT_SOCKET_DIR),
+    metadata_path=dict(type="path", default=layout.DEFAULT_METADATA_FILE),
+    docker_cli=dict(type="str", default="docker"),
+    workers=dict(type="int"),
+)
 
 
-def container_info(module, docker):
-    params = module.params
+def container_info(params, docker):
     if not params["container"]:
         return {"exists": False}
     try:
@@ -229,14 +238,12 @@ def container_info(module, docker):
     return retention.container_facts(info, params["metadata_path"])
 
 
-def engine_state(module, container):
+def engine_state(params, container):
     """(state, operation still running inside the runtime or None, error or None)."""
     if not container.get("running"):
         return None, None, "the container is not running"
     try:
-        client = control.AgentSocketClient(control.agent_socket_for_pid(container["pid"],
-                                                                        module.params["agent_socket_dir"]))
-        reply = client.request(protocol.OP_STATE, 10)
+        reply = AgentSocketClient.for_pid(container["pid"], params["agent_socket_dir"]).request(protocol.OP_STATE, 10)
         return reply["state"], reply.get("busy_with"), None
     except SnapshotError as exc:
         return None, None, exc.msg
@@ -245,71 +252,41 @@ def engine_state(module, container):
 def main_logic(module):
     params = module.params
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
-    identity = device.check_identity(params["identity"], snapshot_dir)
-    docker = DockerCli(module, params["docker_cli"])
-    container = container_info(module, docker)
+    identity = paths.check_identity(params["identity"], snapshot_dir)
+    docker = DockerCli(params["docker_cli"])
+    container = container_info(params, docker)
     published = os.path.isdir(snapshot_dir) and not os.path.islink(snapshot_dir)
-    record = snapshot.read_status(snapshot_dir)
+    record = status.read(snapshot_dir)
     result = dict(changed=False, snapshot_dir=snapshot_dir, published=published, status=record,
-                  staging=os.path.lexists(paths.staging_dir_for(snapshot_dir)), container=container,
-                  valid=None, reasons=[], bytes=0, throughput_mb_s=None, checksum=None, usable=False)
-    if published and os.path.isfile(os.path.join(snapshot_dir, manifest_utils.CHECKSUMS)):
-        with open(os.path.join(snapshot_dir, manifest_utils.CHECKSUMS), "rb") as handle:
-            result["checksum"] = hashlib.sha256(handle.read()).hexdigest()
-    if params["npu_dir"]:
-        result["npu_dir_exists"] = os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
-    else:
-        result["npu_dir_exists"] = None
-
+                  staging=os.path.lexists(layout.staging_dir(snapshot_dir)), container=container,
+                  valid=None, reasons=[], bytes=0, throughput_mb_s=None, usable=False,
+                  checksum=manifest.fingerprint(snapshot_dir) if published else None)
+    result["npu_dir_exists"] = (os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
+                                if params["npu_dir"] else None)
     if params["verify"]:
         image = params["image"]
         if image and not image.startswith("sha256:"):
             image = docker.image_id(image)
         elif not image and container.get("exists"):
             image = container["image_id"]
-        criu = params["criu_version"]
-        criu = None if criu == "skip" else (CriuCli(module).version() if criu == "auto" else criu)
-        expect = {"identity": identity, "image_id": image, "criu_version": criu,
-                  "runtime_version": params["runtime_version"]}
-        valid, reasons, details = manifest_utils.verify(snapshot_dir, params["min_size"], expect, params["workers"])
+        expect = verify.expectations(identity, image, params["criu_version"], params["runtime_version"])
+        valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"])
         hashing = details["hashing"] or {}
         result.update(valid=valid, reasons=reasons, bytes=details["bytes"],
                       throughput_mb_s=hashing.get("throughput_mb_s"))
         result["usable"] = bool(valid and (record is None or record.get("status") == "completed"))
         if valid and record is not None and record.get("status") != "completed":
             result["reasons"] = ["status: the record says %s, not completed" % record.get("status")]
-
     if params["device_state"]:
-        result["device_state"], result["device_busy_with"], result["device_state_error"] = engine_state(module,
+        result["device_state"], result["device_busy_with"], result["device_state_error"] = engine_state(params,
                                                                                                         container)
     else:
         result.update(device_state=None, device_busy_with=None, device_state_error="not asked (device_state=false)")
-    module.exit_json(**result)
+    return result
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            snapshot_dir=dict(type="path", required=True),
-            identity=dict(type="dict", required=True, options=IDENTITY_OPTIONS),
-            container=dict(type="str"),
-            npu_dir=dict(type="path"),
-            verify=dict(type="bool", default=True),
-            image=dict(type="str"),
-            min_size=dict(type="int", default=1024),
-            criu_version=dict(type="str", default="auto"),
-            runtime_version=dict(type="str"),
-            device_state=dict(type="bool", default=True),
-            agent_socket_dir=dict(type="path", default=control.DEFAULT_AGENT_SOCKET_DIR),
-            metadata_path=dict(type="path", default=retention.DEFAULT_METADATA_PATH),
-            docker_cli=dict(type="str", default="docker"),
-            workers=dict(type="int"),
-        ),
-        supports_check_mode=True,
-    )
-    if not schema.HAS_JSONSCHEMA:
-        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic)
 
 
 if __name__ == "__main__":

@@ -115,23 +115,26 @@ status_path:
   sample: /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.status.json
 """
 
-import hashlib
 import os
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _device as device
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+ARGUMENT_SPEC = dict(
+    snapshot_dir=dict(type="path", required=True),
+    identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
+    status=dict(type="str", choices=["generating", "completed", "failed"]),
+    reason=dict(type="str"),
+    checksum=dict(type="str"),
+    clean=dict(type="bool", default=True),
+    extra_paths=dict(type="list", elements="path", default=[]),
+)
 
 
 def removable(snapshot_dir, identity, extra_paths):
     """The paths a failed generation of this pod may have left, each checked to belong to the pod."""
-    candidates = [snapshot_dir, paths.staging_dir_for(snapshot_dir)]
+    candidates = [snapshot_dir, layout.staging_dir(snapshot_dir)]
     for index, path in enumerate(extra_paths):
         field = "extra_paths[%d]" % index
         path = paths.validate_snapshot_dir(path, field=field)
@@ -142,23 +145,16 @@ def removable(snapshot_dir, identity, extra_paths):
     return [path for path in candidates if os.path.lexists(path)]
 
 
-def fingerprint(snapshot_dir):
-    digest = hashlib.sha256()
-    with open(os.path.join(snapshot_dir, manifest_utils.CHECKSUMS), "rb") as handle:
-        digest.update(handle.read())
-    return digest.hexdigest()
-
-
 def main_logic(module):
     params = module.params
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
-    identity = device.check_identity(params["identity"], snapshot_dir)
-    record = snapshot.read_status(snapshot_dir)
+    identity = paths.check_identity(params["identity"], snapshot_dir)
+    record = status.read(snapshot_dir)
     previous = (record or {}).get("status")
-    result = dict(previous=previous, status_path=snapshot.status_path(snapshot_dir), removed=[])
+    result = dict(previous=previous, status_path=layout.status_path(snapshot_dir), removed=[])
     wanted = params["status"]
     if wanted is None:
-        module.exit_json(changed=False, record=record, status=previous, **result)
+        return dict(changed=False, record=record, status=previous, **result)
 
     fields = {"identity": identity}
     if wanted == "failed":
@@ -170,9 +166,9 @@ def main_logic(module):
         if params["extra_paths"]:
             raise ParameterError("extra_paths: only used with status=failed")
     if wanted == "completed":
-        if not os.path.isfile(os.path.join(snapshot_dir, manifest_utils.MANIFEST)):
+        if not os.path.isfile(os.path.join(snapshot_dir, layout.MANIFEST)):
             raise ParameterError("status: cannot record completed, no snapshot is published at %s" % snapshot_dir)
-        fields["checksum"] = params["checksum"] or fingerprint(snapshot_dir)
+        fields["checksum"] = params["checksum"] or manifest.fingerprint(snapshot_dir)
 
     same = (record is not None and previous == wanted and record.get("reason") == params["reason"]
             and all(record.get(key) == value for key, value in fields.items()))
@@ -180,36 +176,22 @@ def main_logic(module):
     diff = dict(before=dict(status=previous, reason=(record or {}).get("reason"), paths=to_remove),
                 after=dict(status=wanted, reason=params["reason"], paths=[]))
     if same and not to_remove:
-        module.exit_json(changed=False, record=record, status=previous, **result)
+        return dict(changed=False, record=record, status=previous, **result)
     if module.check_mode:
         preview = dict(record or {}, status=wanted, reason=params["reason"], **fields)
-        module.exit_json(changed=True, record=preview, status=wanted, diff=diff, **result)
+        return dict(changed=True, record=preview, status=wanted, diff=diff, **result)
 
     for path in to_remove:
         paths.remove_tree(path)
     if same:
         new_record = record
     else:
-        new_record = snapshot.write_status(snapshot_dir, wanted, reason=params["reason"], **fields)
-    module.exit_json(changed=True, record=new_record, status=wanted, diff=diff, **result)
+        new_record = status.update(snapshot_dir, wanted, reason=params["reason"], **fields)
+    return dict(changed=True, record=new_record, status=wanted, diff=diff, **result)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            snapshot_dir=dict(type="path", required=True),
-            identity=dict(type="dict", required=True, options=IDENTITY_OPTIONS),
-            status=dict(type="str", choices=["generating", "completed", "failed"]),
-            reason=dict(type="str"),
-            checksum=dict(type="str"),
-            clean=dict(type="bool", default=True),
-            extra_paths=dict(type="list", elements="path", default=[]),
-        ),
-        supports_check_mode=True,
-    )
-    if not schema.HAS_JSONSCHEMA:
-        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic)
 
 
 if __name__ == "__main__":

@@ -135,79 +135,61 @@ progress:
   elements: str
 """
 
-import time
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, paths, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import Progress
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils._common import IDENTITY_OPTIONS, Progress, run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli
-from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError, SnapshotError
-
-
-def expectations(module):
-    params = module.params
-    image = params["image"]
-    if image and not image.startswith("sha256:"):
-        image = DockerCli(module, params["docker_cli"]).image_id(image)
-    criu = params["criu_version"]
-    if criu == "auto":
-        criu = CriuCli(module).version()
-    elif criu == "skip":
-        criu = None
-    if params["identity"]:
-        schema.validate("manifest", params["identity"], "identity", definition="identity")
-    return {"identity": params["identity"], "image_id": image, "criu_version": criu,
-            "runtime_version": params["runtime_version"]}
+ARGUMENT_SPEC = dict(
+    snapshot_dir=dict(type="path", required=True),
+    min_size=dict(type="int", default=1024),
+    identity=dict(type="dict", options=_module.IDENTITY_OPTIONS),
+    image=dict(type="str"),
+    criu_version=dict(type="str", default="auto"),
+    runtime_version=dict(type="str"),
+    fail_on_invalid=dict(type="bool", default=False),
+    workers=dict(type="int"),
+    docker_cli=dict(type="str", default="docker"),
+)
 
 
 def main_logic(module):
     params = module.params
-    started = time.monotonic()
+    watch = Stopwatch()
     if params["min_size"] < 0:
         raise ParameterError("min_size: must be 0 or more bytes, got %d" % params["min_size"])
     if params["workers"] is not None and params["workers"] < 1:
         raise ParameterError("workers: must be at least 1, got %d" % params["workers"])
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
-    expect = expectations(module)
-    progress = Progress(module, "verify %s" % snapshot_dir)
-    valid, reasons, details = manifest_utils.verify(snapshot_dir, params["min_size"], expect, params["workers"],
-                                                    progress=progress.bytes_done)
+    if params["identity"]:
+        schema.validate("manifest", params["identity"], "identity", definition="identity")
+    image = params["image"]
+    if image and not image.startswith("sha256:"):
+        image = DockerCli(params["docker_cli"]).image_id(image)
+    expect = verify.expectations(params["identity"], image, params["criu_version"], params["runtime_version"])
+    progress = Progress("verify %s" % snapshot_dir, module.log, watch=watch)
+    valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"],
+                                              progress=progress.bytes_done)
     hashing = details["hashing"] or {}
     recorded = details["manifest"] or {}
+    progress.final("valid" if valid else "invalid")
     result = dict(
         changed=False, valid=valid, reasons=reasons, bytes=details["bytes"], files=details["files"],
         throughput_mb_s=hashing.get("throughput_mb_s"), workers=hashing.get("workers"),
         manifest={key: recorded.get(key) for key in ("identity", "created_at", "image", "engine", "runtime", "devices")},
-        durations={"hash": hashing.get("seconds", 0.0), "total": round(time.monotonic() - started, 6)},
-        progress=progress.lines + [progress.final("valid" if valid else "invalid")], snapshot_dir=snapshot_dir,
+        durations={"hash": hashing.get("seconds", 0.0), "total": round(watch.elapsed(), 6)},
+        progress=progress.lines, snapshot_dir=snapshot_dir,
     )
     if not valid and params["fail_on_invalid"]:
         raise SnapshotError("snapshot %s is invalid: %s" % (snapshot_dir, "; ".join(reasons)), **result)
-    module.exit_json(**result)
+    return result
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            snapshot_dir=dict(type="path", required=True),
-            min_size=dict(type="int", default=1024),
-            identity=dict(type="dict", options=IDENTITY_OPTIONS),
-            image=dict(type="str"),
-            criu_version=dict(type="str", default="auto"),
-            runtime_version=dict(type="str"),
-            fail_on_invalid=dict(type="bool", default=False),
-            workers=dict(type="int"),
-            docker_cli=dict(type="str", default="docker"),
-        ),
-        supports_check_mode=True,
-    )
-    if not schema.HAS_JSONSCHEMA:
-        module.fail_json(msg=missing_required_lib("jsonschema"), exception=schema.JSONSCHEMA_IMPORT_ERROR)
-    run_module(module, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic)
 
 
 if __name__ == "__main__":

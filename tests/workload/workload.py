@@ -7,7 +7,7 @@ answer is right only if both the device memory and the host memory are what warm
 correct device + host restore is the only way to get the same answers back without a warmup.
 
 Run it under the inferops agent so the modules can reach its snapshot state:
-    python3 _agent.py -- workload.py
+    python3 -m inferops_agent -- workload.py
 Configuration is by environment (see CONFIG below). It honours VLLM_NPU_SNAPSHOT_PATH: when set,
 the engine takes the device snapshot itself after warmup (lock + backup) and only then reports
 ready, as the seed design's engine does.
@@ -25,14 +25,10 @@ import ctypes
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-for candidate in (os.environ.get("INFEROPS_AGENT_DIR"), os.path.join(HERE, "..", "..", "plugins", "module_utils")):
-    if candidate and os.path.isdir(candidate) and candidate not in sys.path:
-        sys.path.append(candidate)
-
-import _acl  # noqa: E402  (the collection's binding: same library instance as the agent)
-import _agent  # noqa: E402
-import _protocol  # noqa: E402
+# The agent package the launcher runs from: the collection's binding, so the same library instance.
+from inferops_agent import acl as _acl  # noqa: E402
+from inferops_agent import launcher as _agent  # noqa: E402
+from inferops_agent import protocol as _protocol  # noqa: E402
 
 CONFIG = {
     "host": os.environ.get("WORKLOAD_HOST", "127.0.0.1"),

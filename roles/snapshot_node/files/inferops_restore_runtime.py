@@ -5,9 +5,9 @@
 
 The runtime shim (installed by the inferops.snapshot.snapshot_node role) runs this file with the
 node's python3 (``python3 -I``) for the calls it does not pass straight to runc. The collection's
-module_utils are installed beside it (``ansible_collections/inferops/snapshot/plugins/module_utils``)
-and do the work. If they cannot be loaded, the call is handed to runc unchanged: a broken install
-costs the restore, never the container.
+standard-library core (``plugins/module_utils/core``) is installed beside it as the package
+``inferops_snapshot`` and does the work. If it cannot be loaded, the call is handed to runc
+unchanged: a broken install costs the restore, never the container.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,36 +19,9 @@ import os
 import sys
 import time
 import traceback
-import types
 
 CONFIG_ENV = "INFEROPS_RESTORE_CONFIG"
-
-
-def _alias_six_urllib():
-    """Give the collection's control clients ``ansible.module_utils.six.moves.urllib`` from the standard library.
-
-    Ansible bundles six with every module it sends; this node-side program has no Ansible, and
-    needs only the two urllib modules the clients import.
-    """
-    try:
-        import ansible.module_utils.six.moves.urllib.request  # noqa: F401  pylint: disable=unused-import
-        return
-    except ImportError:
-        pass
-    import urllib.error
-    import urllib.request
-
-    names = ("ansible", "ansible.module_utils", "ansible.module_utils.six", "ansible.module_utils.six.moves",
-             "ansible.module_utils.six.moves.urllib")
-    for name in names:
-        module = sys.modules.get(name) or types.ModuleType(name)
-        module.__path__ = []
-        sys.modules[name] = module
-    urllib_alias = sys.modules["ansible.module_utils.six.moves.urllib"]
-    urllib_alias.error = urllib.error
-    urllib_alias.request = urllib.request
-    sys.modules["ansible.module_utils.six.moves.urllib.error"] = urllib.error
-    sys.modules["ansible.module_utils.six.moves.urllib.request"] = urllib.request
+PACKAGE = "inferops_snapshot"
 
 
 def _fallback(config_path, argv, error):
@@ -82,8 +55,7 @@ def main():
     argv = sys.argv[1:]
     try:
         sys.path.insert(0, here)
-        _alias_six_urllib()
-        from ansible_collections.inferops.snapshot.plugins.module_utils import _restore_runtime as runtime
+        runtime = __import__(PACKAGE + ".node.runtime", fromlist=["main"])
     except Exception:
         _fallback(config_path, argv, "cannot load the restore path: %s" % traceback.format_exc()[-2000:])
         return 127

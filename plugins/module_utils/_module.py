@@ -1,0 +1,93 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The module factory and the argument specs modules share. PRIVATE to the inferops.snapshot collection.
+
+Every module's ``main()`` is ``run(ARGUMENT_SPEC, logic, ...)``: this builds the AnsibleModule, checks
+the Python libraries the module needs on the target, runs ``logic(module)`` and turns its result into
+``exit_json`` and the collection's typed errors into ``fail_json`` -- in this one place. The shared
+argument specs match the doc fragments of the same names in plugins/doc_fragments.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+
+# Matches plugins/doc_fragments/control_endpoint.py.
+CONTROL_TARGET_ARGS = dict(
+    pid=dict(type="int"),
+    container=dict(type="str"),
+    endpoint=dict(type="str"),
+    endpoint_paths=dict(type="dict"),
+    agent_socket_dir=dict(type="path", default=layout.DEFAULT_AGENT_SOCKET_DIR),
+    # Above the real runtime's own 60 s lock wait, so a slow lock reports 507905, not a timeout.
+    timeout=dict(type="float", default=90.0),
+    docker_cli=dict(type="str", default="docker"),
+)
+CONTROL_TARGET_OPTIONS = dict(mutually_exclusive=[("pid", "container", "endpoint")],
+                              required_one_of=[("pid", "container", "endpoint")])
+# Matches plugins/doc_fragments/identity.py.
+IDENTITY_OPTIONS = dict(
+    namespace=dict(type="str", required=True),
+    service=dict(type="str", required=True),
+    instance=dict(type="str", required=True),
+    pod=dict(type="str", required=True),
+)
+
+
+def _kubernetes():
+    from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s
+    return _k8s.HAS_KUBERNETES, _k8s.KUBERNETES_IMPORT_ERROR
+
+
+# Libraries a module may need on the target: name -> () -> (importable?, import traceback).
+LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMPORT_ERROR), "kubernetes": _kubernetes}
+
+
+def positive(params, *names):
+    """Fail, naming the option, unless each of ``names`` that is set is a number > 0 (before anything runs)."""
+    for name in names:
+        value = params.get(name)
+        if value is not None and not value > 0:
+            raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, value), field=name)
+
+
+def control_client(module):
+    """The endpoint client for the target the task names (pid, container or endpoint)."""
+    params = module.params
+    if params.get("endpoint_paths") and not params.get("endpoint"):
+        raise ParameterError("endpoint_paths: only meaningful together with an http(s) `endpoint`")
+    positive(params, "timeout")
+    if params.get("endpoint"):
+        return control.client_for_endpoint(params["endpoint"], params.get("endpoint_paths"))
+    pid = params.get("pid")
+    if params.get("container"):
+        pid = DockerCli(params.get("docker_cli") or "docker").running_pid(params["container"])
+    return control.AgentSocketClient(control.agent_socket_for_pid(pid, params["agent_socket_dir"]))
+
+
+def run(argument_spec, logic, requires=("jsonschema",), **module_options):
+    """The whole ``main()`` of a module: ``logic(module)`` returns the result dict of a successful run."""
+    options = dict(supports_check_mode=True)
+    options.update(module_options)
+    module = AnsibleModule(argument_spec=argument_spec, **options)
+    for name in requires:
+        available, error = LIBRARIES[name]()
+        if not available:
+            module.fail_json(msg=missing_required_lib(name), exception=error)
+    try:
+        result = logic(module)
+    except SnapshotError as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
+    except Exception as exc:  # an unexpected bug: say so, with the traceback, instead of a bare crash
+        module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc())
+    module.exit_json(**result)
