@@ -35,6 +35,28 @@ def ensure_collection_link():
 # Unit tests import the collection's module_utils the way Ansible does.
 sys.path.insert(0, str(ensure_collection_link()))
 
+AGENT_PATH = BUILD / "agent"
+
+
+def ensure_agent_package():
+    """The agent folder as the package ``inferops_agent``, as an engine image has it (PYTHONPATH=AGENT_PATH)."""
+    link = AGENT_PATH / "inferops_agent"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(MODULE_UTILS / "core" / "agent")
+    return AGENT_PATH
+
+
+def agent_command(engine, python=sys.executable):
+    """argv that runs ``engine`` under the agent launcher; the process needs agent_env()."""
+    return [python, "-m", "inferops_agent", "--", str(engine)]
+
+
+def agent_env(env=None):
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ensure_agent_package()), env.get("PYTHONPATH")) if p)
+    return env
+
 
 @pytest.fixture(scope="session")
 def simulator_library():
@@ -102,9 +124,9 @@ class Workload:
         return str(self.socket_dir / ("agent.%d.sock" % self.proc.pid))
 
     def start(self, engine=None):
-        command = [sys.executable, str(MODULE_UTILS / "_agent.py"), "--", str(engine or WORKLOAD)]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(agent_command(engine or WORKLOAD), env=agent_env(self.env), stdout=self._log,
+                                     stderr=subprocess.STDOUT)
         return self
 
     def wait_socket(self, timeout=20):

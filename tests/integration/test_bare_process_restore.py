@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 
-from conftest import MODULE_UTILS, WORKLOAD, free_port, http_get, reset_device, run_module
+from conftest import WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _criu as criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
 MARK = "INFEROPS_TEST_MARK"
@@ -81,7 +81,7 @@ def workload_env(base, simulator_library, port, device_dir, mark):
         "ACL_SIM_DEVICE_MEM_BYTES": "256M", "INFEROPS_AGENT_SOCKET_DIR": str(socket_dir),
         "INFEROPS_METADATA_FILE": str(base / ("metadata-%d" % port) / "metadata.json"),
         "WORKLOAD_PORT": str(port), "WORKLOAD_WARMUP_SECONDS": "1", "WORKLOAD_DEVICE_MB": "16",
-        "WORKLOAD_HOST_MB": "4", "PYTHONUNBUFFERED": "1", MARK: mark,
+        "WORKLOAD_HOST_MB": "4", "PYTHONUNBUFFERED": "1", MARK: mark, "PYTHONPATH": str(ensure_agent_package()),
     }
 
 
@@ -94,7 +94,7 @@ def bare(docker_env, simulator_library, tmp_path_factory):
     mark = uuid.uuid4().hex
     port = free_port()
     env = workload_env(base, simulator_library, port, device_dir, mark)
-    command = [sys.executable, str(MODULE_UTILS / "_agent.py"), "--", str(WORKLOAD)]
+    command = agent_command(WORKLOAD)
     # Its own session, no terminal, no file CRIU would have to find again: what a restorable process needs.
     proc = subprocess.Popen(command, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -190,13 +190,16 @@ def test_a_taken_pid_is_a_reason_not_a_crash(bare):
 def test_check_mode_changes_nothing(bare):
     b = bare
     kill_original(b)
+    record_path = os.path.join(os.path.dirname(b["snapshot_dir"]), ".%s.status.json" % b["pod"])
+    before = json.loads(open(record_path).read())
+    # the attempt above that could neither restore nor start cold is on record as such
+    assert before["last_restore"]["outcome"] == "failed" and before["last_restore"]["reason"].startswith("pid_in_use:")
     result = run_module("snapshot_restore", restore_args(b), check=True)
     assert result["failed"] is False and result["changed"] is True, result
     assert result["restored"] is True and result["reason"] is None and result["verify"]["valid"] is True
     assert not pid_exists(b["pid"])
     assert not os.path.exists(b["env"]["INFEROPS_METADATA_FILE"])
-    status = json.loads(open(os.path.join(os.path.dirname(b["snapshot_dir"]), ".%s.status.json" % b["pod"])).read())
-    assert "last_restore" not in status
+    assert json.loads(open(record_path).read()) == before
     with pytest.raises(OSError):
         http_get(b["url"] + "/health", timeout=2)
 

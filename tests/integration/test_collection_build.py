@@ -17,7 +17,7 @@ def test_build_install_and_use_the_installed_collection(tmp_path):
     assert len(tarballs) == 1, tarballs
     with tarfile.open(tarballs[0]) as tar:
         names = tar.getnames()
-    for required in ("plugins/modules/host_checkpoint.py", "plugins/module_utils/_agent.py", "meta/runtime.yml",
+    for required in ("plugins/modules/host_checkpoint.py", "plugins/module_utils/core/agent/launcher.py", "meta/runtime.yml",
                      "schemas/manifest.schema.json", "MANIFEST.json", "COPYING"):
         assert required in names, required
     for excluded in (".venv", "build", ".ci"):

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _containerd_leak as containerd_leak
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]

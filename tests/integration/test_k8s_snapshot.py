@@ -28,7 +28,7 @@ from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, wr
 from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
 
 NODE = "node-a"
 RUNTIME_CLASS = "inferops-restore"  # the pods' runtimeClassName; its handler is the runtime the role installed
@@ -263,7 +263,7 @@ def test_recreated_pod_is_restored_by_the_runtime_with_its_new_environment(gener
     # and recorded that for this very container; the role's annotation comes from that record
     cid = svc.container_id(pod)
     assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", cid) == cluster.runtime.name
-    attempt = snapshot.read_status(snapshot_dir)["last_restore"]
+    attempt = status.read(snapshot_dir)["last_restore"]
     assert attempt["container"] == cid and attempt["outcome"] == "restored" and attempt["reason"] is None, attempt
     assert attempt["device_actions"] == ["restore", "unlock"], attempt
     record = cluster.runtime.log_records(cid)[-1]
@@ -350,7 +350,7 @@ def test_runtime_starts_the_pod_normally_when_its_snapshot_breaks_after_verifica
         for key in ("org.inferops.restore-from", "snapshot.inferops.org/status", "snapshot.inferops.org/checksum"):
             assert key not in ann, (key, ann)
         cid = svc.container_id(pod)
-        attempt = snapshot.read_status(svc.snapshot_dir("p0", pod))["last_restore"]
+        attempt = status.read(svc.snapshot_dir("p0", pod))["last_restore"]
         assert attempt["container"] == cid and attempt["outcome"] == "cold", attempt
         assert ann["snapshot.inferops.org/restore-reason"].endswith(attempt["reason"])
         assert cluster.runtime.log_records(cid)[-1]["outcome"] == "cold"

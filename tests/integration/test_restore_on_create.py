@@ -21,8 +21,8 @@ import pytest
 from _runtime_helpers import Node, read_daemon_json, runtimes
 from conftest import WorkloadContainer, docker, free_port, http_get, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal, status
 
 PROMPTS = ["what is an NPU?", "restore me on create", "数据"]
 WARMUP = 8.0
@@ -204,9 +204,9 @@ def test_recreated_container_comes_back_warm_with_identical_answers(node, warm):
     for stage in ("prepare", "verify", "host_restore", "metadata", "device_restore", "total"):
         assert stage in record["durations"], record["durations"]
     assert "10.9.8.7" not in node.log_file.read_text(), "env values never go to the log"
-    status = snapshot.read_status(warm["snapshot_dir"])
-    assert status["status"] == "completed" and status["last_restore"]["outcome"] == "restored"
-    assert status["last_restore"]["container"] == c.id
+    status_record = status.read(warm["snapshot_dir"])
+    assert status_record["status"] == "completed" and status_record["last_restore"]["outcome"] == "restored"
+    assert status_record["last_restore"]["container"] == c.id
     # the snapshot is untouched by the restore: it still verifies
     valid, reasons, _details = manifest_utils.verify(warm["snapshot_dir"], 1024, {})
     assert valid, reasons
@@ -216,7 +216,7 @@ def test_recreated_container_comes_back_warm_with_identical_answers(node, warm):
     # the restored process is the container's: exec, top and its old environment (hence the metadata file)
     environ = docker("exec", c.name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ")
     assert "INFEROPS_RESTORE_FROM" not in environ and "POD_IP" not in environ
-    assert "_agent.py" in docker("top", c.name)
+    assert "inferops_agent" in docker("top", c.name)
     # docker restart: policy "once" -> the restart starts cold, and serves correct answers
     docker("restart", "--time", "5", c.name)
     assert_cold(node, c, warm, "policy_once:")
@@ -264,8 +264,8 @@ def corrupt_copy(node, warm, suffix, mutate, reseal=False):
     manifest = json.loads(open(os.path.join(staging, "manifest.json")).read())
     mutate(staging)
     fields = {k: v for k, v in manifest.items() if k not in ("files", "total_bytes", "schema_version")}
-    snapshot.seal(staging, fields)
-    snapshot.publish(staging, dst)
+    seal.seal(staging, fields)
+    seal.publish(staging, dst)
     return dst
 
 
@@ -288,7 +288,7 @@ def test_corrupted_snapshot_comes_back_cold(node, warm):
     c.run()
     record, _info = assert_cold(node, c, warm, "checksum_mismatch: host/criu/pages-")
     assert "verify" not in record["durations"] or record["durations"]["verify"] >= 0
-    assert snapshot.read_status(snap) is None or snapshot.read_status(snap)["last_restore"]["outcome"] == "cold"
+    assert status.read(snap) is None or status.read(snap)["last_restore"]["outcome"] == "cold"
     assert os.path.exists(pages_file(snap)), "an invalid snapshot is never deleted"
     c.remove()
 

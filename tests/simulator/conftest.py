@@ -1,7 +1,7 @@
 """Fixtures for the ACL snapshot simulator tests.
 
 The simulator keeps process-global state (like the real runtime), so every scenario runs in a
-fresh Python subprocess that loads the production binding (plugins/module_utils/_acl.py) against
+fresh Python subprocess that loads the production binding (plugins/module_utils/core/agent/acl.py) against
 the simulator built once per session. Each test gets its own device directory.
 """
 import json
@@ -15,16 +15,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "tests" / "simulator"
-MODULE_UTILS = ROOT / "plugins" / "module_utils"
+AGENT_DIR = ROOT / "plugins" / "module_utils" / "core" / "agent"
 RESULT_MARK = "@@RESULT@@"
 
 PRELUDE = r'''
 import ctypes, json, os, subprocess, sys, threading, time
 sys.path.insert(0, {module_utils!r})
 sys.path.insert(0, {sim_dir!r})
-import _acl
+import acl as _acl
 import aclsim_ctl as ctl
-from _acl import AclError, SnapshotStage, ProcessState
+from acl import AclError, SnapshotStage, ProcessState
 
 LIB = {lib!r}
 rt = _acl.AclRuntime(LIB)
@@ -118,7 +118,7 @@ class Simulator:
         self._count += 1
         path = self.tmp_path / ("scenario_%d.py" % self._count)
         path.write_text(
-            PRELUDE.format(module_utils=str(MODULE_UTILS), sim_dir=str(SIM_DIR), lib=self.lib)
+            PRELUDE.format(module_utils=str(AGENT_DIR), sim_dir=str(SIM_DIR), lib=self.lib)
             + textwrap.dedent(body)
             + EPILOGUE.format(mark=RESULT_MARK)
         )

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _bare_process as bare
-from ansible_collections.inferops.snapshot.plugins.module_utils import _criu as criu
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import CommandError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, proc as proc_facts, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import CommandError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import bare, verify
 
 
 def varint(value):
@@ -74,11 +74,11 @@ def test_read_pstree_rejects_what_it_does_not_know(tmp_path, data, message):
 
 
 def test_engine_reason_names_the_engine_to_use():
-    assert bare.engine_reason({"engine": {"name": "criu"}}, "criu") is None
-    assert bare.engine_reason(None, "criu") is None  # an invalid manifest has its own reasons
-    reason = bare.engine_reason({"engine": {"name": "docker"}}, "criu")
+    assert verify.engine_reason({"engine": {"name": "criu"}}, "criu") is None
+    assert verify.engine_reason(None, "criu") is None  # an invalid manifest has its own reasons
+    reason = verify.engine_reason({"engine": {"name": "docker"}}, "criu")
     assert reason.startswith("engine_mismatch: snapshot was taken with engine docker") and "engine=docker" in reason
-    assert "restore it with engine=criu" in bare.engine_reason({"engine": {"name": "criu"}}, "docker")
+    assert "restore it with engine=criu" in verify.engine_reason({"engine": {"name": "criu"}}, "docker")
 
 
 def test_obstacle_reports_taken_pids_and_unreadable_images(tmp_path):
@@ -107,17 +107,18 @@ def test_what_runs_from_a_snapshot_is_known_by_pid_and_start_time(tmp_path):
     assert bare.running_from_snapshot(snap) is None
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        entry = bare.record(snap, "cold", proc.pid, reason="missing: no snapshot", durations={"cold_start": 0.1})
-        assert entry["pid_start_time"] == bare.start_time(proc.pid) and entry["engine"] == "criu"
+        entry = status.restore_entry("criu", "cold", "missing: no snapshot", pid=proc.pid,
+                                     pid_start_time=proc_facts.start_time(proc.pid), durations={"cold_start": 0.1})
+        status.update(snap, restore=entry)
         assert bare.running_from_snapshot(snap)["pid"] == proc.pid
-        assert snapshot.read_status(snap)["last_restore"]["outcome"] == "cold"
+        assert status.read(snap)["last_restore"]["outcome"] == "cold"
         # same pid, another process (a later start time): not ours
-        snapshot.record_restore(snap, dict(entry, pid_start_time=entry["pid_start_time"] - 1))
+        status.update(snap, restore=dict(entry, pid_start_time=entry["pid_start_time"] - 1))
         assert bare.running_from_snapshot(snap) is None
-        snapshot.record_restore(snap, entry)
-        assert bare.stop(proc.pid, entry["pid_start_time"] + 1) is False  # never kill a process that is not ours
-        assert bare.alive(proc.pid)
-        assert bare.stop(proc.pid, entry["pid_start_time"]) is True
+        status.update(snap, restore=entry)
+        assert proc_facts.stop(proc.pid, entry["pid_start_time"] + 1) is False  # never kill a process that is not ours
+        assert proc_facts.alive(proc.pid)
+        assert proc_facts.stop(proc.pid, entry["pid_start_time"]) is True
     finally:
         proc.kill()
         proc.wait()
@@ -126,10 +127,13 @@ def test_what_runs_from_a_snapshot_is_known_by_pid_and_start_time(tmp_path):
 
 def test_metadata_file_holds_the_new_environment(tmp_path):
     path = tmp_path / "meta" / "metadata.json"
-    assert bare.write_metadata(str(path), {"B": "2", "A": "1"}, False, "/snap", pid=7) == ["A", "B"]
+    doc = metadata.document({"B": "2", "A": "1"}, False, "/snap", "snapshot_restore", "missing: x", engine="criu", pid=7)
+    metadata.write_host(str(path), doc)
+    assert metadata.env_keys(doc) == ["A", "B"]
     assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(path.parent).st_mode & 0o777 == 0o700
     data = json.loads(path.read_text())
     assert data["env"] == {"A": "1", "B": "2"} and data["restored"] is False and data["engine"] == "criu"
+    assert data["reason"] == "missing: x" and data["schema_version"] == 1
 
 
 def test_start_detached_runs_in_its_own_session_and_logs(tmp_path):

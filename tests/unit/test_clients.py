@@ -1,34 +1,53 @@
-"""The Docker and CRIU client classes, with the process boundary (run_command) stubbed."""
+"""The clients of Docker, runc and CRIU, with the process boundary (the Runner) stubbed, and the Runner
+itself on real processes."""
+
+import os
+import sys
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _host as host
-from ansible_collections.inferops.snapshot.plugins.module_utils._criu import CriuCli, parse_version
-from ansible_collections.inferops.snapshot.plugins.module_utils._docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import (
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import container
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu, runner
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu import CriuCli, parse_version
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc import RuncCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
     CommandError,
     ParameterError,
     SnapshotTimeout,
 )
 
 
-class FakeModule:
-    """Stands in for AnsibleModule at the process boundary only: canned (rc, out, err) per argv prefix."""
+class FakeRunner(runner.Runner):
+    """Stands in for the process boundary only: canned (rc, out, err) per argv prefix; the real error handling."""
 
-    def __init__(self, answers, binaries=("docker", "criu")):
+    def __init__(self, answers):
+        super(FakeRunner, self).__init__()
         self.answers = answers
-        self.binaries = binaries
         self.calls = []
 
-    def get_bin_path(self, name, required=False):
-        return "/usr/bin/%s" % name if name in self.binaries else None
-
-    def run_command(self, argv, **kwargs):
-        self.calls.append(list(argv))
-        for prefix, answer in self.answers:
-            if list(argv[:len(prefix)]) == list(prefix):
-                return answer
+    def run(self, argv, timeout=None, data=None, check=True, what=None, secrets=(), env=None):
+        argv = [str(arg) for arg in argv]
+        self.calls.append(argv)
+        for prefix, (rc, out, err) in self.answers:
+            if argv[:len(prefix)] == list(prefix):
+                if check and rc != 0:
+                    raise CommandError("%s failed (rc=%d): %s" % (what, rc, runner.mask(err, secrets)),
+                                       cmd=runner.mask(argv, secrets), rc=rc, stderr=runner.mask(err, secrets))
+                return rc, out, err
         raise AssertionError("unexpected command %r" % (argv,))
+
+
+def docker(answers):
+    cli = DockerCli("/usr/bin/docker", FakeRunner(answers))
+    cli.executable = "/usr/bin/docker"
+    return cli
+
+
+def criu_cli(answers, installed=True):
+    cli = CriuCli("criu", FakeRunner(answers))
+    cli.executable = "/usr/bin/criu" if installed else None
+    return cli
 
 
 @pytest.mark.parametrize("text, version", [
@@ -39,55 +58,101 @@ def test_parse_version(text, version):
 
 def test_criu_missing_old_and_failing_check_are_clear():
     with pytest.raises(ParameterError, match="not found on PATH; install CRIU >= 4.2"):
-        CriuCli(FakeModule([], binaries=())).run(["check"])
-    old = FakeModule([(["/usr/bin/criu", "--version"], (0, "Version: 3.17.1\n", ""))])
+        criu_cli([], installed=False).dump(1, "/x", True, 5)
     with pytest.raises(ParameterError, match="version 3.17.1 is too old"):
-        CriuCli(old).require()
-    broken = FakeModule([(["/usr/bin/criu", "--version"], (0, "Version: 4.2.1\n", "")),
-                         (["/usr/bin/criu", "check"], (1, "", "Error (criu/cr-check.c:1234): seccomp is missing\n"))])
+        criu_cli([(["/usr/bin/criu", "--version"], (0, "Version: 3.17.1\n", ""))]).require()
+    broken = criu_cli([(["/usr/bin/criu", "--version"], (0, "Version: 4.2.1\n", "")),
+                       (["/usr/bin/criu", "check"], (1, "", "Error (criu/cr-check.c:1234): seccomp is missing\n"))])
     with pytest.raises(CommandError, match="criu check failed.*seccomp is missing") as info:
-        CriuCli(broken).require()
+        broken.require()
     assert info.value.result["criu_version"] == "4.2.1"
-    good = FakeModule([(["/usr/bin/criu", "--version"], (0, "Version: 4.2.1\n", "")),
-                       (["/usr/bin/criu", "check"], (0, "Looks good.\n", ""))])
-    assert CriuCli(good).require() == "4.2.1"
+    good = criu_cli([(["/usr/bin/criu", "--version"], (0, "Version: 4.2.1\n", "")),
+                     (["/usr/bin/criu", "check"], (0, "Looks good.\n", ""))])
+    assert good.require() == "4.2.1"
 
 
 def test_docker_daemon_facts_and_errors():
-    module = FakeModule([(["/usr/bin/docker", "version"], (0, "20.10.24 false\n", ""))])
-    assert DockerCli(module).server_info() == ("20.10.24", False)
-    down = FakeModule([(["/usr/bin/docker", "version"], (1, "", "Cannot connect to the Docker daemon"))])
+    assert docker([(["/usr/bin/docker", "version"], (0, "20.10.24 false\n", ""))]).server_info() == ("20.10.24", False)
     with pytest.raises(CommandError, match="is dockerd running"):
-        DockerCli(down).server_info()
+        docker([(["/usr/bin/docker", "version"], (1, "", "Cannot connect to the Docker daemon"))]).server_info()
 
 
 def test_docker_checkpoint_support_reads_data_root_and_experimental_flag():
-    module = FakeModule([(["/usr/bin/docker", "info"], (0, "/data/docker|false\n", ""))])
-    assert DockerCli(module).checkpoint_support() == ("/data/docker", False)
-    assert module.calls == [["/usr/bin/docker", "info", "--format", "{{.DockerRootDir}}|{{.ExperimentalBuild}}"]]
-    module = FakeModule([(["/usr/bin/docker", "info"], (0, "/var/lib/docker|true\n", ""))])
-    assert DockerCli(module).checkpoint_support() == ("/var/lib/docker", True)
-    down = FakeModule([(["/usr/bin/docker", "info"], (1, "", "Cannot connect to the Docker daemon"))])
+    cli = docker([(["/usr/bin/docker", "info"], (0, "/data/docker|false\n", ""))])
+    assert cli.checkpoint_support() == ("/data/docker", False)
+    assert cli.runner.calls == [["/usr/bin/docker", "info", "--format", "{{.DockerRootDir}}|{{.ExperimentalBuild}}"]]
+    assert docker([(["/usr/bin/docker", "info"], (0, "/var/lib/docker|true\n", ""))]).checkpoint_support() == \
+        ("/var/lib/docker", True)
     with pytest.raises(CommandError, match="is dockerd running"):
-        DockerCli(down).checkpoint_support()
+        docker([(["/usr/bin/docker", "info"], (1, "", "Cannot connect to the Docker daemon"))]).checkpoint_support()
 
 
 def test_container_not_running_or_missing():
-    stopped = FakeModule([(["/usr/bin/docker", "container", "inspect"],
-                           (0, '[{"State": {"Running": false, "Pid": 0, "Status": "exited"}}]', ""))])
+    stopped = docker([(["/usr/bin/docker", "container", "inspect"],
+                       (0, '[{"State": {"Running": false, "Pid": 0, "Status": "exited"}}]', ""))])
     with pytest.raises(ParameterError, match="'c1' is not running \\(status exited\\); start it first"):
-        DockerCli(stopped).running_pid("c1")
-    missing = FakeModule([(["/usr/bin/docker", "container", "inspect"], (1, "", "Error: No such container: c2"))])
+        stopped.running_pid("c1")
+    missing = docker([(["/usr/bin/docker", "container", "inspect"], (1, "", "Error: No such container: c2"))])
     with pytest.raises(ParameterError, match="no container named 'c2'"):
-        DockerCli(missing).running_pid("c2")
+        missing.running_pid("c2")
 
 
-def test_timed_commands_report_timeouts_with_the_command():
-    module = FakeModule([(["timeout"], (124, "", ""))])
-    with pytest.raises(SnapshotTimeout, match="runc checkpoint did not finish within 5 s") as info:
-        host.run_timed(module, ["runc", "checkpoint", "x"], 4.2, "runc checkpoint")
-    assert module.calls[0][:3] == ["timeout", "--kill-after=10", "5"]
-    assert info.value.result["cmd"] == ["runc", "checkpoint", "x"]
+def test_docker_create_never_shows_the_environment_values_it_was_given():
+    """A failed `docker create` used to put the whole command line, secrets included, into msg and cmd."""
+    failing = docker([(["/usr/bin/docker", "create"], (125, "", "Error: invalid reference format: SECRET_TOKEN=s3cr3t"))])
+    record = {"name": "w", "id": "abc", "image_id": "sha256:" + "a" * 64,
+              "config": {"Env": ["PATH=/bin"]}, "host_config": {}}
+    env = {"SECRET_TOKEN": "s3cr3t", "POD_IP": "10.1.2.3"}
+    with pytest.raises(CommandError) as info:
+        failing.create(container.create_args(record, "w2", env), env=env)
+    shown = repr(info.value.msg) + repr(info.value.result)
+    assert "s3cr3t" not in shown and "10.1.2.3" not in shown and runner.MASK in shown
+
+
+def test_runner_masks_secrets_and_stops_at_its_deadline(tmp_path):
+    real = runner.Runner()
+    with pytest.raises(CommandError) as info:
+        real.run([sys.executable, "-c", "import sys; print('x=hunter2', file=sys.stderr); sys.exit(3)"],
+                 secrets=["hunter2"], what="probe")
+    assert info.value.result["rc"] == 3 and "hunter2" not in repr(info.value.result) + info.value.msg
+    with pytest.raises(SnapshotTimeout, match="sleeper did not finish within 1 s") as info:
+        real.run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1, what="sleeper")
+    assert info.value.result["cmd"][0] == sys.executable
+    assert real.run([sys.executable, "-c", "print('ok')"]) == (0, "ok\n", "")
+
+
+def test_runc_argv_carries_the_callers_global_options_and_criu():
+    cli = RuncCli("/usr/bin/runc", ["--root", "/run/moby", "--log", "/l"], criu="/opt/criu")
+    assert cli.root == "/run/moby"
+    assert cli.argv("kill", "c", "KILL") == ["/usr/bin/runc", "--root", "/run/moby", "--log", "/l", "--criu", "/opt/criu",
+                                             "kill", "c", "KILL"]
+    argv = cli.restore_argv("c", "/b", "/snap/host/criu", "/w", "/b/pid", console_socket="/s", no_pivot=True)
+    assert argv[argv.index("restore"):] == ["restore", "--detach", "--image-path", "/snap/host/criu", "--work-path", "/w",
+                                            "--bundle", "/b", "--pid-file", "/b/pid", "--file-locks",
+                                            "--console-socket", "/s", "--no-pivot", "c"]
+    assert RuncCli("/usr/bin/runc", ["--criu", "/own"], criu="/opt/criu").argv("x") == ["/usr/bin/runc", "--criu",
+                                                                                      "/own", "x"]
+
+
+def test_a_failed_checkpoint_keeps_criu_log_and_names_its_first_error(tmp_path):
+    log_dir = tmp_path / "logs"
+
+    class Failing(FakeRunner):
+        def run(self, argv, **kwargs):
+            work = argv[argv.index("--work-path") + 1]
+            with open(work + "/dump.log", "w") as handle:
+                handle.write("(00.01) Error (criu/util.c:1): rlimit: Can't setup RLIMIT_NOFILE\n"
+                             "(00.02) Error (criu/files-reg.c:9): Can't dump file lock of /cache/db\n"
+                             "(00.03) Error (criu/cr-dump.c:2): Dumping FAILED.\n")
+            raise CommandError("runc checkpoint of container c failed (rc=1): criu failed: type NOTIFY errno 0",
+                               cmd=argv, rc=1, stderr="criu failed: type NOTIFY errno 0")
+
+    cli = RuncCli("/usr/bin/runc", ["--root", "/r"], runner=Failing([]))
+    with pytest.raises(CommandError) as info:
+        cli.checkpoint("c" * 64, str(tmp_path / "images"), True, 5, log_dir=str(log_dir))
+    assert "Can't dump file lock of /cache/db" in info.value.msg and info.value.result["criu_log"] in info.value.msg
+    kept = info.value.result["criu_log"]
+    assert kept.startswith(str(log_dir)) and oct(os.stat(kept).st_mode & 0o777) == "0o600"
 
 
 def test_create_args_rebuild_the_recorded_container():
@@ -97,16 +162,15 @@ def test_create_args_rebuild_the_recorded_container():
               "host_config": {"NetworkMode": "host", "Binds": ["/d:/d"], "ShmSize": 67108864, "Runtime": "runc",
                               "IpcMode": "private", "PidMode": "", "Privileged": False, "CapAdd": None,
                               "Devices": [], "SecurityOpt": None, "Tmpfs": None}}
-    args = host.create_args(record, "w2", {"B": "new", "C": "3"})
-    assert args[:3] == ["create", "--name", "w2"]
-    assert ["--env", "A=1"] == args[3:5] and "B=new" in args and "C=3" in args and "B=x=y" not in args
+    args = container.create_args(record, "w2", {"B": "new", "C": "3"})
+    assert args[:2] == ["--name", "w2"]
+    assert ["--env", "A=1"] == args[2:4] and "B=new" in args and "C=3" in args and "B=x=y" not in args
     assert args[args.index("--volume") + 1] == "/d:/d" and args[args.index("--network") + 1] == "host"
     assert "--runtime" not in args and "--ipc" not in args
     assert args[-4:] == ["--", "sha256:" + "a" * 64, "python3", "app.py"]
 
 
 def test_work_dir_with_a_mount_below_is_never_removed(tmp_path):
-    from ansible_collections.inferops.snapshot.plugins.module_utils import _criu as criu
     work = tmp_path / "work"
     (work / "cgyard" / "cpu").mkdir(parents=True)
     info = tmp_path / "mountinfo"

@@ -3,7 +3,7 @@ tree on disk; the real `docker start --checkpoint` case is in tests/integration/
 
 import os
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _containerd_leak as leak
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak as leak
 
 
 def fake_containerd(proc, pid, env=b"", comm="containerd"):

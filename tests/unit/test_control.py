@@ -1,7 +1,7 @@
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _control as control
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import EndpointError, ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import EndpointError, ParameterError
 from ansible_collections.inferops.snapshot.plugins.modules.npu_snapshot_lock import plan
 
 

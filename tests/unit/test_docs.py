@@ -123,7 +123,7 @@ def test_a_new_module_is_picked_up(tmp_path, monkeypatch):
 def code_strings():
     """Every string constant in plugins/ (adjacent literals are one constant in the AST), plus the
     ACL error descriptions the binding builds from its table ('507905 ACL_ERROR_...: ...')."""
-    from ansible_collections.inferops.snapshot.plugins.module_utils import _acl as acl
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import acl
     found = [acl.describe_error(code) for code in acl.ERRORS]
     for path in (REPO / "plugins").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

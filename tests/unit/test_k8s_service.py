@@ -7,7 +7,7 @@ import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s as k8s
 from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 CONFIG = {"enabled": True, "npuSnapshotPath": "/snap/npu/", "hostSnapshotPath": "/snap/host"}
 

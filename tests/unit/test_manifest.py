@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, seal, status
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 IMAGE = "sha256:" + "ab" * 32
@@ -33,8 +33,8 @@ def sealed_snapshot(root, sizes=(3000, 70000, 0)):
     for index, size in enumerate(sizes):
         (staging / "host" / ("pages-%d.img" % index)).write_bytes(os.urandom(size))
     (staging / "device" / "device.json").write_text("{}")
-    manifest, digest, stats = snapshot.seal(str(staging), fields())
-    snapshot.publish(str(staging), str(final))
+    manifest, digest, stats = seal.seal(str(staging), fields())
+    seal.publish(str(staging), str(final))
     return final, manifest, digest
 
 
@@ -124,12 +124,12 @@ def test_publish_replaces_an_older_snapshot_without_leftovers(tmp_path):
 
 def test_status_record_keeps_history(tmp_path):
     target = str(tmp_path / "s" / "pod-a")
-    snapshot.write_status(target, "generating")
-    record = snapshot.write_status(target, "failed", reason="host snapshot failed")
+    status.update(target, "generating")
+    record = status.update(target, "failed", reason="host snapshot failed")
     assert record["status"] == "failed" and record["reason"] == "host snapshot failed"
     assert [h["status"] for h in record["history"]] == ["generating", "failed"]
-    assert snapshot.read_status(target)["status"] == "failed"
-    assert oct(os.stat(snapshot.status_path(target)).st_mode & 0o777) == "0o600"
+    assert status.read(target)["status"] == "failed"
+    assert oct(os.stat(layout.status_path(target)).st_mode & 0o777) == "0o600"
 
 
 @pytest.mark.parametrize("line", ["%s  /etc/passwd" % ("a" * 64), "%s  ../x" % ("a" * 64), "abc  x"])
@@ -141,19 +141,20 @@ def test_checksum_parser_rejects_unsafe_lines(line):
 def test_concurrent_status_writers_lose_nothing(tmp_path):
     """A restore recorded by the node runtime while a module rewrites the status: both changes survive."""
     target = str(tmp_path / "ns" / "snap")
-    snapshot.write_status(target, "completed")
+    status.update(target, "completed")
     script = ("import sys; sys.path[:0] = %r\n"
-              "from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as s\n"
+              "from ansible_collections.inferops.snapshot.plugins.module_utils.core import status as s\n"
+              "s.KEEP_RESTORES = s.KEEP_HISTORY = 100\n"
               "for i in range(40):\n"
               "    if sys.argv[1] == 'restore':\n"
-              "        s.record_restore(%r, {'n': i}, keep=100)\n"
+              "        s.update(%r, restore=s.restore_entry('runtime', 'restored', pid=i + 1))\n"
               "    else:\n"
-              "        s.write_status(%r, 'completed', **{'field%%d' %% i: i})\n") % (sys.path, target, target)
+              "        s.update(%r, 'completed', reason='r%%d' %% i)\n") % (sys.path, target, target)
     writers = [subprocess.Popen([sys.executable, "-c", script, kind]) for kind in ("restore", "status")]
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
-    record = snapshot.read_status(target)
-    assert [r["n"] for r in record["restores"]] == list(range(40))
-    assert all(record["field%d" % i] == i for i in range(40))
+    record = status.read(target)
+    assert [r["pid"] for r in record["restores"]] == list(range(1, 41))
+    assert [h["reason"] for h in record["history"][1:]] == ["r%d" % i for i in range(40)]
 
 
 def test_sizes_only_verification_leaves_content_to_the_next_reader(tmp_path):

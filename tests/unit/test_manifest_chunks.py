@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, seal, status
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 CHUNK = 64 * 1024
@@ -38,8 +38,8 @@ def sealed(root, big=5 * CHUNK + 123, host=True):
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(os.urandom(big))
     (target.parent / "inventory.img").write_bytes(b"x" * 100)
-    manifest, _digest, stats = snapshot.seal(str(staging), fields())
-    snapshot.publish(str(staging), str(final))
+    manifest, _digest, stats = seal.seal(str(staging), fields())
+    seal.publish(str(staging), str(final))
     return final, manifest, stats
 
 
@@ -129,13 +129,13 @@ def test_resealing_without_big_files_drops_a_stale_index(tmp_path, small_chunks)
     staging = tmp_path / "s" / ".pod-a.partial"
     (staging / "host" / "criu").mkdir(parents=True)
     (staging / BIG).write_bytes(os.urandom(3 * CHUNK))
-    snapshot.seal(str(staging), fields())
+    seal.seal(str(staging), fields())
     assert (staging / manifest_utils.CHUNK_INDEX).exists()
     (staging / BIG).write_bytes(b"small now")
-    snapshot.seal(str(staging), fields())
+    seal.seal(str(staging), fields())
     assert not (staging / manifest_utils.CHUNK_INDEX).exists()
     final = tmp_path / "s" / "pod-a"
-    snapshot.publish(str(staging), str(final))
+    seal.publish(str(staging), str(final))
     assert manifest_utils.verify(str(final))[:2] == (True, [])
 
 
@@ -158,7 +158,7 @@ def test_follower_hashes_files_while_they_are_written(tmp_path, small_chunks):
     images.mkdir(parents=True)
     big = os.urandom(7 * CHUNK + 999)
     other = os.urandom(2 * CHUNK)
-    follower = manifest_utils.Follower(str(images), prefix="host/criu", min_size=CHUNK // 2).start()
+    follower = seal.Follower(str(images), prefix="host/criu", min_size=CHUNK // 2).start()
     writers = [threading.Thread(target=write_slowly, args=(str(images / "pages-1.img"), big, 4096)),
                threading.Thread(target=write_slowly, args=(str(images / "pages-2.img"), other, 8192))]
     for writer in writers:
@@ -173,8 +173,8 @@ def test_follower_hashes_files_while_they_are_written(tmp_path, small_chunks):
     assert chunks == [hashlib.sha256(big[o:o + CHUNK]).hexdigest() for o in range(0, len(big), CHUNK)]
     assert known["host/criu/pages-2.img"][2] == [hashlib.sha256(other[o:o + CHUNK]).hexdigest() for o in (0, CHUNK)]
 
-    before = snapshot.seal(str(tmp_path), fields(), known=known)
-    again = snapshot.seal(str(tmp_path), fields())
+    before = seal.seal(str(tmp_path), fields(), known=known)
+    again = seal.seal(str(tmp_path), fields())
     assert before[2]["followed_files"] == 2 and before[2]["followed_bytes"] == len(big) + len(other)
     assert again[2]["followed_files"] == 0
     assert (tmp_path / "checksum.sha256").read_text()  # same digests either way
@@ -184,7 +184,7 @@ def test_follower_hashes_files_while_they_are_written(tmp_path, small_chunks):
 def test_follower_leaves_out_a_file_that_shrank_and_seal_rehashes_stale_digests(tmp_path, small_chunks):
     images = tmp_path / "host" / "criu"
     images.mkdir(parents=True)
-    follower = manifest_utils.Follower(str(images), prefix="host/criu", min_size=CHUNK // 2).start()
+    follower = seal.Follower(str(images), prefix="host/criu", min_size=CHUNK // 2).start()
     (images / "pages-1.img").write_bytes(os.urandom(3 * CHUNK))
     time.sleep(0.2)
     with open(images / "pages-1.img", "r+b") as handle:
@@ -192,10 +192,10 @@ def test_follower_leaves_out_a_file_that_shrank_and_seal_rehashes_stale_digests(
     known = follower.finish()
     assert known == {}
     stale = {"host/criu/pages-1.img": (CHUNK, "0" * 64, ["0" * 64])}
-    manifest, _digest, stats = snapshot.seal(str(tmp_path), fields(), known=stale)
+    manifest, _digest, stats = seal.seal(str(tmp_path), fields(), known=stale)
     assert stats["followed_files"] == 1  # same size: taken as hashed during the checkpoint...
     stale = {"host/criu/pages-1.img": (CHUNK + 1, "0" * 64, ["0" * 64])}
-    manifest, _digest, stats = snapshot.seal(str(tmp_path), fields(), known=stale)
+    manifest, _digest, stats = seal.seal(str(tmp_path), fields(), known=stale)
     assert stats["followed_files"] == 0  # ...a different size is hashed again
     assert manifest["files"][0]["sha256"] == hashlib.sha256((images / "pages-1.img").read_bytes()).hexdigest()
 
@@ -203,7 +203,7 @@ def test_follower_leaves_out_a_file_that_shrank_and_seal_rehashes_stale_digests(
 def test_follower_abort_stops_everything(tmp_path):
     images = tmp_path / "criu"
     images.mkdir()
-    follower = manifest_utils.Follower(str(images), min_size=16).start()
+    follower = seal.Follower(str(images), min_size=16).start()
     (images / "pages-1.img").write_bytes(b"x" * 100)
     time.sleep(0.1)
     follower.abort()

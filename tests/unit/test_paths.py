@@ -3,8 +3,8 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _paths as paths
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import UnsafePathError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import UnsafePathError
 
 
 def test_plain_path_is_normalised(tmp_path):
@@ -66,8 +66,8 @@ def test_existing_file_is_not_a_directory(tmp_path):
 
 
 def test_staging_sibling_is_hidden():
-    assert paths.staging_dir_for("/s/ns/svc/p0/pod-a") == "/s/ns/svc/p0/.pod-a.partial"
-    assert paths.staging_dir_for("/s/ns/svc/p0/pod-a/") == "/s/ns/svc/p0/.pod-a.partial"
+    assert layout.staging_dir("/s/ns/svc/p0/pod-a") == "/s/ns/svc/p0/.pod-a.partial"
+    assert layout.staging_dir("/s/ns/svc/p0/pod-a/") == "/s/ns/svc/p0/.pod-a.partial"
 
 
 def test_write_file_atomic_modes_and_no_symlink_following(tmp_path):

@@ -1,6 +1,6 @@
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _protocol as protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 
 
 @pytest.mark.parametrize("message, field", [

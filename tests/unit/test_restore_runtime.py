@@ -7,6 +7,7 @@ import ast
 import json
 import os
 import stat
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,10 @@ import yaml
 
 from conftest import BIN, COLLECTIONS, REPO, ensure_collection_link
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _restore_runtime as rr
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu, runc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create
 
 ROLE = REPO / "roles" / "snapshot_node"
 CID = "ab" * 32
@@ -27,10 +31,6 @@ class RoleLoader(yaml.SafeLoader):
 
 
 RoleLoader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
-
-
-def shipped_module_utils():
-    return yaml.load((ROLE / "vars" / "main.yml").read_text(), Loader=RoleLoader)["__snapshot_node_module_utils"]
 
 
 CONTAINERD_GLOBALS = ["--root", "/var/run/docker/runtime-runc/moby", "--log", "/b/log.json", "--log-format", "json"]
@@ -47,7 +47,7 @@ CONTAINERD_GLOBALS = ["--root", "/var/run/docker/runtime-runc/moby", "--log", "/
     (["--version"], (["--version"], None, [])),
 ])
 def test_split_argv_finds_the_subcommand_after_global_options(argv, expected):
-    assert rr.split_argv(argv) == expected
+    assert runc.split_argv(argv) == expected
 
 
 def test_parse_create_reads_every_form_of_the_options():
@@ -56,8 +56,8 @@ def test_parse_create_reads_every_form_of_the_options():
         ("/b", "/b/p", "/s", ["--no-pivot"], CID)
     parsed = rr.parse_create(["-b", "/c", "--preserve-fds", "2", "--weird", CID])
     assert parsed["bundle"] == "/c" and parsed["preserve_fds"] == "2" and parsed["unknown"] == ["--weird"]
-    assert rr.global_value(CONTAINERD_GLOBALS, "--root") == "/var/run/docker/runtime-runc/moby"
-    assert rr.global_value(["--root=/x"], "--root") == "/x" and rr.global_value([], "--root", "d") == "d"
+    assert runc.global_value(CONTAINERD_GLOBALS, "--root") == "/var/run/docker/runtime-runc/moby"
+    assert runc.global_value(["--root=/x"], "--root") == "/x" and runc.global_value([], "--root", "d") == "d"
 
 
 # -- the container's request -------------------------------------------------------------------------
@@ -102,14 +102,14 @@ def test_the_restored_process_reads_the_paths_of_its_old_environment():
     """A restored process keeps its old env: where it reads metadata and listens is decided there."""
     request = rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/s", "INFEROPS_METADATA_FILE": "/new/m.json"}), CONFIG)
     old = {"INFEROPS_METADATA_FILE": "/old/m.json", "INFEROPS_AGENT_SOCKET_DIR": "/old/agent"}
-    assert rr.restored_process_paths(request, old, CONFIG) == ("/old/m.json", "/old/agent")
-    assert rr.restored_process_paths(request, {}, CONFIG) == ("/run/inferops-snapshot/metadata.json",
+    assert on_create.restored_process_paths(request, old, CONFIG) == ("/old/m.json", "/old/agent")
+    assert on_create.restored_process_paths(request, {}, CONFIG) == ("/run/inferops-snapshot/metadata.json",
                                                               "/run/inferops-snapshot")
     annotated = rr.restore_request(spec(annotations={"org.inferops.restore-from": "/s",
                                                      "org.inferops.metadata-file": "/a/m.json"}), CONFIG)
-    assert rr.restored_process_paths(annotated, old, CONFIG)[0] == "/a/m.json"
+    assert on_create.restored_process_paths(annotated, old, CONFIG)[0] == "/a/m.json"
     with pytest.raises(rr.Fallback, match="bad_request"):
-        rr.restored_process_paths(request, {"INFEROPS_AGENT_SOCKET_DIR": "rel"}, CONFIG)
+        on_create.restored_process_paths(request, {"INFEROPS_AGENT_SOCKET_DIR": "rel"}, CONFIG)
 
 
 def test_unparseable_settings_are_problems_not_guesses():
@@ -127,14 +127,14 @@ def test_first_error_line_is_the_cause_not_the_noise_or_the_unwinding():
            b"(00.20) 1: info\n(00.26) pie: 1: Error (criu/pie/restorer.c:1907): Can't read pages data (-9)\n"
            b"(00.28) Error (criu/cr-restore.c:2331): Restoring FAILED.\n"
            b"(00.29) Error (criu/cgroup.c:2055): cg: cgroupd: recv req error: No such file or directory\n")
-    assert "Can't read pages data" in rr.first_error_line(log)
-    assert rr.first_error_line(b"nothing wrong\n") is None
+    assert "Can't read pages data" in criu.first_error_line(log)
+    assert criu.first_error_line(b"nothing wrong\n") is None
 
 
 def test_under_mount_names_the_deepest_hiding_mount():
     s = spec(mounts=[{"destination": "/run"}, {"destination": "/run/inferops-snapshot"}, {"destination": "/"}])
-    assert rr.under_mount(s, "/run/inferops-snapshot/metadata.json") == "/run/inferops-snapshot"
-    assert rr.under_mount(s, "/runner/x") is None
+    assert on_create.under_mount(s, "/run/inferops-snapshot/metadata.json") == "/run/inferops-snapshot"
+    assert on_create.under_mount(s, "/runner/x") is None
 
 
 # -- writing into a container's root -----------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_write_in_root_creates_private_dirs_and_file(tmp_path):
     root.mkdir()
     fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        rr.write_in_root(fd, "/run/inferops-snapshot/metadata.json", b'{"a": 1}')
+        paths.write_below(fd, "/run/inferops-snapshot/metadata.json", b'{"a": 1}')
     finally:
         os.close(fd)
     target = root / "run" / "inferops-snapshot" / "metadata.json"
@@ -161,11 +161,11 @@ def test_write_in_root_never_follows_a_planted_link(tmp_path):
     fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(OSError):
-            rr.write_in_root(fd, "/run/metadata.json", b"x")
+            paths.write_below(fd, "/run/metadata.json", b"x")
         (root / "etc").mkdir()
         (root / "etc" / "passwd").symlink_to(outside / "passwd")
         with pytest.raises(OSError):
-            rr.open_dirs_in_root(fd, ["etc", "passwd"])
+            paths.open_dirs_below(fd, ["etc", "passwd"])
     finally:
         os.close(fd)
     assert os.listdir(outside) == []
@@ -175,8 +175,8 @@ def test_read_metadata_through_proc_root(tmp_path):
     path = tmp_path / "meta" / "m.json"
     path.parent.mkdir()
     path.write_text('{"restored": true}')
-    assert rr.read_metadata(os.getpid(), str(path)) == {"restored": True}
-    assert rr.read_metadata(os.getpid(), str(tmp_path / "none.json")) is None
+    assert metadata.read_in_process(os.getpid(), str(path)) == {"restored": True}
+    assert metadata.read_in_process(os.getpid(), str(tmp_path / "none.json")) is None
 
 
 # -- the runtime's calls, with a fake runc -----------------------------------------------------------
@@ -282,29 +282,29 @@ def test_cold_metadata_is_not_written_under_a_mount(fake_node):
     assert any(r["event"] == "metadata" and "/run" in r["action"] for r in log_records(fake_node))
 
 
-# -- the role ships what the restore path imports -------------------------------------------------------
+# -- the role ships the core as one folder, which imports nothing outside itself ------------------------
 
-def imports_of(name, seen):
-    if name in seen:
-        return
-    seen.add(name)
-    tree = ast.parse((REPO / "plugins" / "module_utils" / name).read_text())
-    prefix = "ansible_collections.inferops.snapshot.plugins.module_utils"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix):
-            if node.module == prefix:
+def role_vars():
+    return yaml.load((ROLE / "vars" / "main.yml").read_text(), Loader=RoleLoader)
+
+
+def test_core_imports_nothing_outside_itself_but_the_standard_library():
+    core = REPO / "plugins" / "module_utils" / "core"
+    for path in core.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert not node.module.startswith(("ansible", "ansible_collections")), (path, node.module)
+            if isinstance(node, ast.Import):
                 for alias in node.names:
-                    imports_of(alias.name + ".py", seen)
-            else:
-                imports_of(node.module.rsplit(".", 1)[1] + ".py", seen)
+                    assert not alias.name.startswith("ansible"), (path, alias.name)
 
 
-def test_role_ships_every_module_util_the_restore_path_imports():
-    needed = set()
-    imports_of("_restore_runtime.py", needed)
-    imports_of("_control.py", needed)  # imported lazily for the device restore
-    shipped = set(shipped_module_utils())
-    assert needed <= shipped, "add %s to roles/snapshot_node/vars/main.yml" % sorted(needed - shipped)
+def test_role_installs_the_core_under_the_package_name_the_entry_point_imports():
+    variables = role_vars()
+    assert variables["__snapshot_node_core_src"].endswith("/plugins/module_utils/core/")
+    entry = (ROLE / "files" / "inferops_restore_runtime.py").read_text()
+    package = variables["__snapshot_node_core_dest"].rsplit("/", 1)[1]
+    assert 'PACKAGE = "%s"' % package in entry
 
 
 # -- the shim and the entry point, as installed --------------------------------------------------------
@@ -362,18 +362,16 @@ def test_shim_passes_unmarked_calls_to_runc_and_marked_ones_to_python(shim):
     assert call_shim(shim, CONTAINERD_GLOBALS + ["kill", CID, "9"]).startswith("runc ")
 
 
-def test_entry_point_without_ansible_or_module_utils_falls_back_to_runc(tmp_path):
-    """The node's python3 has no Ansible: the entry point supplies the urllib six moves; with no
-    module_utils at all it logs and hands the call to runc."""
+def test_entry_point_without_ansible_imports_the_copied_core_or_falls_back_to_runc(tmp_path):
+    """The node's python3 has no Ansible: the core, copied as one folder, imports on its own; with no
+    core at all the entry point logs and hands the call to runc."""
     lib = tmp_path / "lib"
-    target = lib / "ansible_collections" / "inferops" / "snapshot" / "plugins" / "module_utils"
-    target.mkdir(parents=True)
-    for name in shipped_module_utils():
-        (target / name).write_bytes((REPO / "plugins" / "module_utils" / name).read_bytes())
+    lib.mkdir()
+    shutil.copytree(REPO / "plugins" / "module_utils" / "core", lib / "inferops_snapshot",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     entry = ROLE / "files" / "inferops_restore_runtime.py"
-    code = ("import sys; sys.path.insert(0, %r); import runpy; g = runpy.run_path(%r, run_name='x'); "
-            "g['_alias_six_urllib'](); from ansible_collections.inferops.snapshot.plugins.module_utils import "
-            "_control, _restore_runtime; print('ok')" % (str(lib), str(entry)))
+    code = ("import sys; sys.path.insert(0, %r); import inferops_snapshot.node.runtime, "
+            "inferops_snapshot.clients.control; print('ok')" % str(lib))
     proc = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True, check=False)
     assert proc.stdout.strip() == "ok", proc.stderr
 

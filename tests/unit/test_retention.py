@@ -8,8 +8,8 @@ import time
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
-from ansible_collections.inferops.snapshot.plugins.module_utils import _snapshot as snapshot
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, seal, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 NOW = time.time()
 POLICY = {"remove": ["failed", "orphaned", "stale"], "max_age": None, "generation_grace": 3600, "known_pods": None}
@@ -20,15 +20,15 @@ def pod_dir(root, pod, instance="p0"):
     return os.path.join(str(root), "ns", "svc", instance, pod)
 
 
-def publish(root, pod, created_at=None, image=IMAGE, status="completed"):
+def publish(root, pod, created_at=None, image=IMAGE, record="completed"):
     path = pod_dir(root, pod)
     os.makedirs(path)
     manifest = {"identity": {"namespace": "ns", "service": "svc", "instance": "p0", "pod": pod},
                 "created_at": created_at or "2026-11-29T12:00:00.000000Z", "image": {"id": image}}
     with open(os.path.join(path, "manifest.json"), "w") as handle:
         json.dump(manifest, handle)
-    if status:
-        snapshot.write_status(path, status, checksum="c" * 64)
+    if record:
+        status.update(path, record, checksum="c" * 64)
     return path
 
 
@@ -48,7 +48,7 @@ def removed_paths(removals):
 
 def test_failed_generation_goes_with_its_record_and_device_dir(tmp_path):
     root, npu = tmp_path / "host", tmp_path / "npu"
-    snapshot.write_status(pod_dir(root, "a"), "failed", reason="device snapshot failed: 507905")
+    status.update(pod_dir(root, "a"), "failed", reason="device snapshot failed: 507905")
     os.makedirs(pod_dir(npu, "a"))
     removals, kept = decide(root, npu)
     assert removed_paths(removals) == ["ns/svc/p0/.a.status.json", "ns/svc/p0/a"]
@@ -75,7 +75,7 @@ def test_completed_snapshot_is_kept_and_stale_ones_go(tmp_path):
 def test_in_use_snapshots_are_never_removed(tmp_path):
     root = tmp_path / "host"
     path = publish(root, "restored", image="sha256:" + "b" * 64)
-    snapshot.write_status(path, "failed", reason="verify after publish failed")
+    status.update(path, "failed", reason="verify after publish failed")
     removals, kept = decide(root, in_use={path: "container restored"}, images={IMAGE}, max_age=1)
     assert removals == []
     assert kept[0]["reason"] == "in use: container restored was restored from it"
@@ -83,7 +83,7 @@ def test_in_use_snapshots_are_never_removed(tmp_path):
 
 def test_generation_in_progress_is_left_alone_but_a_crashed_one_is_orphaned(tmp_path):
     root = tmp_path / "host"
-    snapshot.write_status(pod_dir(root, "busy"), "generating", reason="waiting for the warmup")
+    status.update(pod_dir(root, "busy"), "generating", reason="waiting for the warmup")
     os.makedirs(os.path.join(os.path.dirname(pod_dir(root, "busy")), ".busy.partial"))
     removals, kept = decide(root)
     assert removals == [] and kept[0]["reason"].startswith("in use: being generated")
@@ -91,7 +91,7 @@ def test_generation_in_progress_is_left_alone_but_a_crashed_one_is_orphaned(tmp_
     age(staging, 7200)
     removals, kept = decide(root, generation_grace=60)
     assert removals == [], "a generating record younger than the grace still means: in progress"
-    record_path = snapshot.status_path(pod_dir(root, "busy"))
+    record_path = layout.status_path(pod_dir(root, "busy"))
     record = json.load(open(record_path))
     record["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(NOW - 7200))
     with open(record_path, "w") as handle:

@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from ansible_collections.inferops.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.inferops.snapshot.plugins.module_utils._errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 
 def test_embedded_schemas_match_the_schema_files():
