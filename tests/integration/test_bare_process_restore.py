@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
+
 import time
 import urllib.parse
 import uuid

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, seal, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 CHUNK = 64 * 1024

@@ -108,7 +108,7 @@ def test_the_restored_process_reads_the_paths_of_its_old_environment():
     annotated = rr.restore_request(spec(annotations={"org.inferops.restore-from": "/s",
                                                      "org.inferops.metadata-file": "/a/m.json"}), CONFIG)
     assert on_create.restored_process_paths(annotated, old, CONFIG)[0] == "/a/m.json"
-    with pytest.raises(rr.Fallback, match="bad_request"):
+    with pytest.raises(on_create.Fallback, match="bad_request"):
         on_create.restored_process_paths(request, {"INFEROPS_AGENT_SOCKET_DIR": "rel"}, CONFIG)
 
 

@@ -42,7 +42,6 @@ from ..clients.runc import RuncCli, split_argv
 from ..clock import utc_now
 from ..restore import pipeline
 from ..restore.on_create import OnCreate
-from ..restore.pipeline import Fallback  # noqa: F401  (part of this module's interface for its callers)
 
 # Node settings (the role writes them to runtime.json; see roles/snapshot_node/defaults/main.yml).
 DEFAULTS = layout.RUNTIME_DEFAULTS

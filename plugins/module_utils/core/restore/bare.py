@@ -20,7 +20,6 @@ import subprocess
 from .. import layout, metadata, paths, proc, status
 from ..clients.criu import CriuCli, read_pstree
 from ..errors import CommandError, ParameterError
-from . import verify
 from .pipeline import Driver, Fallback
 
 ENGINE = "criu"
@@ -83,24 +82,12 @@ class BareProcess(Driver):
     path = ENGINE
     engine = ENGINE
 
-    def __init__(self, identity, env, metadata_path, agent_socket_dir, cold_start, cold_start_log=None,
-                 criu_version="auto", runtime_version=None, criu=None):
-        self.identity = identity
-        self.env = dict(env or {})
-        self.metadata_path = metadata_path
-        self.socket_dir = agent_socket_dir
+    def __init__(self, cold_start, cold_start_log=None, criu=None, **wishes):
+        super(BareProcess, self).__init__(**wishes)
         self.cold_start_argv = cold_start
         self.cold_start_log = cold_start_log
-        self.criu_version = criu_version
-        self.runtime_version = runtime_version
         self.criu = criu or CriuCli()
         self.cold_proc = None
-
-    def locate(self, attempt):
-        return paths.validate_snapshot_dir(attempt.requested)
-
-    def expectations(self, attempt):
-        return verify.expectations(self.identity, None, self.criu_version, self.runtime_version, criu=self.criu)
 
     def check(self, attempt):
         tree, why = obstacle(attempt.snapshot_dir)
@@ -124,9 +111,6 @@ class BareProcess(Driver):
                                          name=self.identity["pod"])
         attempt.pid_start_time = proc.start_time(pid)
         return pid
-
-    def agent_socket_dir(self, attempt):
-        return self.socket_dir
 
     def undo(self, attempt):
         if attempt.pid:  # a half-restored process holds the pids and ports a cold start needs

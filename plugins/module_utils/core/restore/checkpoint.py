@@ -20,8 +20,8 @@ import tempfile
 
 from .. import container as container_record
 from .. import layout, metadata, paths
+from ..clients.docker import env_dict
 from ..errors import CommandError, ParameterError
-from . import verify
 from .containerd_leak import LeakGuard
 from .pipeline import Driver, Fallback
 
@@ -53,26 +53,16 @@ class DockerCheckpoint(Driver):
     path = "docker"
     engine = "docker"
 
-    def __init__(self, docker, container, env, metadata_path, agent_socket_dir, identity, criu_version="auto",
-                 runtime_version=None):
+    def __init__(self, docker, container, **wishes):
+        super(DockerCheckpoint, self).__init__(**wishes)
         self.docker = docker
         self.container = container
-        self.env = dict(env or {})
-        self.metadata_path = metadata_path
-        self.socket_dir = agent_socket_dir
-        self.identity = identity
-        self.criu_version = criu_version
-        self.runtime_version = runtime_version
         self.container_id = docker.container_id(container)
         self.created = False
         self.docker_root = None
 
-    def locate(self, attempt):
-        return paths.validate_snapshot_dir(attempt.requested)
-
-    def expectations(self, attempt):
-        image = self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
-        return verify.expectations(self.identity, image, self.criu_version, self.runtime_version)
+    def image_id(self, attempt):
+        return self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
 
     def check(self, attempt):
         if not self.container_id:
@@ -104,9 +94,6 @@ class DockerCheckpoint(Driver):
                                   what="docker start --checkpoint (retry)")
         return self.docker.running_pid(self.container_id)
 
-    def agent_socket_dir(self, attempt):
-        return self.socket_dir
-
     def undo(self, attempt):
         if self.container_id and self.docker.is_running(self.container_id):
             self.docker.stop(self.container_id)
@@ -136,7 +123,6 @@ class DockerCheckpoint(Driver):
 
     def write_metadata(self, attempt, restored):
         """The new environment, where the engine reads it: `docker cp` into the created container."""
-        from ..clients.docker import env_dict
         env = env_dict((self.docker.inspect_container(self.container_id).get("Config") or {}).get("Env"))
         env.update(self.env)
         doc = metadata.document(env, restored, attempt.snapshot_dir, "snapshot_restore", attempt.reason,

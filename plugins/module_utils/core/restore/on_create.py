@@ -22,7 +22,6 @@ from ..clients import criu as criu_client
 from ..clients.docker import env_dict
 from ..container import read_container_record
 from ..errors import SnapshotError
-from . import verify
 from .pipeline import Driver, Fallback
 
 STOP_GRACE = 10.0
@@ -59,13 +58,14 @@ class OnCreate(Driver):
     engine = "docker"
 
     def __init__(self, runtime, spec, bundle, create, request, docker, criu_version):
+        super(OnCreate, self).__init__(identity=request["identity"], criu_version=criu_version,
+                                       runtime_version=request["runtime_version"])
         self.runtime = runtime          # the node runtime: config, log, runc client, state paths
         self.spec = spec
         self.bundle = bundle
         self.create = create
         self.request = request
         self.docker = docker            # {name, image_id} from dockerd's own record
-        self.criu_version = criu_version
         self.container_id = create["id"]
         self.paths = None               # (metadata file, agent socket dir) of the restored process
 
@@ -99,9 +99,8 @@ class OnCreate(Driver):
                 last = exc.msg
         raise Fallback("unsafe_path: %s; allowed roots: %s" % (last, ", ".join(roots) or "none"))
 
-    def expectations(self, attempt):
-        return verify.expectations(self.request["identity"], self.request["image_id"] or self.docker.get("image_id"),
-                                   self.criu_version, self.request["runtime_version"])
+    def image_id(self, attempt):
+        return self.request["image_id"] or self.docker.get("image_id")
 
     def check(self, attempt):
         try:

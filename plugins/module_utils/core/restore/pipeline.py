@@ -23,7 +23,7 @@ __metaclass__ = type
 import os
 import traceback
 
-from .. import device, status
+from .. import device, paths, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import verify
@@ -68,18 +68,35 @@ class Attempt:
 
 
 class Driver:
-    """What differs between restore paths. ``path`` names it in status records (docker, runtime, criu)."""
+    """What differs between restore paths. ``path`` names it in status records (docker, runtime, criu).
+
+    The task's wishes common to the paths a module drives: the pod ``identity``, its new ``env``, where
+    the engine reads its metadata file and listens for the agent, and the versions to expect.
+    """
 
     path = None
     engine = "docker"
 
+    def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
+                 runtime_version=None):
+        self.identity = identity
+        self.env = dict(env or {})
+        self.metadata_path = metadata_path
+        self.socket_dir = agent_socket_dir
+        self.criu_version = criu_version
+        self.runtime_version = runtime_version
+
     def locate(self, attempt):
         """The validated snapshot directory of ``attempt.requested`` (raise Fallback when it may not be used)."""
-        raise NotImplementedError
+        return paths.validate_snapshot_dir(attempt.requested)
+
+    def image_id(self, attempt):
+        """The image the restored process would run with (None: not checked)."""
+        return None
 
     def expectations(self, attempt):
         """What the snapshot must match: identity, image_id, criu_version, runtime_version (None: unchecked)."""
-        return {}
+        return verify.expectations(self.identity, self.image_id(attempt), self.criu_version, self.runtime_version)
 
     def check(self, attempt):
         """Refuse before anything is touched when this host cannot succeed (raise Fallback)."""
@@ -99,7 +116,7 @@ class Driver:
                                      gone=lambda: not self.alive(attempt))
 
     def agent_socket_dir(self, attempt):
-        raise NotImplementedError
+        return self.socket_dir
 
     def alive(self, attempt):
         from .. import proc

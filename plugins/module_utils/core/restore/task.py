@@ -59,9 +59,7 @@ def restore(params, check_mode=False, warn=lambda text: None):
     docker = DockerCli(params["docker_cli"])
     if params["method"] == "runtime":
         return _via_runtime(params, snapshot_dir, docker, check_mode, warn)
-    driver = DockerCheckpoint(docker, params["container"], params["env"], params["metadata_path"],
-                              params["agent_socket_dir"], params["identity"], params["criu_version"],
-                              params["runtime_version"])
+    driver = DockerCheckpoint(docker, params["container"], **_wishes(params))
     base = dict(snapshot_dir=snapshot_dir, container=params["container"])
     if driver.container_id and docker.is_running(driver.container_id):
         return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
@@ -74,6 +72,11 @@ def restore(params, check_mode=False, warn=lambda text: None):
     result.update(container_id=driver.container_id, created=driver.created)
     _wait_serving(params, attempt)
     return result
+
+
+def _wishes(params):
+    return dict((key, params[key]) for key in ("identity", "env", "metadata_path", "agent_socket_dir", "criu_version",
+                                               "runtime_version"))
 
 
 def _attempt(params, snapshot_dir, check_mode, hash_files=True):
@@ -163,9 +166,7 @@ def _bare(params, snapshot_dir, check_mode, warn):
                     reason="pid %d, %s from this snapshot at %s, is still running"
                            % (running["pid"], "restored" if running["outcome"] == "restored" else "started cold",
                               running["at"]))
-    driver = bare.BareProcess(params["identity"], params["env"], params["metadata_path"], params["agent_socket_dir"],
-                              params["cold_start"], params["cold_start_log"], params["criu_version"],
-                              params["runtime_version"])
+    driver = bare.BareProcess(params["cold_start"], params["cold_start_log"], **_wishes(params))
     attempt = _attempt(params, snapshot_dir, check_mode)
     pipeline.run(driver, attempt)
     result = _result(attempt, base, warn)
