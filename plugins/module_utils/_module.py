@@ -49,6 +49,10 @@ def _kubernetes():
     return _k8s.HAS_KUBERNETES, _k8s.KUBERNETES_IMPORT_ERROR
 
 
+# Matches plugins/doc_fragments/trust.py.
+TRUST_ARGS = dict(trusted_keys=dict(type="list", elements="str", default=[], no_log=False))
+
+
 # Libraries a module may need on the target: name -> () -> (importable?, import traceback).
 LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMPORT_ERROR), "kubernetes": _kubernetes}
 

@@ -112,6 +112,14 @@ options:
         the checkpoint.
     type: bool
     default: true
+  signing_key:
+    description:
+      - The Ed25519 private key (PEM text, for example from Ansible Vault, or the absolute path of a PEM file
+        owned by root with mode 0600) that signs the snapshot (C(signature.json) over C(checksum.sha256)), so that
+        nodes holding only the public key (O(inferops.snapshot.snapshot_restore#module:trusted_keys)) can tell it
+        from a forged one. A key file inside the snapshot store is refused; keep it where the store cannot reach it.
+      - Needs the Python library C(cryptography) on the target. See docs/security.md.
+    type: str
 notes:
   - Environment values of the container are stored (0600) in C(host/container.json) to recreate it; they
     are never returned or logged.
@@ -177,6 +185,10 @@ durations:
   returned: always
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}
+signed_by:
+  description: Id of the key that signed the snapshot (null when O(signing_key) was not given).
+  returned: success
+  type: str
 hashing:
   description:
     - Hashing statistics of the seal (bytes, seconds, workers, throughput_mb_s), and how many files and bytes
@@ -214,6 +226,7 @@ ARGUMENT_SPEC = dict(
     docker_cli=dict(type="str", default="docker"),
     workers=dict(type="int"),
     hash_during_checkpoint=dict(type="bool", default=True),
+    signing_key=dict(type="str", no_log=True),
 )
 
 

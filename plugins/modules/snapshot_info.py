@@ -23,6 +23,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.trust
   - inferops.snapshot.identity.REQUIRED
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
@@ -126,6 +127,10 @@ reasons:
   returned: always
   type: list
   elements: str
+authenticated:
+  description: Whether the verification found a valid signature by one of O(trusted_keys) (false without them or O(verify)).
+  returned: always
+  type: bool
 usable:
   description: Verifies and its status is C(completed) (or there is no status record).
   returned: always
@@ -203,7 +208,7 @@ import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, signature, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
@@ -211,6 +216,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors impo
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 
 ARGUMENT_SPEC = dict(
+    trusted_keys=_module.TRUST_ARGS["trusted_keys"],
     snapshot_dir=dict(type="path", required=True),
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
     container=dict(type="str"),
@@ -259,7 +265,7 @@ def main_logic(module):
     record = status.read(snapshot_dir)
     result = dict(changed=False, snapshot_dir=snapshot_dir, published=published, status=record,
                   staging=os.path.lexists(layout.staging_dir(snapshot_dir)), container=container,
-                  valid=None, reasons=[], bytes=0, throughput_mb_s=None, usable=False,
+                  valid=None, reasons=[], bytes=0, throughput_mb_s=None, usable=False, authenticated=False,
                   checksum=manifest.fingerprint(snapshot_dir) if published else None)
     result["npu_dir_exists"] = (os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
                                 if params["npu_dir"] else None)
@@ -270,7 +276,10 @@ def main_logic(module):
         elif not image and container.get("exists"):
             image = container["image_id"]
         expect = verify.expectations(identity, image, params["criu_version"], params["runtime_version"])
-        valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"])
+        trusted = signature.load_public_keys(params["trusted_keys"], "trusted_keys")
+        valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"],
+                                                  trusted=trusted)
+        result["authenticated"] = details["authenticated"]
         hashing = details["hashing"] or {}
         result.update(valid=valid, reasons=reasons, bytes=details["bytes"],
                       throughput_mb_s=hashing.get("throughput_mb_s"))

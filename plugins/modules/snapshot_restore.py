@@ -38,6 +38,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.trust
   - inferops.snapshot.identity.REQUIRED
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
@@ -209,7 +210,8 @@ reason:
   sample: "checksum_mismatch: host/criu/pages-1.img"
 verify:
   description:
-    - The verification result (valid, reasons, bytes, throughput_mb_s, checksums).
+    - The verification result (valid, reasons, authenticated, key_id, fingerprint, bytes, throughput_mb_s, checksums).
+    - C(authenticated) says whether the snapshot carried a valid signature by one of O(trusted_keys).
     - C(checksums) is C(verified) when the module hashed every file, C(sizes only) with O(method=runtime) outside
       check mode, where the restore-on-create runtime hashes every file right before it restores (a checksum
       mismatch then shows as the runtime's cold start, in RV(reason) and RV(runtime_record)).
@@ -261,6 +263,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core import layo
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import task
 
 ARGUMENT_SPEC = dict(
+    trusted_keys=_module.TRUST_ARGS["trusted_keys"],
     snapshot_dir=dict(type="path", required=True),
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
     engine=dict(type="str", default="docker", choices=["docker", "criu"]),

@@ -23,6 +23,7 @@ requirements:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.trust
   - inferops.snapshot.identity
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
@@ -92,6 +93,19 @@ valid:
   returned: always
   type: bool
   sample: false
+authenticated:
+  description:
+    - Whether the snapshot carries a valid signature by one of O(trusted_keys) (always false without them).
+  returned: always
+  type: bool
+key_id:
+  description: Id of the key that signed it (the first 16 hex digits of the SHA-256 of the raw public key), when checked.
+  returned: always
+  type: str
+checksum:
+  description: SHA-256 of the snapshot's C(checksum.sha256), its fingerprint (null when it has none).
+  returned: always
+  type: str
 reasons:
   description: Why it cannot, one string per problem, C(<kind>:) followed by the detail (empty when valid).
   returned: always
@@ -136,7 +150,7 @@ progress:
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, paths, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, paths, schema, signature
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
@@ -144,6 +158,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate im
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 
 ARGUMENT_SPEC = dict(
+    trusted_keys=_module.TRUST_ARGS["trusted_keys"],
     snapshot_dir=dict(type="path", required=True),
     min_size=dict(type="int", default=1024),
     identity=dict(type="dict", options=_module.IDENTITY_OPTIONS),
@@ -171,13 +186,15 @@ def main_logic(module):
         image = DockerCli(params["docker_cli"]).image_id(image)
     expect = verify.expectations(params["identity"], image, params["criu_version"], params["runtime_version"])
     progress = Progress("verify %s" % snapshot_dir, module.log, watch=watch)
+    trusted = signature.load_public_keys(params["trusted_keys"], "trusted_keys")
     valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"],
-                                              progress=progress.bytes_done)
+                                              progress=progress.bytes_done, trusted=trusted)
     hashing = details["hashing"] or {}
     recorded = details["manifest"] or {}
     progress.final("valid" if valid else "invalid")
     result = dict(
-        changed=False, valid=valid, reasons=reasons, bytes=details["bytes"], files=details["files"],
+        changed=False, valid=valid, reasons=reasons, authenticated=details["authenticated"], key_id=details["key_id"],
+        checksum=details["fingerprint"], bytes=details["bytes"], files=details["files"],
         throughput_mb_s=hashing.get("throughput_mb_s"), workers=hashing.get("workers"),
         manifest={key: recorded.get(key) for key in ("identity", "created_at", "image", "engine", "runtime", "devices")},
         durations={"hash": hashing.get("seconds", 0.0), "total": round(watch.elapsed(), 6)},

@@ -16,7 +16,7 @@ __metaclass__ = type
 import os
 
 from . import container as container_record
-from . import device, layout, manifest, paths, seal, status
+from . import device, layout, manifest, paths, seal, signature, status
 from .agent import protocol
 from .clients.control import AgentSocketClient
 from .clients.criu import CriuCli
@@ -67,6 +67,7 @@ class Checkpointer:
         self.info = None
         self.pid = None
         self.device_part = None
+        self.signing_key = None
         self.follower = None
         self.docker = DockerCli(params["docker_cli"])
         self.criu = CriuCli()
@@ -99,6 +100,8 @@ class Checkpointer:
             self.pid = params["pid"]
             if not os.path.exists("/proc/%d" % self.pid):
                 raise ParameterError("pid: process %d does not exist" % self.pid)
+        if params.get("signing_key"):
+            self.signing_key = signature.load_private_key(params["signing_key"], "signing_key", self.snapshot_dir)
         self.device_part = device.read_device_part(self.staging_dir)
         if params["require_device_part"]:
             self._check_device_part()
@@ -183,7 +186,8 @@ class Checkpointer:
                 known = self.follower.finish() if self.follower else {}
                 self.follower = None
                 document, fingerprint, hashing = seal.seal(self.staging_dir, self.fields(), workers=params["workers"],
-                                                          progress=self.progress.bytes_done, known=known)
+                                                          progress=self.progress.bytes_done, known=known,
+                                                          signing_key=self.signing_key)
             self.remaining("publishing")
             with self.watch.stage("publish"):
                 seal.publish(self.staging_dir, self.snapshot_dir)
@@ -202,6 +206,7 @@ class Checkpointer:
         status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"])
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                     files=len(document["files"]), versions=self.versions, hashing=hashing,
+                    signed_by=hashing.get("key_id"),
                     manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
 
 

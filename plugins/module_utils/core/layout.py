@@ -22,6 +22,7 @@ from .agent import protocol
 IDENTITY_KEYS = ("namespace", "service", "instance", "pod")
 MANIFEST = "manifest.json"            # schemas/manifest.schema.json
 CHECKSUMS = "checksum.sha256"         # `sha256sum -c` format, the manifest included, in canonical form
+SIGNATURE = "signature.json"          # Ed25519 over checksum.sha256 (signature.py); not in the list it signs
 HOST_DIR = "host"
 IMAGES_DIR = "host/criu"              # the CRIU images
 CONTAINER_RECORD = "host/container.json"  # what `docker inspect` said, enough to recreate the container
@@ -84,6 +85,7 @@ RESTORE_REQUEST_KEYS = (
     ("device", "org.inferops.restore-device", "INFEROPS_RESTORE_DEVICE"),
     ("runtime_version", "org.inferops.restore-runtime-version", "INFEROPS_RESTORE_RUNTIME_VERSION"),
     ("image_id", "org.inferops.restore-image-id", None),
+    ("checksum", "org.inferops.restore-checksum", "INFEROPS_RESTORE_CHECKSUM"),  # the fingerprint it must have
     ("metadata_file", "org.inferops.metadata-file", ENV_METADATA_FILE),
     ("agent_socket_dir", "org.inferops.agent-socket-dir", ENV_AGENT_SOCKET_DIR),
 )
@@ -112,6 +114,7 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "metadata_file": DEFAULT_METADATA_FILE,
     "agent_socket_dir": DEFAULT_AGENT_SOCKET_DIR,
     "criu_log_dir": CRIU_LOG_DIR,
+    "trusted_keys": [],                           # public keys (PEM files); when set, only signed snapshots restore
 }
 
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------

@@ -24,7 +24,7 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import layout, schema
+from . import layout, schema, signature, status
 from .clients.criu import major as criu_major
 
 MANIFEST = layout.MANIFEST
@@ -206,11 +206,14 @@ def load_manifest(directory):
         return json.load(handle)
 
 
-def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True):
+def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None):
     """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
 
     ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
-    the restore would run with. A key whose value is None is not checked.
+    the restore would run with, and ``checksum``: the fingerprint a caller knows the snapshot by (a
+    Kubernetes annotation). A key whose value is None is not checked. ``trusted`` ({key id: public
+    key}, signature.load_public_keys): when given, the snapshot must carry a valid signature by one of
+    them; ``details["authenticated"]`` says whether it did.
 
     ``hash_files=False`` checks everything but the content of the files other than the manifest
     (listing, sizes, manifest, identity, versions): for a caller whose next step hands the
@@ -219,7 +222,8 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     """
     expect = expect or {}
     reasons = []
-    details = {"path": directory, "bytes": 0, "files": 0, "hashing": None, "manifest": None}
+    details = {"path": directory, "bytes": 0, "files": 0, "hashing": None, "manifest": None, "authenticated": False,
+               "key_id": None, "fingerprint": None}
     if not os.path.isdir(directory):
         return False, ["missing: no snapshot at %s" % directory], details
     for name in (MANIFEST, CHECKSUMS):
@@ -229,12 +233,19 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
         return False, reasons, details
 
     try:
-        with open(os.path.join(directory, CHECKSUMS)) as handle:
-            listed = parse_checksums(handle.read())
+        with open(os.path.join(directory, CHECKSUMS), "rb") as handle:
+            raw = handle.read()
+        listed = parse_checksums(raw.decode("utf-8"))
     except (ChecksumFormatError, UnicodeDecodeError) as exc:
         return False, ["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)], details
+    details["fingerprint"] = hashlib.sha256(raw).hexdigest()
+    # Who made it, before anything else is read: an untrusted snapshot is refused whatever it holds.
+    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted)
+    if refused:
+        return False, [refused], details
+    reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
     try:
-        present = set(list_files(directory)) - {CHECKSUMS}
+        present = set(list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
     except ValueError as exc:
         return False, ["unsafe_file: %s" % exc], details
     for rel in sorted(set(listed) - present):
@@ -316,6 +327,19 @@ def _compare(manifest, hashes, expect, already_reported):
     if expect.get("runtime_version") is not None and manifest["runtime"]["version"] != expect["runtime_version"]:
         reasons.append("runtime_mismatch: snapshot was taken with ACL runtime %s, the engine would load %s"
                        % (manifest["runtime"]["version"], expect["runtime_version"]))
+    return reasons
+
+
+def _fingerprint_reasons(directory, fingerprint, expected):
+    """The fingerprint the generation recorded (the status record) and the one the caller knows must match."""
+    reasons = []
+    record = status.read(directory) or {}
+    if record.get("status") == "completed" and record.get("checksum") and record["checksum"] != fingerprint:
+        reasons.append("checksum_mismatch: the status record says the snapshot is %s, its %s hashes to %s"
+                       % (record["checksum"], CHECKSUMS, fingerprint))
+    if expected and expected != fingerprint:
+        reasons.append("checksum_mismatch: the snapshot was recorded as %s, its %s hashes to %s"
+                       % (expected, CHECKSUMS, fingerprint))
     return reasons
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import layout, manifest, paths, schema
+from . import layout, manifest, paths, schema, signature
 from .manifest import CHUNK, CHUNK_INDEX, hash_tree
 
 def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, known=None):
@@ -224,14 +224,15 @@ class Flusher(threading.Thread):
         return self.seconds
 
 
-def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=True):
+def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=True, signing_key=None):
     """Write the chunk index, manifest.json and checksum.sha256 into ``staging_dir``, with every file 0600,
-    and (``durable``) every file on stable storage; return (manifest, fingerprint, stats).
+    and (``durable``) every file on stable storage; sign it with ``signing_key`` (signature.py) when given.
+    Return (manifest, fingerprint, stats).
 
     ``fields`` supplies everything but ``files`` and ``total_bytes``, which come from hashing.
     ``known``: digests of files hashed while they were written (a ``Follower``); not read again.
     """
-    for stale in (manifest.MANIFEST, manifest.CHECKSUMS, CHUNK_INDEX):  # leftovers of an earlier seal
+    for stale in (manifest.MANIFEST, manifest.CHECKSUMS, CHUNK_INDEX, layout.SIGNATURE):  # leftovers of an earlier seal
         if os.path.lexists(os.path.join(staging_dir, stale)):
             os.unlink(os.path.join(staging_dir, stale))
     secure_modes(staging_dir)
@@ -249,6 +250,8 @@ def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=T
     hashes[manifest.MANIFEST] = (len(data), hashlib.sha256(data).hexdigest())
     checksums = manifest.format_checksums(hashes).encode("utf-8")
     paths.write_file_atomic(os.path.join(staging_dir, manifest.CHECKSUMS), checksums)
+    if signing_key is not None:
+        stats["key_id"] = signature.sign(staging_dir, signing_key)["key_id"]
     return document, hashlib.sha256(checksums).hexdigest(), stats
 
 

@@ -34,12 +34,13 @@ import subprocess
 import time
 import traceback
 
-from .. import layout, paths, proc
+from .. import layout, paths, proc, signature
 from ..clients import criu as criu_client
 from ..clients.criu import CriuCli
 from ..clients.docker import env_dict
 from ..clients.runc import RuncCli, split_argv
 from ..clock import utc_now
+from ..errors import SnapshotError
 from ..restore import pipeline
 from ..restore.on_create import OnCreate
 
@@ -138,7 +139,8 @@ def restore_request(spec, config):
         return None
     request = {"snapshot": raw["snapshot"], "timeout": config["timeout"], "policy": config["policy"],
                "identity": None, "device": config["device_restore"], "runtime_version": raw.get("runtime_version"),
-               "image_id": raw.get("image_id"), "metadata_file": raw.get("metadata_file") or config["metadata_file"],
+               "image_id": raw.get("image_id"), "checksum": raw.get("checksum"),
+               "metadata_file": raw.get("metadata_file") or config["metadata_file"],
                "agent_socket_dir": raw.get("agent_socket_dir") or config["agent_socket_dir"], "problems": [],
                "annotated": sorted(key for key, annotation, _variable in REQUEST_KEYS if annotations.get(annotation))}
     problems = request["problems"]
@@ -165,6 +167,8 @@ def restore_request(spec, config):
             request["identity"] = dict(zip(("namespace", "service", "instance", "pod"), parts))
         else:
             problems.append("restore-identity: %r is not namespace/service/instance/pod" % raw["identity"])
+    if request["checksum"] is not None and not re.match(r"^[0-9a-f]{64}$", request["checksum"]):
+        problems.append("restore-checksum: %r is not a SHA-256 in hex" % request["checksum"])
     for key in ("metadata_file", "agent_socket_dir"):
         if not request[key].startswith("/") or ".." in request[key].split("/"):
             problems.append("%s: %r must be an absolute path without '..'" % (key, request[key]))
@@ -292,14 +296,19 @@ class Runtime:
         container_id = create["id"]
         driver = OnCreate(self, spec, bundle, create, request, docker_record(self.config, container_id),
                           CriuCli(self.config["criu"] or "criu").version())
+        try:
+            trusted = signature.load_public_keys(self.config["trusted_keys"], "trusted_keys")
+        except SnapshotError as exc:  # fail closed: without the keys it was told to trust, nothing is restored
+            trusted, request["problems"] = None, request["problems"] + ["signature_unavailable: %s" % exc.msg]
         attempt = pipeline.Attempt(request["snapshot"], request["timeout"], device_restore=request["device"],
-                                   min_size=self.config["min_size"])
+                                   min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"])
         pipeline.run(driver, attempt)
         record = {"event": "restore", "ts": utc_now(), "pid": os.getpid(), "container": container_id,
                   "name": driver.docker.get("name"), "snapshot": request["snapshot"], "policy": request["policy"],
                   "outcome": "restored" if attempt.restored else "cold", "reason": attempt.reason,
                   "durations": attempt.watch.durations, "restored_pid": attempt.pid,
-                  "device_actions": attempt.device_actions, "verify": _verify_summary(attempt)}
+                  "device_actions": attempt.device_actions, "verify": _verify_summary(attempt),
+                  "authenticated": bool((attempt.verdict or {}).get("authenticated"))}
         record["verify"].update(image_checked=bool(request["image_id"] or driver.docker.get("image_id")),
                                 identity_checked=request["identity"] is not None)
         if "record_error" in attempt.details:

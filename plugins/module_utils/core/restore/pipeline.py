@@ -41,7 +41,7 @@ class Attempt:
     """What one restore knows as it goes; drivers read and fill it."""
 
     def __init__(self, requested, timeout, device_restore=True, check_mode=False, hash_files=True, min_size=0,
-                 workers=None):
+                 workers=None, trusted=None, checksum=None):
         self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
         self.snapshot_dir = None
         self.watch = Stopwatch()
@@ -52,6 +52,8 @@ class Attempt:
         self.hash_files = hash_files
         self.min_size = min_size
         self.workers = workers
+        self.trusted = trusted         # {key id: public key}: only snapshots signed by one of them are restored
+        self.checksum = checksum       # the fingerprint the caller knows the snapshot by (a pod annotation)
         self.verdict = None
         self.manifest = None
         self.pid = None
@@ -145,8 +147,9 @@ def run(driver, attempt):
     try:
         with stage("verify"):
             attempt.snapshot_dir = driver.locate(attempt)
-            attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, driver.expectations(attempt),
-                                                 attempt.min_size, attempt.workers, attempt.hash_files)
+            expect = dict(driver.expectations(attempt), checksum=attempt.checksum)
+            attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
+                                                 attempt.workers, attempt.hash_files, trusted=attempt.trusted)
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")

@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
     from urlparse import urlparse
 
 from .. import container as container_record
-from .. import health, paths, schema
+from .. import health, paths, schema, signature
 from ..clients.docker import DockerCli
 from ..clock import Stopwatch
 from ..errors import ParameterError
@@ -54,6 +54,7 @@ def check_options(params):
 def restore(params, check_mode=False, warn=lambda text: None):
     """The result of a snapshot_restore task (raises the collection's typed errors)."""
     snapshot_dir = check_options(params)
+    trusted_keys(params)  # a key that cannot be loaded is an error before anything is done
     if params["engine"] == bare.ENGINE:
         return _bare(params, snapshot_dir, check_mode, warn)
     docker = DockerCli(params["docker_cli"])
@@ -82,7 +83,12 @@ def _wishes(params):
 def _attempt(params, snapshot_dir, check_mode, hash_files=True):
     return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
                             check_mode=check_mode, hash_files=hash_files, min_size=params["min_size"],
-                            workers=params["workers"])
+                            workers=params["workers"], trusted=trusted_keys(params))
+
+
+def trusted_keys(params):
+    """The public keys a snapshot must be signed with ({} when none is configured: nothing is authenticated)."""
+    return signature.load_public_keys(params.get("trusted_keys") or [], "trusted_keys")
 
 
 def _result(attempt, base, warn):
@@ -120,7 +126,7 @@ def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
         # snapshot twice. Check mode hashes, to predict truthfully.
         verdict = verify.for_restore(snapshot_dir, "docker", verify.expectations(
             params["identity"], image, params["criu_version"], params["runtime_version"]), params["min_size"],
-            params["workers"], hash_files=check_mode)
+            params["workers"], hash_files=check_mode, trusted=trusted_keys(params))
         verdict.pop("manifest")
         if verdict["valid"] and not job.container_id:
             recorded = container_record.read_container_record(snapshot_dir)["image_id"]

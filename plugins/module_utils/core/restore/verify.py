@@ -42,14 +42,15 @@ def engine_reason(recorded, engine):
         taken, ENGINE_HINTS.get(taken, "another engine"), engine)
 
 
-def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None):
-    """{valid, reasons, bytes, files, checksums, throughput_mb_s, manifest}; never raises for a bad snapshot.
+def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None):
+    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest}; never raises for a
+    bad snapshot. ``trusted``: the public keys a signature must come from (signature.py).
 
     ``hash_files=False`` checks everything but the content of the files (for a caller that hands the
     snapshot to the node's runtime, which hashes every file right before it restores).
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
-                                              hash_files=hash_files)
+                                              hash_files=hash_files, trusted=trusted)
     recorded = details["manifest"]
     mismatch = engine_reason(recorded, engine)
     if mismatch:
@@ -58,7 +59,9 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
         reasons.append("incomplete: %s holds no CRIU images (%s)" % (layout.images_dir(snapshot_dir),
                                                                      layout.IMAGES_INVENTORY))
     hashing = details["hashing"] or {}
-    return {"valid": not reasons, "reasons": reasons, "bytes": details["bytes"], "files": details["files"],
+    return {"valid": not reasons, "reasons": reasons, "authenticated": details["authenticated"],
+            "key_id": details["key_id"], "fingerprint": details["fingerprint"],
+            "bytes": details["bytes"], "files": details["files"],
             "checksums": details.get("checksums"),
             "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
             "manifest": recorded}

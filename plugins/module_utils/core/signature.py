@@ -1,0 +1,183 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Who made a snapshot: an Ed25519 signature over its checksum list. PRIVATE to inferops.snapshot.
+
+A restore resumes whatever memory the CRIU images hold, as root: a snapshot rewritten consistently
+(images, checksums and manifest changed together) passes every content check. Only a signature by
+a key the store cannot reach tells a generated snapshot from a forged one. ``signature.json`` signs
+the exact bytes of ``checksum.sha256`` (which hash every file, the manifest included) with the
+generating host's private key; a node that restores holds only public keys (several at once, for
+rotation). The signature file itself is not in the checksum list it signs.
+
+Keys are PEM: the private key PKCS#8 (``openssl genpkey -algorithm ed25519``), public keys
+SubjectPublicKeyInfo (``openssl pkey -pubout``). The ``cryptography`` library does the work; it is
+needed only where signing or verification is configured (on nodes: Debian's python3-cryptography).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import hashlib
+import json
+import os
+import stat
+import traceback
+
+from . import layout, paths
+from .errors import ParameterError
+
+try:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    HAS_CRYPTOGRAPHY = True
+    CRYPTOGRAPHY_IMPORT_ERROR = None
+except ImportError:
+    HAS_CRYPTOGRAPHY = False
+    CRYPTOGRAPHY_IMPORT_ERROR = traceback.format_exc()
+
+CONTEXT = b"inferops.snapshot signature v1\n"   # what is signed: CONTEXT + the bytes of checksum.sha256
+ALGORITHM = "ed25519"
+
+
+def _require(field):
+    if not HAS_CRYPTOGRAPHY:
+        raise ParameterError("%s: signing and verifying snapshots needs the Python library cryptography on this "
+                             "host (pip install cryptography, or Debian's python3-cryptography)" % field, field=field)
+
+
+def _read_key_text(value, field):
+    """(PEM bytes, os.stat of its file or None): a key given as PEM text, or as the path of a PEM file
+    owned by root (or us)."""
+    if value.lstrip().startswith("-----BEGIN"):
+        return value.encode(), None
+    if not os.path.isabs(value):
+        raise ParameterError("%s: %r is neither a PEM key nor an absolute path to one" % (field, value[:40]),
+                             field=field)
+    try:
+        st = os.stat(value)
+        with open(value, "rb") as handle:
+            data = handle.read(64 * 1024)
+    except (IOError, OSError) as exc:
+        raise ParameterError("%s: cannot read the key file %s: %s" % (field, value, exc), field=field)
+    if st.st_uid not in (0, os.geteuid()):
+        raise ParameterError("%s: %s is owned by uid %d; a key must be owned by root" % (field, value, st.st_uid),
+                             field=field)
+    return data, st
+
+
+def key_id(public_key):
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def load_private_key(value, field="signing_key", snapshot_dir=None):
+    """The signing key; a file must be 0600 (or 0400) and must not live in the snapshot store."""
+    _require(field)
+    data, st = _read_key_text(value, field)
+    if st is not None:
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise ParameterError("%s: %s has mode %o; a private key must be 0600 or 0400" % (
+                field, value, stat.S_IMODE(st.st_mode)), field=field)
+        if snapshot_dir and _inside(value, store_root(snapshot_dir)):
+            raise ParameterError("%s: %s lies in the snapshot store %s; keep the signing key where the store cannot "
+                                 "reach it (Ansible Vault, a key file outside the store)"
+                                 % (field, value, store_root(snapshot_dir)), field=field)
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ParameterError("%s: not a PEM private key without a password: %s" % (field, exc), field=field)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ParameterError("%s: the key is not an Ed25519 key (openssl genpkey -algorithm ed25519)" % field,
+                             field=field)
+    return key
+
+
+def load_public_keys(values, field="trusted_keys"):
+    """{key id: public key} of the trusted keys (PEM texts or paths; a private key counts as its public half)."""
+    keys = {}
+    if not values:
+        return keys
+    _require(field)
+    for index, value in enumerate(values):
+        item = "%s[%d]" % (field, index)
+        data, _st = _read_key_text(value, item)
+        try:
+            key = serialization.load_pem_public_key(data)
+        except ValueError:
+            try:
+                key = serialization.load_pem_private_key(data, password=None).public_key()
+            except (ValueError, TypeError) as exc:
+                raise ParameterError("%s: not a PEM Ed25519 key: %s" % (item, exc), field=item)
+        if not isinstance(key, Ed25519PublicKey):
+            raise ParameterError("%s: the key is not an Ed25519 key" % item, field=item)
+        keys[key_id(key)] = key
+    return keys
+
+
+def store_root(snapshot_dir):
+    """The snapshot root of ``<root>/<namespace>/<service>/<instance>/<pod>``."""
+    root = os.path.normpath(snapshot_dir)
+    for _level in layout.IDENTITY_KEYS:
+        root = os.path.dirname(root)
+    return root
+
+
+def _inside(path, root):
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return root != "/" and os.path.commonpath([path, root]) == root
+
+
+def encode(document):
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+def sign(directory, private_key):
+    """Write signature.json beside checksum.sha256 in ``directory`` (a staging directory)."""
+    with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
+        checksums = handle.read()
+    public = private_key.public_key()
+    document = {"schema_version": 1, "algorithm": ALGORITHM, "key_id": key_id(public),
+                "checksums_sha256": hashlib.sha256(checksums).hexdigest(),
+                "signature": base64.b64encode(private_key.sign(CONTEXT + checksums)).decode()}
+    paths.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(document))
+    return document
+
+
+def check(directory, trusted):
+    """(authenticated, reason or None, key id or None) of a published snapshot against ``trusted``
+    ({key id: public key}). Without trusted keys nothing is authenticated and nothing is refused."""
+    path = os.path.join(directory, layout.SIGNATURE)
+    if not trusted:
+        return False, None, None
+    if not os.path.isfile(path) or os.path.islink(path):
+        return False, "unsigned: the snapshot has no %s, and this host trusts only signed snapshots" % layout.SIGNATURE, None
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(64 * 1024)
+        document = json.loads(raw.decode("utf-8"))
+        with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
+            checksums = handle.read()
+        signature = base64.b64decode(document["signature"], validate=True)
+        claimed = document["key_id"]
+        if document.get("algorithm") != ALGORITHM or document.get("schema_version") != 1:
+            raise ValueError("algorithm %r / version %r" % (document.get("algorithm"), document.get("schema_version")))
+        # Exactly the bytes sign() writes: no other spelling of the same signature is accepted.
+        if raw != encode(document) or base64.b64encode(signature).decode() != document["signature"]:
+            raise ValueError("not in the canonical form")
+        if document.get("checksums_sha256") != hashlib.sha256(checksums).hexdigest():
+            raise ValueError("it signs another %s" % layout.CHECKSUMS)
+    except (IOError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return False, "signature_invalid: %s is not a valid signature document (%s)" % (layout.SIGNATURE, exc), None
+    key = trusted.get(claimed)
+    if key is None:
+        return False, ("signature_untrusted: signed by key %s, which this host does not trust (trusted: %s)"
+                       % (str(claimed)[:16], ", ".join(sorted(trusted)))), str(claimed)[:16]
+    try:
+        key.verify(signature, CONTEXT + checksums)
+    except InvalidSignature:
+        return False, "signature_invalid: the signature by key %s does not match %s" % (claimed, layout.CHECKSUMS), claimed
+    return True, None, claimed

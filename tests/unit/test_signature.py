@@ -1,0 +1,159 @@
+"""Authenticity: a snapshot is trusted only when signed by a trusted key; every forgery tried is refused.
+
+Real files, real Ed25519 keys (the cryptography library), the real sealing and verification."""
+
+import json
+import os
+import stat
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+
+IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
+MARKER = b"the engine's secret weights"
+
+
+def pem_private(key):
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def pem_public(key):
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def fields():
+    return {"identity": IDENTITY, "created_at": "2026-11-29T12:00:00Z", "image": {"id": "sha256:" + "ab" * 32},
+            "engine": {"name": "docker", "criu_version": "4.2.1"}, "runtime": {"name": "ascend-acl", "version": None},
+            "devices": [0]}
+
+
+def snapshot(root, key=None):
+    final = root / "store" / "default" / "svc" / "p0" / "pod-a"
+    staging = final.parent / ".pod-a.partial"
+    (staging / "host" / "criu").mkdir(parents=True)
+    (staging / "host" / "criu" / "pages-1.img").write_bytes(b"x" * 5000 + MARKER + b"y" * 5000)
+    (staging / "host" / "criu" / "inventory.img").write_bytes(b"inv")
+    seal.seal(str(staging), fields(), signing_key=key)
+    seal.publish(str(staging), str(final))
+    return final
+
+
+def check(final, trusted):
+    return manifest.verify(str(final), expect={"identity": IDENTITY}, trusted=trusted)
+
+
+@pytest.fixture
+def keys():
+    ours, theirs = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    return ours, theirs, signature.load_public_keys([pem_public(ours)])
+
+
+def test_a_signed_snapshot_is_authenticated_and_an_unsigned_one_refused_where_keys_are_trusted(tmp_path, keys):
+    ours, _theirs, trusted = keys
+    signed = snapshot(tmp_path / "a", ours)
+    valid, reasons, details = check(signed, trusted)
+    assert valid and reasons == [] and details["authenticated"] is True
+    assert details["key_id"] == signature.key_id(ours.public_key())
+    unsigned = snapshot(tmp_path / "b")
+    valid, reasons, details = check(unsigned, trusted)
+    assert not valid and reasons[0].startswith("unsigned:") and details["authenticated"] is False
+    # without trusted keys: valid as before, and says it is not authenticated
+    valid, reasons, details = check(unsigned, {})
+    assert valid and details["authenticated"] is False
+
+
+def rewrite_consistently(final, new_pages, key=None):
+    """The attack of issue 13: change the memory, then make checksum.sha256 and the manifest match."""
+    pages = final / "host" / "criu" / "pages-1.img"
+    pages.write_bytes(new_pages)
+    staging = final.parent / ".pod-a.partial"
+    os.rename(final, staging)
+    os.unlink(staging / layout.SIGNATURE) if (staging / layout.SIGNATURE).exists() else None
+    recorded = json.loads((staging / layout.MANIFEST).read_text())
+    seal.seal(str(staging), {k: v for k, v in recorded.items() if k not in ("files", "total_bytes", "schema_version")},
+              signing_key=key)
+    seal.publish(str(staging), str(final))
+
+
+@pytest.mark.parametrize("resign", ["none", "other key"])
+def test_a_consistent_rewrite_is_refused_unsigned_or_resigned_by_another_key(tmp_path, keys, resign):
+    ours, theirs, trusted = keys
+    final = snapshot(tmp_path, ours)
+    rewrite_consistently(final, b"x" * 5000 + b"attacker's code here!!!!!!" + b"y" * 5000,
+                         key=theirs if resign == "other key" else None)
+    assert manifest.verify(str(final), expect={"identity": IDENTITY})[0], "without keys the rewrite passes: the point"
+    valid, reasons, _details = check(final, trusted)
+    assert not valid
+    assert reasons[0].startswith("unsigned:" if resign == "none" else "signature_untrusted:"), reasons
+
+
+def test_the_status_records_fingerprint_is_compared(tmp_path, keys):
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
+    final = snapshot(tmp_path)
+    status.update(str(final), "completed", checksum=manifest.fingerprint(str(final)))
+    rewrite_consistently(final, b"z" * 10000)
+    valid, reasons, _details = manifest.verify(str(final))
+    assert not valid and any(r.startswith("checksum_mismatch: the status record says") for r in reasons), reasons
+    valid, reasons, _details = manifest.verify(str(snapshot(tmp_path / "k")), expect={"checksum": "0" * 64})
+    assert not valid and reasons[0].startswith("checksum_mismatch: the snapshot was recorded as " + "0" * 64)
+
+
+@pytest.mark.parametrize("target", [layout.CHECKSUMS, layout.MANIFEST, layout.SIGNATURE])
+def test_a_flipped_byte_anywhere_in_the_signed_files_is_refused(tmp_path, keys, target):
+    ours, _theirs, trusted = keys
+    final = snapshot(tmp_path, ours)
+    path = final / target
+    data = bytearray(path.read_bytes())
+    for index in range(0, len(data), max(1, len(data) // 40)):  # forty positions spread over the file
+        flipped = bytearray(data)
+        flipped[index] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        valid, reasons, _details = check(final, trusted)
+        assert not valid, (target, index, reasons)
+    path.write_bytes(bytes(data))
+    assert check(final, trusted)[0]
+
+
+def test_a_flipped_newline_in_the_checksum_list_is_refused_even_without_keys(tmp_path):
+    final = snapshot(tmp_path)
+    path = final / layout.CHECKSUMS
+    text = path.read_bytes()
+    for variant in (text.replace(b"\n", b"\r\n", 1), text.replace(b"  ", b" *", 1), text + b"\n", text[:-1],
+                    text.replace(b"\n", b"\n\n", 1)):
+        path.write_bytes(variant)
+        valid, reasons, _details = manifest.verify(str(final))
+        assert not valid and reasons[0].startswith("checksum_unreadable:"), (variant[:80], reasons)
+
+
+def test_keys_are_checked_before_anything_is_signed(tmp_path, keys):
+    ours, _theirs, _trusted = keys
+    key_file = tmp_path / "signing.pem"
+    key_file.write_text(pem_private(ours))
+    os.chmod(key_file, 0o644)
+    with pytest.raises(ParameterError, match="has mode 644; a private key must be 0600"):
+        signature.load_private_key(str(key_file))
+    os.chmod(key_file, 0o600)
+    assert signature.load_private_key(str(key_file)).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw) == ours.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    in_store = tmp_path / "store" / "k.pem"
+    in_store.parent.mkdir()
+    in_store.write_text(pem_private(ours))
+    os.chmod(in_store, 0o600)
+    with pytest.raises(ParameterError, match="lies in the snapshot store"):
+        signature.load_private_key(str(in_store), snapshot_dir=str(tmp_path / "store/default/svc/p0/pod-a"))
+    with pytest.raises(ParameterError, match="trusted_keys\\[0\\]: not a PEM Ed25519 key"):
+        signature.load_public_keys(["-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----\n"])
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+
+
+def test_rotation_trusts_several_keys_at_once(tmp_path, keys):
+    ours, theirs, _trusted = keys
+    both = signature.load_public_keys([pem_public(ours), pem_public(theirs)])
+    assert check(snapshot(tmp_path / "a", ours), both)[0] and check(snapshot(tmp_path / "b", theirs), both)[0]
