@@ -13,12 +13,14 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
 import os
+import threading
 
 from . import container as container_record
-from . import device, layout, manifest, paths, seal, signature, status
+from . import device, layout, manifest, paths, seal, signature, status, world
 from .agent import protocol
-from .clients.control import AgentSocketClient
+from .clients.control import AgentSocketClient, LeaseKeeper
 from .clients.criu import CriuCli
 from .clients.docker import DockerCli
 from .clients.runc import RuncCli, check_criu_config
@@ -69,11 +71,16 @@ class Checkpointer:
         self.device_part = None
         self.signing_key = None
         self.follower = None
+        self.agent = None
+        self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
+        self.keeper = None
         self.docker = DockerCli(params["docker_cli"])
         self.criu = CriuCli()
         self.runc = RuncCli(global_args=["--root", params["runc_root"]])
 
     def remaining(self, stage):
+        if self.keeper:
+            self.keeper.check(stage)
         if self.deadline.expired():
             raise SnapshotTimeout("generation ran past its timeout of %.0f s before %s" % (self.params["timeout"], stage))
         return self.deadline.remaining()
@@ -113,7 +120,9 @@ class Checkpointer:
                 "no device part at %s: back up the NPU state first with inferops.snapshot.npu_snapshot_backup "
                 "(same snapshot_dir), or set require_device_part=false for a process without an NPU"
                 % device.device_part_path(self.staging_dir))
-        reply = AgentSocketClient.for_pid(self.pid, self.params["agent_socket_dir"]).request(protocol.OP_STATE, 30)
+        self.agent = AgentSocketClient.for_pid(self.pid, self.params["agent_socket_dir"])
+        reply = self.agent.request(protocol.OP_STATE, 30)
+        self.lease = (reply.get("lease") or {}).get("seconds")
         if reply["state"] != protocol.STATE_BACKED_UP:
             raise RuntimeRefusedError(
                 "the process is %s, not BACKED_UP: its device memory would not be in the checkpoint. Run "
@@ -135,6 +144,10 @@ class Checkpointer:
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
         if params["hash_during_checkpoint"]:
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
+        # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
+        self.world = {}
+        capture = threading.Thread(target=self._capture_world, name="inferops-world")
+        capture.start()
         try:
             if params["engine"] == "docker":
                 if params["method"] == "runc":
@@ -150,6 +163,21 @@ class Checkpointer:
                 self.follower.abort()
                 self.follower = None
             raise
+        finally:
+            capture.join()
+        if "error" in self.world:
+            raise ParameterError("the world of the process could not be recorded: %s" % self.world["error"])
+
+    def _capture_world(self):
+        try:
+            if self.params["engine"] == "docker":
+                self.world["facts"] = world.capture(world.docker_facts(self.info), self.versions.get("criu"),
+                                                    self.versions.get("runc"))
+            else:
+                self.world["facts"] = world.capture(world.process_facts(self.pid), self.versions.get("criu"),
+                                                    pid=self.pid)
+        except (OSError, world.WorldError) as exc:
+            self.world["error"] = str(exc)
 
     def fields(self):
         image = None
@@ -165,6 +193,7 @@ class Checkpointer:
             "runtime": part.get("runtime") or {"name": device.RUNTIME_NAME, "version": None},
             "devices": part.get("devices") or [],
             "durations": dict(self.watch.durations),
+            "world": self.world["facts"],
         }
         if part:
             fields["device"] = part
@@ -175,10 +204,12 @@ class Checkpointer:
         params = self.params
         result = dict(snapshot_dir=self.snapshot_dir, durations=self.watch.durations, progress=self.progress.lines)
         status.update(self.snapshot_dir, "generating", identity=self.identity)
+        if self.lease:  # renewed until the snapshot is published; never while CRIU dumps the process
+            self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note).start()
         try:
             self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
                                force=True)
-            with self.watch.stage("checkpoint"):
+            with self.watch.stage("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
             self.remaining("sealing")
@@ -193,6 +224,8 @@ class Checkpointer:
                 seal.publish(self.staging_dir, self.snapshot_dir)
             self.progress.final("published %d bytes" % document["total_bytes"])
         except Exception as exc:
+            if self.keeper:
+                self.keeper.stop()
             if self.follower:
                 self.follower.abort()
             seal.discard(self.staging_dir)
@@ -202,6 +235,8 @@ class Checkpointer:
                 raise
             exc.result.update(result, status="failed", cleaned=[self.staging_dir])
             raise
+        if self.keeper:
+            self.keeper.stop()
         self.watch.total()
         status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"])
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],

@@ -18,6 +18,8 @@ import os
 
 from .agent import protocol
 
+COLLECTION_VERSION = "0.2.0"          # galaxy.yml's version (a unit test keeps them equal)
+
 # -- a snapshot directory: <root>/<namespace>/<service>/<instance>/<pod>/ -----------------------------
 IDENTITY_KEYS = ("namespace", "service", "instance", "pod")
 MANIFEST = "manifest.json"            # schemas/manifest.schema.json

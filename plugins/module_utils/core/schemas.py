@@ -73,6 +73,39 @@ SCHEMAS = json.loads(r'''
     "type": "array",
     "uniqueItems": true
    },
+   "fingerprint": {
+    "additionalProperties": false,
+    "description": "A file's size, the SHA-256 of blocks sampled over it, and its identity on the host (core/world.py).",
+    "properties": {
+     "dev": {
+      "minimum": 0,
+      "type": "integer"
+     },
+     "ino": {
+      "minimum": 0,
+      "type": "integer"
+     },
+     "mtime_ns": {
+      "type": "integer"
+     },
+     "samples": {
+      "pattern": "^[0-9a-f]{64}$",
+      "type": "string"
+     },
+     "size": {
+      "minimum": 0,
+      "type": "integer"
+     }
+    },
+    "required": [
+     "size",
+     "samples",
+     "dev",
+     "ino",
+     "mtime_ns"
+    ],
+    "type": "object"
+   },
    "identity": {
     "additionalProperties": false,
     "properties": {
@@ -117,6 +150,116 @@ SCHEMAS = json.loads(r'''
     "required": [
      "name",
      "version"
+    ],
+    "type": "object"
+   },
+   "world": {
+    "additionalProperties": false,
+    "description": "The world the snapshot was taken in; every restore compares it before anything is restored (core/world.py).",
+    "properties": {
+     "files": {
+      "additionalProperties": {
+       "additionalProperties": {
+        "$ref": "#/$defs/fingerprint"
+       },
+       "type": "object"
+      },
+      "description": "read-only mount destination -> {path below it ('.' for a mounted file) -> fingerprint}",
+      "type": "object"
+     },
+     "host": {
+      "additionalProperties": false,
+      "properties": {
+       "collection": {
+        "type": "string"
+       },
+       "criu": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "kernel": {
+        "type": "string"
+       },
+       "runc": {
+        "type": [
+         "string",
+         "null"
+        ]
+       }
+      },
+      "required": [
+       "kernel",
+       "collection"
+      ],
+      "type": "object"
+     },
+     "open_files": {
+      "additionalProperties": {
+       "$ref": "#/$defs/fingerprint"
+      },
+      "description": "a bare process's open and mapped files: host path -> fingerprint",
+      "type": "object"
+     },
+     "process": {
+      "additionalProperties": false,
+      "properties": {
+       "args": {
+        "items": {
+         "type": "string"
+        },
+        "type": "array"
+       },
+       "cwd": {
+        "type": "string"
+       },
+       "devices": {
+        "items": {
+         "type": [
+          "string",
+          "null"
+         ]
+        },
+        "type": "array"
+       },
+       "mounts": {
+        "items": {
+         "additionalProperties": false,
+         "properties": {
+          "destination": {
+           "type": "string"
+          },
+          "rw": {
+           "type": "boolean"
+          },
+          "source": {
+           "type": [
+            "string",
+            "null"
+           ]
+          }
+         },
+         "required": [
+          "source",
+          "destination",
+          "rw"
+         ],
+         "type": "object"
+        },
+        "type": "array"
+       },
+       "user": {
+        "type": "string"
+       }
+      },
+      "type": "object"
+     }
+    },
+    "required": [
+     "process",
+     "files",
+     "host"
     ],
     "type": "object"
    }
@@ -239,6 +382,9 @@ SCHEMAS = json.loads(r'''
    "total_bytes": {
     "minimum": 0,
     "type": "integer"
+   },
+   "world": {
+    "$ref": "#/$defs/world"
    }
   },
   "required": [

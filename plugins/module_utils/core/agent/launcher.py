@@ -25,6 +25,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import argparse
+import datetime
 import os
 import runpy
 import socket
@@ -59,22 +60,68 @@ def _log(message):
     sys.stderr.flush()
 
 
+def _utc(timestamp=None):
+    """ISO 8601 UTC with microseconds, as in the collection's records."""
+    moment = datetime.datetime.fromtimestamp(time.time() if timestamp is None else timestamp, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def incarnation(proc="/proc"):
+    """What tells this process from a CRIU-restored copy of it: (boot id, start time of the process).
+
+    A copy restored by CRIU -- on this host or another one -- holds this agent's memory, its lease
+    included, and CLOCK_MONOTONIC does not tell it apart: CRIU restores into a time namespace whose
+    offsets make the monotonic clock continue from the moment of the dump (measured here with
+    CRIU 4.2), so a lease's deadline keeps its meaning in the copy. What CRIU cannot restore is the
+    start time of the process (/proc/self/stat field 22): the restored task is a new one, so its
+    start time is the moment of the restore (shifted by the namespace's offsets, it reads as the
+    moment of the dump -- still later than any lease the original took after its start). The boot id
+    tells another host (or a reboot). A lease is acted on only by the incarnation that took it.
+    """
+    found = []
+    for path, pick in (("sys/kernel/random/boot_id", lambda text: text.strip()),
+                       ("self/stat", lambda text: text.rsplit(")", 1)[1].split()[19])):
+        try:
+            with open(os.path.join(proc, path)) as handle:
+                found.append(pick(handle.read()))
+        except (OSError, IndexError):
+            found.append(None)
+    return tuple(found)
+
+
 class Controller:
     """Tracks the process's snapshot state and makes the ACL calls, one request at a time.
 
     The runtime has no public get-state call, so the caller tracks state: it changes only when
     the ACL call succeeded (a failed lock leaves the process RUNNING, as the runtime does).
+
+    The lease (see protocol.py): a lock or backup may carry one; a timer (the watchdog) fires at its
+    deadline, and when the process is still LOCKED or BACKED_UP then, the controller brings it back
+    itself -- restore then unlock from BACKED_UP, unlock from LOCKED -- and keeps a record of what it
+    did (``abandoned``) in every reply until a later successful lock or unlock. A restore that fails is
+    not followed by an unlock (the engine would serve from device memory the backup released); it is
+    retried, every LEASE_RETRY_SECONDS.
     """
 
-    def __init__(self, runtime=None, runtime_error=None, clock=time.monotonic):
+    LEASE_RETRY_SECONDS = 5.0   # after an expiry action that failed
+    BUSY_RETRY_SECONDS = 0.5    # while a request or a call that outlived its timeout holds the runtime
+
+    def __init__(self, runtime=None, runtime_error=None, clock=time.monotonic, wall=time.time,
+                 incarnation=incarnation):
         self.runtime = runtime
         self.runtime_error = runtime_error
         self.state = protocol.STATE_RUNNING
         self._clock = clock
+        self._wall = wall
+        self._incarnation = incarnation
         self._serial = threading.Lock()
         self._inflight = None  # (op, thread) of an operation that outlived its request
         self._engine_info = {}
         self._info_lock = threading.Lock()
+        self._lease_lock = threading.RLock()
+        self._lease = None      # {"seconds", "deadline" (monotonic), "granted_at", "renewed_at", "by", "incarnation"}
+        self._timer = None      # the watchdog: a threading.Timer armed for the lease's deadline
+        self._abandoned = None  # what the watchdog did when a lease ran out
 
     @classmethod
     def load(cls, library_path=None):
@@ -98,6 +145,8 @@ class Controller:
             "devices": sorted(self.runtime.devices_in_use) if self.runtime else [],
             "runtime_version": None,
             "engine": info,
+            "lease": self._lease_view(),
+            "abandoned": self._abandoned_view(),
         }
         if self.runtime is not None:
             try:
@@ -106,11 +155,17 @@ class Controller:
                 pass
         return reply
 
+    def close(self):
+        """Stop the watchdog (the engine exits)."""
+        with self._lease_lock:
+            self._disarm()
+
     def handle(self, message):
         """Answer one decoded request; never raises."""
         op = message.get("op") if isinstance(message, dict) else None
         try:
             op, timeout = protocol.parse_request(message)
+            lease = protocol.parse_lease(message)
         except protocol.ProtocolError as exc:
             return protocol.error_reply(op if op in protocol.OPERATIONS else None,
                                         protocol.KIND_BAD_REQUEST, str(exc), state=self.state)
@@ -120,6 +175,8 @@ class Controller:
             if self._inflight is not None and self._inflight[1].is_alive():
                 reply["busy_with"] = self._inflight[0]
             return reply
+        if op == protocol.OP_RENEW:
+            return self._renew(lease)
         if self.runtime is None:
             return protocol.error_reply(op, protocol.KIND_UNAVAILABLE, self.runtime_error, state=self.state)
         if not self._serial.acquire(timeout=min(timeout, 1.0)):
@@ -132,10 +189,187 @@ class Controller:
                     "an earlier %r request is still running in the ACL runtime; retry when it finishes"
                     % self._inflight[0], state=self.state)
             self._inflight = None
-            return self._run(op, timeout)
+            return self._leased(op, timeout, lease)
         finally:
             self._serial.release()
 
+    # ------------------------------------------------------------------ the lease
+    def _leased(self, op, timeout, lease):
+        """Run ``op``, taking, keeping or dropping the lease as the protocol says (``_serial`` is held)."""
+        if lease is not None and protocol.check_transition(op, self.state):
+            self._grant(lease, op)  # before the call: a caller that dies during it is covered too
+        reply = self._run(op, timeout)
+        if reply["ok"]:
+            if op == protocol.OP_UNLOCK:
+                self._drop_lease()
+            if op in (protocol.OP_LOCK, protocol.OP_UNLOCK):
+                self._abandoned = None
+            if lease is not None and op in (protocol.OP_LOCK, protocol.OP_BACKUP):
+                self._grant(lease, op)  # counted from the end of the call
+            reply.update(self.describe())
+        elif self.state == protocol.STATE_RUNNING and reply["error"]["kind"] != protocol.KIND_TIMEOUT:
+            self._drop_lease()  # the call ended and nothing is held (a lock that failed)
+        return reply
+
+    def _grant(self, seconds, by):
+        with self._lease_lock:
+            now = self._clock()
+            previous = self._lease if by == protocol.OP_RENEW else None
+            self._lease = {"seconds": float(seconds), "deadline": now + seconds, "taken": now,
+                           "granted_at": previous["granted_at"] if previous else _utc(self._wall()),
+                           "renewed_at": _utc(self._wall()), "by": previous["by"] if previous else by,
+                           "incarnation": self._incarnation()}
+            self._arm(seconds)
+
+    def _drop_lease(self):
+        with self._lease_lock:
+            self._lease = None
+            self._disarm()
+
+    def _arm(self, delay):
+        with self._lease_lock:
+            self._disarm()
+            self._timer = threading.Timer(max(0.0, delay), self._watchdog)
+            self._timer.name = "inferops-agent-lease"
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _disarm(self):
+        with self._lease_lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _current_lease(self):
+        """The lease, unless it belongs to another incarnation of this process (a CRIU-restored copy).
+
+        A restored copy must never act on the lease of the process it was checkpointed from: the
+        restore path brings its device state back itself (device.resume_process: restore + unlock),
+        and a watchdog racing it would make its restore fail. So a lease whose incarnation (boot id,
+        process start time; see ``incarnation``) is not this process's, or whose clock went backwards,
+        is dropped here, before anything reads it.
+        """
+        with self._lease_lock:
+            lease = self._lease
+            if lease is not None and (lease["incarnation"] != self._incarnation() or self._clock() < lease["taken"]):
+                _log("dropped a lease taken before this process was restored from a checkpoint (the restore "
+                     "brings the device state back itself)")
+                self._lease = None
+                self._disarm()
+                return None
+            return lease
+
+    def _lease_view(self):
+        with self._lease_lock:
+            lease = self._current_lease()
+            if lease is None:
+                return None
+            left = lease["deadline"] - self._clock()
+            return {"seconds": lease["seconds"], "remaining_s": round(max(left, 0.0), 3), "expired": left <= 0,
+                    "expires_at": _utc(self._wall() + left), "granted_at": lease["granted_at"],
+                    "renewed_at": lease["renewed_at"], "by": lease["by"]}
+
+    def _abandoned_view(self):
+        record = self._abandoned
+        if record is None:
+            return None
+        return dict(record, actions=list(record["actions"]), errors=list(record["errors"]))
+
+    def _renew(self, lease):
+        with self._lease_lock:
+            current = self._current_lease()
+            if self.state not in (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP):
+                reply = protocol.error_reply(
+                    protocol.OP_RENEW, protocol.KIND_LEASE,
+                    "no lease to renew: the process is %s%s" % (self.state, (
+                        " (its lease ran out at %s and the agent resumed it: %s)"
+                        % (self._abandoned["expired_at"], ", ".join(self._abandoned["actions"]) or "no action needed"))
+                        if self._abandoned else ""), state=self.state)
+                reply["abandoned"] = self._abandoned_view()
+                return reply
+            if current is not None and self._clock() >= current["deadline"]:
+                return protocol.error_reply(
+                    protocol.OP_RENEW, protocol.KIND_LEASE,
+                    "the lease ran out %.1f s ago; the agent is bringing the engine back (restore and unlock): "
+                    "start again with a new lock" % (self._clock() - current["deadline"]), state=self.state)
+            seconds = lease if lease is not None else (current or {}).get("seconds")
+            if seconds is None:
+                return protocol.error_reply(protocol.OP_RENEW, protocol.KIND_BAD_REQUEST,
+                                            "field 'lease': required to renew when no lease is held", state=self.state)
+            self._grant(seconds, protocol.OP_RENEW)
+        reply = {"v": protocol.PROTOCOL_VERSION, "ok": True, "op": protocol.OP_RENEW, "changed": False}
+        reply.update(self.describe())
+        return reply
+
+    def _watchdog(self):
+        """The timer's callback at the lease's deadline. Never raises; re-arms itself when it cannot act yet."""
+        try:
+            self._expire()
+        except Exception as exc:  # pylint: disable=broad-except  # the watchdog must not die
+            _log("lease watchdog: unexpected error %r; retrying in %.0f s" % (exc, self.LEASE_RETRY_SECONDS))
+            self._arm(self.LEASE_RETRY_SECONDS)
+
+    def _expire(self):
+        with self._lease_lock:
+            lease = self._current_lease()
+            if lease is None:
+                return
+            if self._clock() < lease["deadline"]:  # renewed since the timer was armed
+                self._arm(lease["deadline"] - self._clock())
+                return
+        # A process frozen by CRIU for a dump runs no thread, this one included: a deadline that passes
+        # during a dump is acted on after the process is thawed, when the dump is complete.
+        if not self._serial.acquire(timeout=1.0):
+            self._arm(self.BUSY_RETRY_SECONDS)
+            return
+        try:
+            if self._inflight is not None and self._inflight[1].is_alive():
+                self._arm(self.BUSY_RETRY_SECONDS)  # act on the state the call leaves
+                return
+            self._inflight = None
+            with self._lease_lock:
+                lease = self._current_lease()
+                if lease is None:
+                    return
+                if self._clock() < lease["deadline"]:
+                    self._arm(lease["deadline"] - self._clock())
+                    return
+                overdue = self._clock() - lease["deadline"]
+            self._bring_back(lease, overdue)
+        finally:
+            self._serial.release()
+
+    def _bring_back(self, lease, overdue):
+        """Restore and unlock the engine of a holder that never came back (``_serial`` is held)."""
+        record = self._abandoned
+        if record is None or record.get("lease_granted_at") != lease["granted_at"]:
+            record = self._abandoned = {
+                "at": _utc(self._wall()), "previous_state": self.state, "lease_s": lease["seconds"],
+                "lease_granted_at": lease["granted_at"], "lease_renewed_at": lease["renewed_at"],
+                "lease_by": lease["by"], "expired_at": _utc(self._wall() - overdue),
+                "overdue_s": round(overdue, 3), "actions": [], "errors": [], "state": self.state}
+            _log("the lease of %.1f s (taken by %s at %s, last renewed at %s) ran out %.1f s ago with the process %s: "
+                 "bringing the engine back" % (lease["seconds"], lease["by"], lease["granted_at"],
+                                               lease["renewed_at"], overdue, self.state))
+        steps = {protocol.STATE_BACKED_UP: protocol.OP_RESTORE, protocol.STATE_LOCKED: protocol.OP_UNLOCK}
+        while self.state in steps:
+            op = steps[self.state]
+            reply = self._run(op, protocol.DEFAULT_TIMEOUT)
+            if not reply["ok"]:
+                record["errors"].append({"at": _utc(self._wall()), "op": op, "message": reply["error"]["message"]})
+                del record["errors"][:-10]
+                record["state"] = self.state
+                _log("lease watchdog: %s failed (%s); retrying in %.0f s"
+                     % (op, reply["error"]["message"], self.LEASE_RETRY_SECONDS))
+                self._arm(self.BUSY_RETRY_SECONDS if reply["error"]["kind"] == protocol.KIND_TIMEOUT
+                          else self.LEASE_RETRY_SECONDS)
+                return
+            record["actions"].append(op)
+        record["state"] = self.state
+        _log("lease watchdog: the engine is %s again after %s" % (self.state, ", ".join(record["actions"]) or "nothing"))
+        self._drop_lease()
+
+    # ------------------------------------------------------------------ the ACL calls
     def _run(self, op, timeout):
         previous = self.state
         calls = {
@@ -278,5 +512,6 @@ def main(argv=None):
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         server.close()
+        controller.close()
     return 0
 

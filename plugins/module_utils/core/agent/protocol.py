@@ -35,7 +35,16 @@ OP_LOCK = "lock"
 OP_BACKUP = "backup"
 OP_RESTORE = "restore"
 OP_UNLOCK = "unlock"
-OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK)
+OP_RENEW = "renew"  # extends the lease of whoever holds the lock (no ACL call)
+OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW)
+
+# The lease (an optional field, added within version 1): a lock or a backup that carries
+# "lease": <seconds> tells the agent that the caller will come back -- unlock, or renew the lease --
+# within that many seconds. When it does not, the agent brings the engine back itself (restore + unlock
+# from BACKED_UP, unlock from LOCKED) and reports what it did as "abandoned" in its replies. A request
+# without the field gets the behaviour from before leases: no lease, the engine waits for its caller.
+LEASE_OPERATIONS = (OP_LOCK, OP_BACKUP, OP_RENEW)
+MAX_LEASE = 86400.0
 
 STATE_RUNNING = "RUNNING"
 STATE_LOCKED = "LOCKED"
@@ -49,6 +58,7 @@ KIND_TIMEOUT = "timeout"          # the operation did not finish within the requ
 KIND_BUSY = "busy"                # an earlier operation is still running (requests are serialised)
 KIND_UNAVAILABLE = "unavailable"  # no ACL runtime loaded in this process
 KIND_INTERNAL = "internal"
+KIND_LEASE = "lease"              # renew refused: no lease to renew, or it already ran out
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 3600.0
@@ -87,8 +97,11 @@ def decode(data):
     return message
 
 
-def make_request(op, timeout=DEFAULT_TIMEOUT):
-    return {"v": PROTOCOL_VERSION, "op": op, "timeout": float(timeout)}
+def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None):
+    request = {"v": PROTOCOL_VERSION, "op": op, "timeout": float(timeout)}
+    if lease is not None:
+        request["lease"] = float(lease)
+    return request
 
 
 def parse_request(message):
@@ -105,10 +118,26 @@ def parse_request(message):
         raise ProtocolError("field 'timeout': expected a number of seconds, got %r" % (timeout,))
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ProtocolError("field 'timeout': %r is outside (0, %d] seconds" % (timeout, MAX_TIMEOUT))
-    unknown = sorted(set(message) - {"v", "op", "timeout"})
+    unknown = sorted(set(message) - {"v", "op", "timeout", "lease"})
     if unknown:
         raise ProtocolError("unknown field(s) %s" % ", ".join(repr(k) for k in unknown))
+    parse_lease(message)
     return op, float(timeout)
+
+
+def parse_lease(message):
+    """The request's lease in seconds, or None when it carries none; ProtocolError when it is malformed."""
+    if "lease" not in message:
+        return None
+    lease = message["lease"]
+    if message.get("op") not in LEASE_OPERATIONS:
+        raise ProtocolError("field 'lease': only %s take a lease, not %r"
+                            % (", ".join(LEASE_OPERATIONS), message.get("op")))
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)):
+        raise ProtocolError("field 'lease': expected a number of seconds, got %r" % (lease,))
+    if not 0 < lease <= MAX_LEASE:
+        raise ProtocolError("field 'lease': %r is outside (0, %d] seconds" % (lease, MAX_LEASE))
+    return float(lease)
 
 
 def error_reply(op, kind, message, state=None, code=None, name=None):

@@ -11,9 +11,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
 import json
 import os
 import socket
+import threading
 
 from urllib.error import HTTPError, URLError
 from urllib.request import ProxyHandler, Request, build_opener
@@ -34,6 +36,7 @@ DEFAULT_HTTP_PATHS = {
     protocol.OP_BACKUP: "/snapshot/backup",
     protocol.OP_RESTORE: "/snapshot/restore",
     protocol.OP_UNLOCK: "/snapshot/unlock",
+    protocol.OP_RENEW: "/snapshot/renew",
 }
 # Time allowed on top of the operation's own timeout for connecting and transferring the reply.
 TRANSPORT_MARGIN = 10.0
@@ -55,6 +58,16 @@ def agent_socket_for_pid(pid, socket_dir=DEFAULT_AGENT_SOCKET_DIR, proc="/proc")
     return os.path.join(proc, str(pid), "root", inner)
 
 
+def lease_seconds(value, field="lease"):
+    """A module's ``lease`` option as the protocol field: None for 0 (no lease), else seconds in (0, MAX_LEASE]."""
+    if value is None or value == 0:
+        return None
+    if not 0 < value <= protocol.MAX_LEASE:
+        raise ParameterError("%s: must be 0 (no lease) or a number of seconds up to %d, got %s"
+                             % (field, protocol.MAX_LEASE, value), field=field)
+    return float(value)
+
+
 def _check_reply(op, reply, where):
     if not isinstance(reply, dict) or "ok" not in reply:
         raise EndpointError("the control endpoint at %s answered %r with something that is not a snapshot "
@@ -64,9 +77,15 @@ def _check_reply(op, reply, where):
                             % (where, reply.get("v"), protocol.PROTOCOL_VERSION), endpoint=where, reply=reply)
     if not reply["ok"]:
         error = reply.get("error") or {}
-        raise RuntimeRefusedError(
-            "%s refused by the process behind %s: %s" % (op, where, error.get("message", "no reason given")),
-            endpoint=where, state=reply.get("state"), error=error)
+        message = error.get("message", "no reason given")
+        if error.get("kind") == protocol.KIND_BAD_REQUEST and ("'lease'" in message or "'renew'" in message) \
+                and "field 'lease': required" not in message:
+            message += (" -- this endpoint predates leases (the agent in the engine's image is older than the "
+                        "collection): copy the collection's agent into the image again, or set lease: 0 to go "
+                        "without one")
+        extra = {"abandoned": reply["abandoned"]} if reply.get("abandoned") else {}
+        raise RuntimeRefusedError("%s refused by the process behind %s: %s" % (op, where, message),
+                                  endpoint=where, state=reply.get("state"), error=error, **extra)
     return reply
 
 
@@ -89,8 +108,9 @@ class AgentSocketClient:
             return os.path.exists(self.path), "no socket at %s" % self.path
         return wait_for(listening, timeout, interval=0.01, what="the agent socket %s" % self.path)
 
-    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT):
-        data = protocol.encode(protocol.make_request(op, timeout))
+    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None):
+        """One request; ``lease`` (seconds) goes with lock, backup and renew (see protocol.py)."""
+        data = protocol.encode(protocol.make_request(op, timeout, lease))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout + TRANSPORT_MARGIN)
         try:
@@ -129,7 +149,7 @@ class AgentSocketClient:
 
 
 class HttpEndpointClient:
-    """Talks to an engine's own HTTP control endpoint: POST {"timeout": s} to the op's path."""
+    """Talks to an engine's own HTTP control endpoint: POST {"timeout": s[, "lease": s]} to the op's path."""
 
     def __init__(self, base_url, paths=None):
         self.base_url = base_url.rstrip("/")
@@ -145,9 +165,12 @@ class HttpEndpointClient:
         # Control traffic stays on the node: never send it through an environment proxy.
         self._opener = build_opener(ProxyHandler({}))
 
-    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT):
+    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None):
         url = self.base_url + self.paths[op]
-        body = json.dumps({"v": protocol.PROTOCOL_VERSION, "timeout": float(timeout)}).encode("utf-8")
+        document = {"v": protocol.PROTOCOL_VERSION, "timeout": float(timeout)}
+        if lease is not None:
+            document["lease"] = float(lease)
+        body = json.dumps(document).encode("utf-8")
         req = Request(url, data=body, headers={"Content-Type": "application/json"})
         try:
             response = self._opener.open(req, timeout=timeout + TRANSPORT_MARGIN)
@@ -164,6 +187,102 @@ class HttpEndpointClient:
         except protocol.ProtocolError as exc:
             raise EndpointError("bad reply from %s: %s" % (url, exc), endpoint=url)
         return _check_reply(op, reply, url)
+
+
+class LeaseKeeper:
+    """Renews the engine's lease every ``seconds / 3`` from a background thread, while a long task works.
+
+    ``quiet()`` holds the renewals while CRIU dumps the process: the process is frozen then, its agent
+    cannot answer, and a connection to its socket would be part of what CRIU dumps (a unix socket with
+    a peer outside the dumped tree). Entering ``quiet()`` renews once, so the dump starts with a whole
+    lease, and leaving it renews again at once. The agent cannot act on the lease while the process is
+    frozen either (its watchdog thread is frozen with it); when the dump outlasts the lease, the
+    renewal after it is refused and ``check()`` raises -- the lease must be longer than the dump.
+
+    ``lost`` is the agent's refusal once the lease cannot be renewed any more (it ran out and the agent
+    brought the engine back, or someone unlocked it); ``check(stage)`` raises it as a
+    RuntimeRefusedError. A connection that fails is retried at the next renewal.
+    """
+
+    REQUEST_TIMEOUT = 10.0
+
+    def __init__(self, client, seconds, log=None):
+        self.client, self.seconds, self.log = client, float(seconds), log
+        self.renewals = 0
+        self.lost = None
+        self.last_error = None
+        self._lock = threading.Lock()
+        self._quiet = False
+        self._stopped = False
+        self._timer = None
+
+    def start(self):
+        with self._lock:
+            self._schedule()
+        return self
+
+    def _schedule(self):
+        self._timer = threading.Timer(self.seconds / 3.0, self._tick)
+        self._timer.name = "inferops-lease-keeper"
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _tick(self):
+        with self._lock:
+            if self._stopped:
+                return
+            if not self._quiet:
+                self._renew()
+            if self.lost is None:
+                self._schedule()
+
+    def _renew(self):
+        """One renewal (``_lock`` is held)."""
+        if self.lost is not None:
+            return
+        try:
+            self.client.request(protocol.OP_RENEW, self.REQUEST_TIMEOUT, self.seconds)
+        except RuntimeRefusedError as exc:
+            if (exc.result.get("error") or {}).get("kind") in (protocol.KIND_LEASE, protocol.KIND_BAD_REQUEST):
+                self.lost = exc.msg
+                if self.log:
+                    self.log("lease lost: %s" % exc.msg, force=True)
+            else:
+                self.last_error = exc.msg
+        except EndpointError as exc:  # a connection that failed: the next renewal may get through
+            self.last_error = exc.msg
+        else:
+            self.renewals += 1
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """No renewal while the block runs (a CRIU dump); one renewal right before and one right after."""
+        with self._lock:
+            self._renew()
+            self._quiet = True
+        self.check("the checkpoint")
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._quiet = False
+                self._renew()
+
+    def check(self, stage):
+        if self.lost is not None:
+            raise RuntimeRefusedError(
+                "the engine's lease of %.0f s could not be renewed before %s: %s. The engine is no longer locked for "
+                "this snapshot (the agent resumes an engine whose lease runs out); give it a lease longer than the "
+                "checkpoint takes (lease of inferops.snapshot.npu_snapshot_backup)" % (self.seconds, stage, self.lost),
+                lease_lost=self.lost)
+
+    def stop(self):
+        """Stop renewing, after one last renewal: whoever unlocks next has a whole lease to do it."""
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self._renew()
 
 
 def client_for_endpoint(endpoint, paths=None):

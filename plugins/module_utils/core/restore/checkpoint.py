@@ -19,7 +19,8 @@ import shutil
 import tempfile
 
 from .. import container as container_record
-from .. import layout, metadata, paths
+from .. import layout, metadata, paths, world
+from ..clients.runc import RuncCli
 from ..clients.docker import env_dict
 from ..errors import CommandError, ParameterError
 from .containerd_leak import LeakGuard
@@ -49,6 +50,15 @@ def place_checkpoint(snapshot_dir, container_id, name, docker_root):
     return target, "copy"
 
 
+def docker_world_now(docker, container_id, recorded):
+    """The recreated container as it is; one created from the snapshot's record is the recorded one."""
+    if container_id:
+        process = world.docker_facts(docker.inspect_container(container_id))
+    else:
+        process = ((recorded or {}).get("world") or {}).get("process")
+    return process, RuncCli().version()
+
+
 class DockerCheckpoint(Driver):
     path = "docker"
     engine = "docker"
@@ -63,6 +73,9 @@ class DockerCheckpoint(Driver):
 
     def image_id(self, attempt):
         return self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
+
+    def world_now(self, recorded):
+        return docker_world_now(self.docker, self.container_id, recorded)
 
     def check(self, attempt):
         if not self.container_id:

@@ -17,7 +17,7 @@ __metaclass__ = type
 import os
 import subprocess
 
-from .. import layout, metadata, paths, proc
+from .. import layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
 from ..clients.docker import env_dict
 from ..container import read_container_record
@@ -101,6 +101,9 @@ class OnCreate(Driver):
 
     def image_id(self, attempt):
         return self.request["image_id"] or self.docker.get("image_id")
+
+    def world_now(self, recorded):
+        return world.oci_facts(self.spec), self.runtime.runc.version()
 
     def check(self, attempt):
         try:

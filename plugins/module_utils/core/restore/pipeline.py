@@ -100,6 +100,11 @@ class Driver:
         """What the snapshot must match: identity, image_id, criu_version, runtime_version (None: unchecked)."""
         return verify.expectations(self.identity, self.image_id(attempt), self.criu_version, self.runtime_version)
 
+    def world_now(self, recorded):
+        """(process facts of what would run now, or None when the process keeps its own; this host's runc
+        version): what the recorded world is compared with (world.py)."""
+        return None, None
+
     def check(self, attempt):
         """Refuse before anything is touched when this host cannot succeed (raise Fallback)."""
 
@@ -149,7 +154,8 @@ def run(driver, attempt):
             attempt.snapshot_dir = driver.locate(attempt)
             expect = dict(driver.expectations(attempt), checksum=attempt.checksum)
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
-                                                 attempt.workers, attempt.hash_files, trusted=attempt.trusted)
+                                                 attempt.workers, attempt.hash_files, trusted=attempt.trusted,
+                                                 world_now=driver.world_now)
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")

@@ -23,7 +23,7 @@ from ..clients.docker import DockerCli
 from ..clock import Stopwatch
 from ..errors import ParameterError
 from . import bare, pipeline, verify
-from .checkpoint import DockerCheckpoint
+from .checkpoint import DockerCheckpoint, docker_world_now
 from .handover import RuntimeHandover
 
 
@@ -126,7 +126,8 @@ def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
         # snapshot twice. Check mode hashes, to predict truthfully.
         verdict = verify.for_restore(snapshot_dir, "docker", verify.expectations(
             params["identity"], image, params["criu_version"], params["runtime_version"]), params["min_size"],
-            params["workers"], hash_files=check_mode, trusted=trusted_keys(params))
+            params["workers"], hash_files=check_mode, trusted=trusted_keys(params),
+            world_now=lambda recorded: docker_world_now(docker, job.container_id, recorded))
         verdict.pop("manifest")
         if verdict["valid"] and not job.container_id:
             recorded = container_record.read_container_record(snapshot_dir)["image_id"]

@@ -15,7 +15,7 @@ __metaclass__ = type
 
 import os
 
-from .. import layout, manifest
+from .. import layout, manifest, world
 from ..clients.criu import CriuCli
 
 ENGINE_HINTS = {"docker": "a Docker container: restore it with engine=docker",
@@ -42,9 +42,12 @@ def engine_reason(recorded, engine):
         taken, ENGINE_HINTS.get(taken, "another engine"), engine)
 
 
-def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None):
+def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
+                world_now=None):
     """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest}; never raises for a
-    bad snapshot. ``trusted``: the public keys a signature must come from (signature.py).
+    bad snapshot. ``trusted``: the public keys a signature must come from (signature.py). ``world_now``:
+    (manifest) -> (process facts of what would run, or None for a bare process; runc version): the world
+    the process would come back into, compared with the one it was taken in (world.py).
 
     ``hash_files=False`` checks everything but the content of the files (for a caller that hands the
     snapshot to the node's runtime, which hashes every file right before it restores).
@@ -58,6 +61,9 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
     if valid and not os.path.isfile(os.path.join(layout.images_dir(snapshot_dir), layout.IMAGES_INVENTORY)):
         reasons.append("incomplete: %s holds no CRIU images (%s)" % (layout.images_dir(snapshot_dir),
                                                                      layout.IMAGES_INVENTORY))
+    if valid and not reasons and world_now is not None:
+        process, runc_version = world_now(recorded)
+        reasons.extend(world.compare(recorded.get("world"), process, expect.get("criu_version"), runc_version))
     hashing = details["hashing"] or {}
     return {"valid": not reasons, "reasons": reasons, "authenticated": details["authenticated"],
             "key_id": details["key_id"], "fingerprint": details["fingerprint"],

@@ -1,0 +1,289 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The world a snapshot belongs to, recorded at generation and compared before any restore. PRIVATE.
+
+A restored process is the checkpointed one: it does not read its weights, its arguments or its
+config again. So "restored" is only true if the world it comes back into is the one it was taken
+in: the same command line, working dir and user; the same mounts with the same files in the
+read-only ones (weights, configs; an engine reads them at start and may have closed them, or maps
+them, and CRIU checks only a mapped file's size); the same devices; the same kernel, CRIU and
+collection. ``capture`` records these facts (the manifest's ``world``), ``compare`` names every
+difference with both values; any difference is a cold start.
+
+Files are fingerprinted, not hashed in full, so that multi-GB weights cost little: size, and the
+SHA-256 of SAMPLES blocks of SAMPLE_BYTES spread evenly over the file (its first and last block
+included), plus device, inode and modification time. Content (size + samples) is compared always,
+so a copy of the same weights on another node or a shared store matches; when the file is the very
+same one (same device and inode) its modification time is compared too, which catches a file
+rewritten in place even where no sampled block changed. Read-write mounts (caches, logs) are the
+engine's own state: only their source and destination are compared.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import os
+import platform
+import stat
+
+from . import layout, proc
+
+SAMPLES = 16
+SAMPLE_BYTES = 64 * 1024
+MAX_FILES = 10000          # per read-only mount; more is refused at generation rather than half-recorded
+COLLECTION_VERSION = layout.COLLECTION_VERSION
+SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")
+
+
+class WorldError(ValueError):
+    pass
+
+
+def fingerprint(path):
+    """{size, samples, dev, ino, mtime_ns} of a regular file (never following a symlink)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise WorldError("%s is not a regular file" % path)
+        digest = hashlib.sha256()
+        size = st.st_size
+        if size <= SAMPLES * SAMPLE_BYTES:
+            offsets = [0]
+            length = size
+        else:
+            step = (size - SAMPLE_BYTES) // (SAMPLES - 1)
+            offsets = [i * step for i in range(SAMPLES)]
+            length = SAMPLE_BYTES
+        for offset in offsets:
+            digest.update(os.pread(fd, length, offset))
+        return {"size": size, "samples": digest.hexdigest(), "dev": st.st_dev, "ino": st.st_ino,
+                "mtime_ns": st.st_mtime_ns}
+    finally:
+        os.close(fd)
+
+
+def tree_fingerprints(source):
+    """{relative path: fingerprint} of every regular file below ``source`` ('.' for a file itself)."""
+    st = os.lstat(source)
+    if stat.S_ISREG(st.st_mode):
+        return {".": fingerprint(source)}
+    found = {}
+    for directory, dirs, files in os.walk(source):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(directory, name)
+            if stat.S_ISREG(os.lstat(full).st_mode):
+                found[os.path.relpath(full, source)] = fingerprint(full)
+                if len(found) > MAX_FILES:
+                    raise WorldError("the read-only mount %s holds more than %d files; mount less" % (source, MAX_FILES))
+    return found
+
+
+def host_facts(criu_version=None, runc_version=None):
+    return {"kernel": platform.release(), "criu": criu_version, "runc": runc_version, "collection": COLLECTION_VERSION}
+
+
+def docker_facts(info):
+    """What a Docker container's `docker inspect` says the process runs with, in the form ``compare`` takes."""
+    config = info.get("Config") or {}
+    host = info.get("HostConfig") or {}
+    mounts = [{"source": m.get("Source"), "destination": m.get("Destination"), "rw": bool(m.get("RW"))}
+              for m in info.get("Mounts") or [] if m.get("Type") in ("bind", "volume")]
+    return {"args": list(config.get("Entrypoint") or []) + list(config.get("Cmd") or []),
+            "cwd": config.get("WorkingDir") or "/", "user": config.get("User") or "",
+            "mounts": sorted(mounts, key=lambda m: m["destination"]),
+            "devices": sorted(d.get("PathInContainer") for d in host.get("Devices") or [])}
+
+
+def oci_facts(spec):
+    """The same facts from an OCI runtime spec (config.json) that runc is asked to create."""
+    process = spec.get("process") or {}
+    user = process.get("user") or {}
+    mounts = []
+    for mount in spec.get("mounts") or []:
+        options = mount.get("options") or []
+        if mount.get("type") in ("bind", None) and ("bind" in options or "rbind" in options):
+            mounts.append({"source": mount.get("source"), "destination": mount.get("destination"),
+                           "rw": "ro" not in options})
+    return {"args": list(process.get("args") or []), "cwd": process.get("cwd") or "/",
+            "uid": user.get("uid"), "gid": user.get("gid"),
+            "mounts": sorted(mounts, key=lambda m: m["destination"]),
+            "devices": sorted(d.get("path") for d in (spec.get("linux") or {}).get("devices") or [])}
+
+
+def process_facts(pid):
+    """{args, cwd} of a bare process, from /proc."""
+    with open("/proc/%d/cmdline" % pid, "rb") as handle:
+        args = [part.decode("utf-8", "replace") for part in handle.read().split(b"\0")[:-1]]
+    return {"args": args, "cwd": os.readlink("/proc/%d/cwd" % pid)}
+
+
+def _read_only_fd(pid, fd):
+    try:
+        with open("/proc/%d/fdinfo/%s" % (pid, fd)) as handle:
+            for line in handle:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & 3 == os.O_RDONLY
+    except (IOError, OSError, ValueError):
+        pass
+    return False
+
+
+def open_files(pid):
+    """{host path: fingerprint} of the files a bare process tree reads: mapped without a shared write, or open
+    read-only (not /proc, /dev, ...). Files it writes (logs, caches) are its own state, not its world."""
+    found = set()
+    for member in proc.descendants(pid):
+        try:
+            with open("/proc/%d/maps" % member) as handle:
+                for line in handle:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and fields[5].startswith("/") and not fields[5].rstrip().endswith("(deleted)") \
+                            and not ("w" in fields[1] and "s" in fields[1]):
+                        found.add(fields[5].rstrip("\n"))
+            fd_dir = "/proc/%d/fd" % member
+            for fd in os.listdir(fd_dir):
+                try:
+                    target = os.readlink(os.path.join(fd_dir, fd))
+                except OSError:
+                    continue
+                if target.startswith("/") and not target.endswith("(deleted)") and _read_only_fd(member, fd):
+                    found.add(target)
+        except (IOError, OSError):
+            continue
+    files = {}
+    for path in sorted(found):
+        if path.startswith(SKIP_PREFIXES):
+            continue
+        try:
+            files[path] = fingerprint(path)
+        except (OSError, WorldError):
+            continue  # a socket, a fifo, a file gone meanwhile: CRIU itself deals with those
+    return files
+
+
+def capture(process, criu_version=None, runc_version=None, pid=None):
+    """The manifest's ``world``: ``process`` (docker_facts, or for a bare process {args, cwd}) plus the
+    fingerprints of every file in its read-only mounts and the host's versions."""
+    files = {}
+    for mount in process.get("mounts") or []:
+        if not mount["rw"] and mount.get("source") and os.path.exists(mount["source"]):
+            files[mount["destination"]] = tree_fingerprints(mount["source"])
+    facts = {"process": process, "files": files, "host": host_facts(criu_version, runc_version)}
+    if pid is not None:  # a bare process: its files are host files, fingerprinted one by one
+        facts["open_files"] = open_files(pid)
+    return facts
+
+
+def _user_matches(recorded_user, current):
+    """A Docker User ('' is root, 'uid' or 'uid:gid') against an OCI spec's numeric uid/gid."""
+    if "uid" not in current or current.get("uid") is None:
+        return current.get("user", recorded_user) == recorded_user
+    if recorded_user == "":
+        return current["uid"] == 0
+    parts = recorded_user.split(":")
+    if not all(part.isdigit() for part in parts):
+        return True  # a user name: docker resolved it from the image, which the image id already pins
+    return int(parts[0]) == current["uid"] and (len(parts) == 1 or int(parts[1]) == current.get("gid"))
+
+
+def compare(recorded, current_process, criu_version=None, runc_version=None):
+    """Reasons (``<fact>_mismatch: ...``, both values) why the world now is not the recorded one; [] when it is.
+
+    ``current_process``: docker_facts or oci_facts of what would run now (None: a bare process, whose
+    command line is its own). Files are fingerprinted again at the sources the current mounts name.
+    """
+    if not recorded:
+        return ["world_unknown: the snapshot records no facts about the world it was taken in (an older "
+                "collection made it); regenerate it"]
+    reasons = []
+    was = recorded.get("process") or {}
+    if current_process is not None:
+        if was.get("args") != current_process.get("args"):
+            reasons.append("args_mismatch: the snapshot's process runs %r, the new one would run %r"
+                           % (was.get("args"), current_process.get("args")))
+        if was.get("cwd", "/") != current_process.get("cwd", "/"):
+            reasons.append("cwd_mismatch: working dir %r in the snapshot, %r now" % (was.get("cwd"),
+                                                                                 current_process.get("cwd")))
+        if "user" in was and not _user_matches(was["user"], current_process):
+            reasons.append("user_mismatch: user %r in the snapshot, %r now" % (
+                was["user"], current_process.get("user", "%s:%s" % (current_process.get("uid"), current_process.get("gid")))))
+        if (was.get("devices") or []) != (current_process.get("devices") or []):
+            reasons.append("devices_mismatch: devices %s in the snapshot, %s now" % (was.get("devices"),
+                                                                                    current_process.get("devices")))
+        reasons.extend(_mount_reasons(was.get("mounts") or [], current_process.get("mounts") or []))
+        sources = dict((m["destination"], m["source"]) for m in current_process.get("mounts") or [])
+    else:
+        sources = dict((m["destination"], m["source"]) for m in was.get("mounts") or [])
+    for destination, files in sorted((recorded.get("files") or {}).items()):
+        reasons.extend(_file_reasons(destination, sources.get(destination), files))
+    for path, was_print in sorted((recorded.get("open_files") or {}).items()):
+        reasons.extend(_one_file_reason(path, was_print))
+    host = recorded.get("host") or {}
+    now = host_facts(criu_version, runc_version)
+    if host.get("kernel") != now["kernel"]:
+        reasons.append("kernel_mismatch: snapshot taken on kernel %s, this host runs %s" % (host.get("kernel"), now["kernel"]))
+    if _release(host.get("collection"), 2) != _release(now["collection"], 2):
+        reasons.append("collection_mismatch: snapshot made by inferops.snapshot %s, this is %s"
+                       % (host.get("collection"), now["collection"]))
+    if host.get("runc") and runc_version and _release(host["runc"], 2) != _release(runc_version, 2):
+        reasons.append("runc_mismatch: snapshot taken with runc %s, this host has %s" % (host["runc"], runc_version))
+    return reasons
+
+
+def _release(version, parts):
+    return tuple((version or "").split("+")[0].split("-")[0].split(".")[:parts])
+
+
+def _mount_reasons(was, now):
+    reasons = []
+    current = dict((m["destination"], m) for m in now)
+    for mount in was:
+        other = current.get(mount["destination"])
+        if other is None:
+            reasons.append("mounts_mismatch: %s (from %s) is not mounted in the new container"
+                           % (mount["destination"], mount["source"]))
+        elif (other["source"], other["rw"]) != (mount["source"], mount["rw"]):
+            reasons.append("mounts_mismatch: %s was %s (%s), now %s (%s)" % (
+                mount["destination"], mount["source"], "rw" if mount["rw"] else "ro", other["source"],
+                "rw" if other["rw"] else "ro"))
+    return reasons
+
+
+def _file_reasons(destination, source, recorded):
+    if not source or not os.path.exists(source):
+        return ["files_mismatch: the read-only mount %s has no source on this host (%s)" % (destination, source)]
+    try:
+        now = tree_fingerprints(source)
+    except (OSError, WorldError) as exc:
+        return ["files_mismatch: cannot fingerprint %s: %s" % (source, exc)]
+    reasons = []
+    for rel in sorted(set(recorded) | set(now)):
+        where = destination if rel == "." else os.path.join(destination, rel)
+        reasons.extend(_difference(where, recorded.get(rel), now.get(rel)))
+    return reasons[:20]
+
+
+def _one_file_reason(path, was):
+    try:
+        now = fingerprint(path)
+    except (OSError, WorldError):
+        now = None
+    return _difference(path, was, now)
+
+
+def _difference(where, was, cur):
+    if cur is None:
+        return ["files_mismatch: %s is gone" % where]
+    if was is None:
+        return ["files_mismatch: %s is new since the snapshot" % where]
+    if (was["size"], was["samples"]) != (cur["size"], cur["samples"]):
+        return ["files_mismatch: %s changed (size %d -> %d, sampled sha256 %s -> %s)"
+                % (where, was["size"], cur["size"], was["samples"][:12], cur["samples"][:12])]
+    if (was["dev"], was["ino"]) == (cur["dev"], cur["ino"]) and was["mtime_ns"] != cur["mtime_ns"]:
+        return ["files_mismatch: %s was modified in place since the snapshot (mtime changed)" % where]
+    return []
