@@ -1,0 +1,164 @@
+"""A real third-party engine under the agent: llama.cpp's OpenAI-compatible server from PyPI
+llama-cpp-python (built from source once, cached), on a tiny random-weight model the test writes
+itself, snapshotted with the collection's host_checkpoint and brought back by a plain
+`docker run --runtime <restore-on-create runtime>`. Real dockerd, runc, CRIU and llama.cpp: nobody on
+this project wrote the engine, its threads (OpenMP pool), its listening socket or its memory-mapped
+model file on a read-only bind mount. The engine is a CPU engine: the host part only, device restore
+off (the collection's host-only mode).
+
+Identical greedy answers alone prove nothing here: a deterministic model gives them after a cold
+start too. So the test also proves that the restored process is the checkpointed one, with a probe
+whose answer depends on the history of the process (see test_restored_engine_is_the_checkpointed_process).
+"""
+
+import os
+import time
+
+from _llama_helpers import (llama_engines, llama_image, llama_model, llama_node, posix_locks, process_start_ticks,
+                            restore_env, snapshot_dir, take_snapshot, unique_name)
+
+FIXTURES = (llama_engines, llama_image, llama_model, llama_node)  # pytest finds the imported fixtures here
+
+PROMPTS = ["what is an NPU?", "restore me on create", "the quick brown fox", "数据"]
+
+
+def test_engine_image_serves_deterministic_greedy_completions(llama_image, llama_model, llama_engines):
+    """The image runs llama.cpp's server under the agent (the agent's socket is there) and a cold start
+    answers like any other cold start: what makes 'identical answers' a meaningful comparison."""
+    first = llama_engines(llama_image, llama_model).run()
+    first.wait_ready()
+    answers = first.completions(PROMPTS)
+    assert len(set(answers)) == len(PROMPTS) and all(answers), answers  # the model is not degenerate
+    assert first.completions(PROMPTS) == answers, "greedy decoding is deterministic within a process"
+    assert "inferops_agent" in first.inspect("{{json .Config.Entrypoint}}")
+    assert first.environ().get("PYTHONPATH") == "/opt/inferops"
+    ls = first.logs()
+    assert "inferops-agent[1]: listening on /run/inferops-snapshot/agent.1.sock" in ls, ls[-3000:]
+    first.remove()
+    second = llama_engines(**first.config()).run()
+    second.wait_ready()
+    assert second.completions(PROMPTS) == answers, "a cold start gives the same greedy answers"
+
+
+def test_restored_engine_is_the_checkpointed_process(llama_image, llama_model, llama_node, llama_engines):
+    """generate -> delete -> restore with `docker run --runtime`: identical completions, and the same process.
+
+    The continuity proof is an RNG probe (LlamaEngine.probe): a completion sampled at temperature 1
+    with no seed in the request. For such a request llama-cpp-python seeds the sampler with the next
+    link of a seed chain kept in the process (Llama._seed: each completion that brings no seed first
+    does ``set_seed(random.Random(_seed).randint(0, 2**32))``), starting from the server's ``--seed``.
+    So the probe's answer is a function of the number of completions the process has served:
+
+    - every fresh process answers its first probes with the same ``cold`` answers (positions 0-2);
+    - the original process, after 3 probes and 4 greedy completions, was checkpointed at position 7;
+      it then answered ``after`` (positions 7-9), asked right after the checkpoint, so they are
+      exactly what the checkpointed state answers next;
+    - the restored process must answer a probe from ``after``. A cold start could not: its first
+      answers are ``cold``, and the test checks that ``after`` and ``cold`` share no answer (24 tokens
+      sampled from a vocabulary of ~380: a collision is not a realistic event). It is ``after[0]``
+      unless something sent the restored engine an unseeded completion before the test did (e.g. a
+      post-restore canary replaying a request); then a later one, still never a cold one.
+
+    CRIU does not carry the kernel's process start time over (a restored task is a new task, the
+    start time in /proc/1/stat is the restore's: checked below), and the pid inside the container is
+    1 either way, so neither can tell a restore from a cold start; the seed chain lives in the
+    engine's own memory, as its KV cache and weights do. As a second, independent witness, the
+    restored process keeps the environment it was checkpointed with (no INFEROPS_RESTORE_FROM).
+    The control at the end starts the same container cold and gets ``cold[0]``.
+    """
+    pod = unique_name("g")
+    snap = snapshot_dir(llama_node.roots, pod)
+    original = llama_engines(llama_image, llama_model, name=pod)
+    started = time.monotonic()
+    original.run()
+    original.wait_ready()
+    cold = original.probes(3)
+    expected = original.completions(PROMPTS)
+    cold_seconds = time.monotonic() - started
+    original_ticks = process_start_ticks(original)
+
+    checkpoint = take_snapshot(original, snap, pod)
+    after = original.probes(3)
+    assert not set(after) & set(cold), "the probe does not tell the stream positions apart: %r %r" % (cold, after)
+    assert original.completions(PROMPTS) == expected, "the original keeps serving after the checkpoint"
+    original.remove()
+
+    restored = llama_engines(**original.config(runtime=llama_node.name, env=restore_env(snap)))
+    started = time.monotonic()
+    restored.run()
+    restored.wait_ready()
+    restore_seconds = time.monotonic() - started
+    first = restored.probe()
+    assert first in after, "not the checkpointed process: probe %r, the snapshot's next answers %r, a cold " \
+                           "start's first answers %r" % (first, after, cold)
+    assert restored.completions(PROMPTS) == expected
+
+    record = llama_node.log_records(restored.id)[-1]
+    assert record["outcome"] == "restored" and record["reason"] is None, record
+    assert record["snapshot"] == snap and not record.get("device_actions"), record
+    assert "INFEROPS_RESTORE_FROM" not in restored.environ(), "the restored process has its old environment"
+    restored_ticks = process_start_ticks(restored)
+    assert restored_ticks > original_ticks, "CRIU carried the start time over: it is a witness after all"
+    assert "inferops_agent" in restored.inspect("{{json .Config.Entrypoint}}")
+    print("\nllama.cpp restore on create: ready %.2f s after docker run (cold start to answers %.2f s), "
+          "probe position %d after the checkpoint; checkpoint %s, %d bytes; runtime stages %s"
+          % (restore_seconds, cold_seconds, after.index(first), checkpoint["durations"],
+             checkpoint["total_bytes"], record["durations"]))
+    restored.remove()
+
+    control = llama_engines(**original.config())
+    control.run()
+    control.wait_ready()
+    assert control.probe() == cold[0], "a cold start answers the probe like the original's first answer"
+    assert control.completions(PROMPTS) == expected
+
+
+def test_engine_holding_file_locks_is_checkpointed_and_restored(llama_image, llama_model, llama_node, llama_engines,
+                                                                 tmp_path):
+    """Issue 14, problem 4: llama-cpp-python's disk prompt cache (``--cache true --cache_type disk``:
+    diskcache, i.e. SQLite in WAL mode) keeps POSIX locks on its database while the server runs. The
+    container checkpoint must take the process with them (CRIU --file-locks; without it the
+    checkpoint failed, issue 14: "criu failed: type NOTIFY errno 0"), and the restore bring the same
+    process back, serving from its cache. The test checks that the engine does hold POSIX locks when
+    the checkpoint is taken.
+
+    The cache lives below the server's working directory, here a bind mount (-w /cache), so that its
+    files exist at restore, and they must be as they were at the checkpoint: CRIU refuses a file
+    whose size changed ("cache.db-wal has bad size" when the original went on serving). So the
+    original is removed right after the checkpoint, before it serves (and writes) again, and the
+    answers the checkpointed state gives next come from a reference engine that replays the same
+    requests from a fresh start, with a cache of its own: llama-cpp-python is deterministic given
+    its history. (A real deployment has the same constraint: files an engine writes on a mount must
+    be at restore as they were at the checkpoint.)"""
+    cache, reference_cache = tmp_path / "cache", tmp_path / "reference-cache"
+    cache.mkdir()
+    reference_cache.mkdir()
+    pod = unique_name("l")
+    settings = dict(args=["--cache", "true", "--cache_type", "disk"], docker_args=["-w", "/cache"])
+    original = llama_engines(llama_image, llama_model, name=pod, mounts=["%s:/cache" % cache], **settings).run()
+    original.wait_ready()
+    cold = original.probes(2)
+    expected = original.completions(PROMPTS)
+    locks = posix_locks(original)
+    assert len(locks) >= 1, "the engine holds no POSIX lock: this test would not exercise --file-locks"
+    assert os.path.exists(str(cache / ".cache" / "llama_cache" / "cache.db"))
+    snap = snapshot_dir(llama_node.roots, pod)
+    take_snapshot(original, snap, pod)
+    original.remove()
+
+    reference = llama_engines(**original.config(mounts=["%s:/cache" % reference_cache])).run()
+    reference.wait_ready()
+    assert reference.probes(2) == cold and reference.completions(PROMPTS) == expected, "not deterministic"
+    after = reference.probes(2)
+    assert not set(after) & set(cold)
+    reference.remove()
+
+    restored = llama_engines(**original.config(runtime=llama_node.name, env=restore_env(snap))).run()
+    restored.wait_ready()
+    record = llama_node.log_records(restored.id)[-1]
+    assert record["outcome"] == "restored", record["reason"]
+    assert restored.probe() in after, "not the checkpointed process"
+    assert restored.completions(PROMPTS) == expected, "the restored engine and its disk cache do not serve"
+    # Not asserted here: that the restored process holds its POSIX locks again. On this machine it does
+    # not (/proc/locks lists none for it after `runc restore --file-locks`), see
+    # llama_problems_pending.py::test_restored_engine_holds_its_file_locks_again.
