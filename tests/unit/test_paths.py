@@ -37,14 +37,55 @@ def test_symlink_as_the_snapshot_dir_is_refused(tmp_path):
         paths.validate_snapshot_dir(str(tmp_path / "link"))
 
 
-def test_symlink_in_a_world_writable_directory_is_refused(tmp_path):
+def pod(root):
+    return os.path.join(str(root), "ns", "svc", "p0", "pod-a")
+
+
+def test_a_symlink_inside_the_store_is_refused_wherever_it_points(tmp_path):
+    """Issue 13: a link below the snapshot root was followed and the whole snapshot written elsewhere."""
+    store = tmp_path / "store"
+    (store / "ns").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (store / "ns" / "svc").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafePathError, match="symbolic link inside the snapshot store"):
+        paths.validate_snapshot_dir(pod(store))
+    with pytest.raises(UnsafePathError, match="symbolic link inside the snapshot store"):
+        paths.validate_snapshot_dir(pod(store), root=str(store))
+
+
+def test_a_root_owned_link_to_the_store_is_followed_and_its_target_checked(tmp_path):
+    big_disk = tmp_path / "data"
+    big_disk.mkdir()
+    (tmp_path / "store").symlink_to(big_disk)  # an operator's: the store lives on a big disk
+    assert paths.validate_snapshot_dir(pod(tmp_path / "store"), root=str(tmp_path / "store")) == pod(tmp_path / "store")
+    os.chown(big_disk, 4242, 4242)  # ... but what it points to must be as safe as the rest
+    with pytest.raises(UnsafePathError, match="owned by uid 4242"):
+        paths.validate_snapshot_dir(pod(tmp_path / "store"), root=str(tmp_path / "store"))
+
+
+def test_a_link_in_a_directory_others_can_write_is_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
-    shared.chmod(0o1777)
+    shared.chmod(0o777)  # not sticky: anyone can replace the link
     (tmp_path / "elsewhere").mkdir()
-    (shared / "snap").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(UnsafePathError, match="others can write"):
-        paths.validate_snapshot_dir(str(shared / "snap" / "pod"))
+    (shared / "store").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafePathError, match="writable by group or others"):
+        paths.validate_snapshot_dir(pod(shared / "store"), root=str(shared / "store"))
+    shared.chmod(0o1777)  # sticky, like /tmp: the root-owned link cannot be replaced by others
+    assert paths.validate_snapshot_dir(pod(shared / "store"), root=str(shared / "store"))
+    os.lchown(shared / "store", 4242, 4242)
+    with pytest.raises(UnsafePathError, match="link owned by uid 4242"):
+        paths.validate_snapshot_dir(pod(shared / "store"), root=str(shared / "store"))
+
+
+def test_every_component_must_belong_to_root(tmp_path):
+    middle = tmp_path / "home" / "alice"
+    middle.mkdir(parents=True)
+    os.chown(middle, 4242, 4242)
+    with pytest.raises(UnsafePathError, match="'%s' is owned by uid 4242" % middle):
+        paths.validate_snapshot_dir(pod(middle / "store"))
+    with pytest.raises(UnsafePathError, match="'/' cannot be a snapshot root"):
+        paths.validate_snapshot_dir("/ns/svc/p0/pod", root="/")
 
 
 def test_group_writable_or_foreign_owned_dir_is_refused(tmp_path):
