@@ -49,6 +49,9 @@ def _kubernetes():
     return _k8s.HAS_KUBERNETES, _k8s.KUBERNETES_IMPORT_ERROR
 
 
+# Matches plugins/doc_fragments/generation.py.
+GENERATION_ARGS = dict(generation_id=dict(type="str"), generation_lease=dict(type="float", default=600.0))
+
 # Matches plugins/doc_fragments/trust.py.
 TRUST_ARGS = dict(trusted_keys=dict(type="list", elements="str", default=[], no_log=False))
 

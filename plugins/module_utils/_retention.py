@@ -23,7 +23,7 @@ import os
 import re
 import stat
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, metadata, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, metadata, paths, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
@@ -32,6 +32,7 @@ CATEGORIES = ("failed", "orphaned", "stale")
 _STATUS = re.compile(r"^\.(.+)\.status\.json$")
 _STAGING = re.compile(r"^\.(.+)\.partial$")
 _OLD = re.compile(r"^\.(.+)\.old\.\d+$")
+_CLAIM = re.compile(r"^\.(.+)%s$" % re.escape(layout.CLAIM_SUFFIX))
 LEVELS = ("namespace", "service", "instance")
 
 
@@ -146,7 +147,7 @@ def scan(root, now):
             full = os.path.join(directory, name)
             mode = os.lstat(full).st_mode
             kind = pod = None
-            for pattern, what in ((_STATUS, "status"), (_STAGING, "staging"), (_OLD, "old")):
+            for pattern, what in ((_STATUS, "status"), (_STAGING, "staging"), (_OLD, "old"), (_CLAIM, "claim")):
                 match = pattern.match(name)
                 if match:
                     kind, pod = what, match.group(1)
@@ -160,7 +161,7 @@ def scan(root, now):
             identity = dict(prefix, pod=pod)
             key = (prefix["namespace"], prefix["service"], prefix["instance"], pod)
             entry = pods.setdefault(key, {"identity": identity, "snapshot_dir": os.path.join(directory, pod),
-                                          "published": False, "status": None, "status_path": None,
+                                          "published": False, "status": None, "status_path": None, "claim": None,
                                           "leftovers": [], "manifest": None, "age": None})
             if kind == "snapshot":
                 entry["published"] = True
@@ -170,6 +171,10 @@ def scan(root, now):
             elif kind == "status":
                 entry["status_path"] = full
                 entry["status"] = status.read(entry["snapshot_dir"])
+            elif kind == "claim":
+                entry["claim"] = claim.read(entry["snapshot_dir"])
+                if not claim.live_other(entry["snapshot_dir"], None, now):
+                    entry["leftovers"].append({"path": full, "kind": "claim", "age": _age(full, now)})
             else:
                 entry["leftovers"].append({"path": full, "kind": kind, "age": _age(full, now)})
     return [pods[key] for key in sorted(pods)]
@@ -250,8 +255,12 @@ def decide(entries, npu_dirs, policy, in_use, npu_in_use, images, now):
         if user:
             kept.append(dict(summary, reason="in use: %s was restored from it" % user))
             continue
+        if entry["claim"] and claim.live_other(entry["snapshot_dir"], None, now):
+            kept.append(dict(summary, reason="in use: being generated (%s)" % claim.describe(entry["claim"])))
+            continue
         record_age = now - (_parse_time(record.get("updated_at")) or now)
-        young_leftover = any(item["age"] is not None and item["age"] < grace for item in entry["leftovers"])
+        young_leftover = any(item["age"] is not None and item["age"] < grace and item["kind"] != "claim"
+                             for item in entry["leftovers"])
         if (status == "generating" and record_age < grace) or young_leftover:
             kept.append(dict(summary, reason="in use: being generated (status %s, changed %.0f s ago)"
                              % (status or "none", record_age)))

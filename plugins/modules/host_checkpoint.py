@@ -31,6 +31,7 @@ requirements:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.generation
   - inferops.snapshot.identity.REQUIRED
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
@@ -211,6 +212,8 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import generate, layout
 
 ARGUMENT_SPEC = dict(
+    generation_id=_module.GENERATION_ARGS["generation_id"],
+    generation_lease=_module.GENERATION_ARGS["generation_lease"],
     engine=dict(type="str", default="docker", choices=["docker", "criu"]),
     container=dict(type="str"),
     pid=dict(type="int"),

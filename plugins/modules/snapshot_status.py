@@ -26,6 +26,7 @@ description:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.generation
   - inferops.snapshot.identity.REQUIRED
   - inferops.snapshot.attributes
   - inferops.snapshot.attributes.ACTIONGROUP
@@ -108,6 +109,11 @@ removed:
   returned: always
   type: list
   elements: str
+generation_in_progress:
+  description:
+    - The claim of another generation that holds the pod (id, holder, start, expiry); the task then changed nothing.
+  returned: when another generation holds the pod
+  type: dict
 status_path:
   description: Where the record lives.
   returned: always
@@ -118,10 +124,12 @@ status_path:
 import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, manifest, paths, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 ARGUMENT_SPEC = dict(
+    generation_id=_module.GENERATION_ARGS["generation_id"],
+    generation_lease=_module.GENERATION_ARGS["generation_lease"],
     snapshot_dir=dict(type="path", required=True),
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
     status=dict(type="str", choices=["generating", "completed", "failed"]),
@@ -156,6 +164,13 @@ def main_logic(module):
     if wanted is None:
         return dict(changed=False, record=record, status=previous, **result)
 
+    other = claim.live_other(snapshot_dir, params["generation_id"])
+    if other and wanted in ("failed", "completed"):
+        # Another generation owns the pod now: its staging directory and record are not ours to touch.
+        return dict(changed=False, record=record, status=previous, generation_in_progress=other,
+                    msg="left alone: %s" % claim.describe(other), **result)
+    if wanted == "generating" and not module.check_mode:
+        claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
     fields = {"identity": identity}
     if wanted == "failed":
         if not params["reason"]:

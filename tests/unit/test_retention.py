@@ -165,3 +165,15 @@ def test_container_facts_expose_one_env_value_only(tmp_path):
     facts = retention.container_facts(info, proc=str(tmp_path))
     assert facts["npu_snapshot_path"] == "/n/ns/svc/p0/a" and facts["restored_from"] == "/s/ns/svc/p0/a"
     assert "s3cret" not in repr(facts)
+
+
+def test_a_live_claim_keeps_the_pod_and_a_lapsed_one_goes_with_it(tmp_path):
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim
+    root = tmp_path / "host"
+    status.update(pod_dir(root, "a"), "failed", reason="host snapshot failed")
+    claim.take(pod_dir(root, "a"), "run-a", lease=3600)  # expires long after NOW... in real time too
+    removals, kept = decide(root, remove=["failed"])
+    assert removals == [] and kept[0]["reason"].startswith("in use: being generated (generation run-a")
+    claim.take(pod_dir(root, "a"), "run-a", lease=1, now=0)  # lapsed long ago
+    removals, kept = decide(root, remove=["failed"])
+    assert removed_paths(removals) == ["ns/svc/p0/.a.generation.json", "ns/svc/p0/.a.status.json"], removals

@@ -18,7 +18,7 @@ import os
 import threading
 
 from . import container as container_record
-from . import device, layout, manifest, paths, seal, signature, status, world
+from . import claim, device, layout, manifest, paths, seal, signature, status, world
 from .agent import protocol
 from .clients.control import AgentSocketClient, LeaseKeeper
 from .clients.criu import CriuCli
@@ -200,7 +200,15 @@ class Checkpointer:
         return fields
 
     def run(self):
-        """The whole generation of the host part; returns the module's result."""
+        """The whole generation of the host part, under the generation's claim; returns the module's result."""
+        generation = self.params.get("generation_id") or claim.new_id()
+        claim.take(self.snapshot_dir, generation, self.params.get("generation_lease") or claim.DEFAULT_LEASE)
+        try:
+            return self._run()
+        finally:  # the generation's later steps (verify, unlock) need no claim: the snapshot is published
+            claim.release(self.snapshot_dir, generation)
+
+    def _run(self):
         params = self.params
         result = dict(snapshot_dir=self.snapshot_dir, durations=self.watch.durations, progress=self.progress.lines)
         status.update(self.snapshot_dir, "generating", identity=self.identity)

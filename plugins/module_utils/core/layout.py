@@ -36,6 +36,7 @@ IMAGES_INVENTORY = "inventory.img"    # CRIU writes it last: a directory without
 STAGING_SUFFIX = ".partial"           # .<pod>.partial: a generation being assembled, published by rename
 STATUS_SUFFIX = ".status.json"        # .<pod>.status.json: the status record (schemas/status.schema.json)
 OLD_INFIX = ".old."                   # .<pod>.old.<pid>: the previous snapshot while a new one is published
+CLAIM_SUFFIX = ".generation.json"     # .<pod>.generation.json: the generation that owns the pod now (claim.py)
 
 
 def snapshot_dir(root, identity):
@@ -57,6 +58,10 @@ def staging_dir(snapshot_dir_):
 
 def status_path(snapshot_dir_):
     return _sibling(snapshot_dir_, STATUS_SUFFIX)
+
+
+def claim_path(snapshot_dir_):
+    return _sibling(snapshot_dir_, CLAIM_SUFFIX)
 
 
 def old_dir(snapshot_dir_, pid):

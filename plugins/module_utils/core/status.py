@@ -39,7 +39,8 @@ def read(snapshot_dir):
 
 
 @contextlib.contextmanager
-def _locked(snapshot_dir):
+def locked(snapshot_dir):
+    """The lock of a pod's records (status, claim): the flock of their parent directory."""
     fd = os.open(os.path.dirname(layout.status_path(snapshot_dir)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -62,7 +63,7 @@ def update(snapshot_dir, status=None, reason=None, restore=None, **fields):
     if status is not None and status not in STATUSES:
         raise ValueError("unknown status %r" % status)
     paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
-    with _locked(snapshot_dir):
+    with locked(snapshot_dir):
         record = _valid_parts(read(snapshot_dir) or {})
         record["schema_version"] = 1
         if status is not None:

@@ -1,0 +1,27 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+class ModuleDocFragment(object):
+    # Matches GENERATION_ARGS in plugins/module_utils/_module.py.
+    DOCUMENTATION = r"""
+options:
+  generation_id:
+    description:
+      - The generation this task is part of (the roles give one id to all the tasks of one run). While another
+        generation's claim on the pod (C(.<pod>.generation.json) beside the snapshot) is live, the task is refused
+        with the holder's id, host and start time, and a cleanup removes nothing of what that generation wrote.
+      - Without it the task claims the pod for its own duration only.
+    type: str
+  generation_lease:
+    description:
+      - Seconds the claim of O(generation_id) lasts from this task on; a claim whose holder was killed lapses then,
+        so a later generation can take the pod.
+    type: float
+    default: 600
+"""

@@ -1,0 +1,57 @@
+"""One generation of a pod at a time: the claim refuses a second one, names the holder, lapses when its
+holder is gone, and protects what the holder wrote from another run's cleanup."""
+
+import os
+
+import pytest
+
+from conftest import run_module
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+
+IDENTITY = {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod-a"}
+
+
+def pod(tmp_path):
+    return str(tmp_path / "ns" / "svc" / "p0" / "pod-a")
+
+
+def test_a_second_generation_is_refused_naming_the_first_until_its_claim_lapses(tmp_path):
+    snap = pod(tmp_path)
+    first = claim.take(snap, "run-a", lease=30, now=1000.0)
+    assert first["holder"]["pid"] == os.getpid() and oct(os.stat(layout.claim_path(snap)).st_mode & 0o777) == "0o600"
+    with pytest.raises(ParameterError, match="generation run-a on .* since .* runs until") as info:
+        claim.take(snap, "run-b", lease=30, now=1010.0)
+    assert info.value.result["generation_in_progress"]["id"] == "run-a"
+    renewed = claim.take(snap, "run-a", lease=30, now=1020.0)  # the holder renews, keeping its start
+    assert renewed["started_at"] == first["started_at"] and renewed["expires_at"] == 1050.0
+    taken = claim.take(snap, "run-b", lease=30, now=1051.0)  # the holder was killed: its claim lapsed
+    assert taken["id"] == "run-b"
+    assert claim.release(snap, "run-a") is False and claim.read(snap)["id"] == "run-b"
+    assert claim.release(snap, "run-b") is True and claim.read(snap) is None
+
+
+def test_a_task_outside_any_generation_may_not_slip_in(tmp_path):
+    snap = pod(tmp_path)
+    claim.take(snap, "run-a", lease=60)
+    with pytest.raises(ParameterError, match="give this task its generation_id"):
+        claim.join(snap, None)
+    assert claim.join(snap, "run-a")["id"] == "run-a"
+
+
+def test_another_runs_cleanup_removes_nothing_of_the_holders(tmp_path):
+    snap = pod(tmp_path)
+    staging = layout.staging_dir(snap)
+    os.makedirs(os.path.join(staging, "device"))
+    claim.take(snap, "run-a", lease=300)
+    cleanup = run_module("snapshot_status", {"snapshot_dir": snap, "identity": IDENTITY, "status": "failed",
+                                             "reason": "run-b failed", "generation_id": "run-b"})
+    assert cleanup["changed"] is False and cleanup["generation_in_progress"]["id"] == "run-a", cleanup
+    assert os.path.isdir(staging)
+    refused = run_module("snapshot_status", {"snapshot_dir": snap, "identity": IDENTITY, "status": "generating",
+                                             "generation_id": "run-b"})
+    assert refused["failed"] and "another generation of this pod's snapshot is in progress" in refused["msg"]
+    own = run_module("snapshot_status", {"snapshot_dir": snap, "identity": IDENTITY, "status": "failed",
+                                         "reason": "run-a failed", "generation_id": "run-a"})
+    assert own["changed"] is True and staging in own["removed"] and not os.path.exists(staging)
