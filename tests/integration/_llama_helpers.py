@@ -289,6 +289,66 @@ def llama_node(docker_env, tmp_path_factory):
         yield node
 
 
+class Generated:
+    """One generation of the main cycle: a warmed-up engine served ``prompts`` and the probe, was
+    snapshotted, and was removed. ``cold``: the probe answers a fresh process gives first; ``after``:
+    the ones the checkpointed state gives next (asked of the original right after the checkpoint)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def generate(node, engines, image, model_dir, prompts, probes=2, **engine):
+    """Start an engine (``engines(image, model_dir, **engine)``), record, snapshot below the node's root, remove."""
+    pod = unique_name("p")
+    original = engines(image, model_dir, name=pod, **engine).run()
+    original.wait_ready()
+    cold = original.probes(probes)
+    expected = original.completions(prompts)
+    snap = snapshot_dir(node.roots, pod)
+    checkpoint = take_snapshot(original, snap, pod)
+    after = original.probes(probes)
+    assert not set(after) & set(cold), "the probe does not tell the stream positions apart: %r %r" % (cold, after)
+    original.remove()
+    return Generated(pod=pod, snap=snap, original=original, cold=cold, after=after, expected=expected,
+                     prompts=list(prompts), checkpoint=checkpoint)
+
+
+def recreate(node, engines, generated, **changes):
+    """The container recreated under the node's runtime with the snapshot's env (and ``changes`` to the
+    original's settings); returns (engine, the runtime's record of its create)."""
+    env = restore_env(generated.snap)
+    env.update(changes.pop("env", {}))
+    engine = engines(**generated.original.config(runtime=node.name, env=env, **changes)).run()
+    engine.wait_ready()
+    return engine, node.log_records(engine.id)[-1]
+
+
+def cold_reference(engines, generated, **changes):
+    """What a cold start of the changed world answers first: (probe, completions), from a plain runc
+    container with the original's settings and ``changes``, removed again."""
+    engine = engines(**generated.original.config(**changes)).run()
+    engine.wait_ready()
+    answers = (engine.probe(), engine.completions(generated.prompts))
+    engine.remove()
+    return answers
+
+
+def assert_cold_start(engine, record, generated, reference, reason_start, *words):
+    """The runtime started ``engine`` cold, for a reason starting with ``reason_start`` and naming ``words``,
+    and it really is a fresh process of the new world: its first probe and its answers are ``reference``'s
+    (from cold_reference), not the snapshot's."""
+    assert record["outcome"] == "cold", "restored, not cold: %r" % record
+    assert record["reason"].startswith(reason_start), record["reason"]
+    for word in words:
+        assert word in record["reason"], (word, record["reason"])
+    probe, answers = reference
+    first = engine.probe()
+    assert first == probe and first not in generated.after, "not a fresh process of the new world"
+    assert engine.completions(generated.prompts) == answers, "not the new world's answers"
+    return record["reason"]
+
+
 def posix_locks(engine):
     """The POSIX (fcntl) locks the engine process holds, from the host's /proc/locks: [(type, inode), ...]."""
     pid = engine.inspect("{{.State.Pid}}")
