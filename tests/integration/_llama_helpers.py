@@ -217,7 +217,7 @@ class LlamaEngine:
         return self.complete("continuity probe", max_tokens=24, temperature=1.0)
 
     def probes(self, count):
-        return [self.probe() for _ in range(count)]
+        return [self.probe() for _index in range(count)]
 
     def inspect(self, template):
         return docker("inspect", "--format", template, self.name)

@@ -24,8 +24,8 @@ FIXTURES = (llama_engines, llama_image, llama_model, llama_node)  # pytest finds
 PROMPTS = ["what is an NPU?", "the quick brown fox"]
 
 
-def test_generation_replaces_a_stale_snapshot_and_force_regenerates(llama_image, llama_model, llama_node,
-                                                                     llama_engines):
+def test_generation_replaces_a_stale_snapshot_and_force_regenerates(
+        llama_image, llama_model, llama_node, llama_engines):
     """Problem 2 (the generation; deliver item 3): after the model file was swapped, the completed
     snapshot belongs to another world. The next generation must replace it (status says why) instead
     of keeping it; ``force`` regenerates an unchanged one. (The restore side of problem 2 is tested in

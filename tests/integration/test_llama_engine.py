@@ -120,8 +120,8 @@ def test_restored_engine_is_the_checkpointed_process(llama_image, llama_model, l
     assert control.completions(PROMPTS) == expected
 
 
-def test_engine_holding_file_locks_is_checkpointed_and_restored(llama_image, llama_model, llama_node, llama_engines,
-                                                                 tmp_path):
+def test_engine_holding_file_locks_is_checkpointed_and_restored(
+        llama_image, llama_model, llama_node, llama_engines, tmp_path):
     """Issue 14, problem 4: llama-cpp-python's disk prompt cache (``--cache true --cache_type disk``:
     diskcache, i.e. SQLite in WAL mode) keeps POSIX locks on its database while the server runs. The
     container checkpoint must take the process with them (CRIU --file-locks; without it the

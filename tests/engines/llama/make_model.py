@@ -108,7 +108,7 @@ def build(path, seed=42, n_layer=4, n_embd=128, n_head=4, n_ff=352, n_ctx=512):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--n-layer", type=int, default=4)
