@@ -29,6 +29,7 @@ HOST_DIR = "host"
 IMAGES_DIR = "host/criu"              # the CRIU images
 CONTAINER_RECORD = "host/container.json"  # what `docker inspect` said, enough to recreate the container
 CHUNK_INDEX = "host/chunks.json"      # per-chunk digests of the big images, listed in checksum.sha256
+CANARY = "canary.json"                # the canary request and the warmed-up engine's answer (canary.py)
 DEVICE_DIR = "device"
 DEVICE_PART = "device/device.json"    # the device part (schemas/manifest.schema.json#/$defs/device_part)
 IMAGES_INVENTORY = "inventory.img"    # CRIU writes it last: a directory without it holds no checkpoint

@@ -11,6 +11,79 @@ SCHEMAS = json.loads(r'''
 {
  "manifest": {
   "$defs": {
+   "canary": {
+    "additionalProperties": false,
+    "description": "canary.json: one request the warmed-up engine answered, asked again after a restore (core/canary.py).",
+    "properties": {
+     "answer": {
+      "additionalProperties": false,
+      "properties": {
+       "body_b64": {
+        "type": "string"
+       },
+       "field": {},
+       "status": {
+        "type": "integer"
+       }
+      },
+      "required": [
+       "status"
+      ],
+      "type": "object"
+     },
+     "recorded_at": {
+      "format": "date-time",
+      "type": "string"
+     },
+     "request": {
+      "additionalProperties": false,
+      "properties": {
+       "body": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "compare": {
+        "pattern": "^(exact|status|json:.+)$",
+        "type": "string"
+       },
+       "headers": {
+        "additionalProperties": {
+         "type": "string"
+        },
+        "type": "object"
+       },
+       "method": {
+        "pattern": "^[A-Z]+$",
+        "type": "string"
+       },
+       "url": {
+        "pattern": "^http://",
+        "type": "string"
+       }
+      },
+      "required": [
+       "url",
+       "method",
+       "body",
+       "headers",
+       "compare"
+      ],
+      "type": "object"
+     },
+     "schema_version": {
+      "const": 1
+     }
+    },
+    "required": [
+     "schema_version",
+     "request",
+     "answer",
+     "recorded_at"
+    ],
+    "type": "object"
+   },
    "device_part": {
     "additionalProperties": false,
     "properties": {

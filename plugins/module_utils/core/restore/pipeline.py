@@ -6,7 +6,7 @@
 Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the node's restore-on-create
 runtime, a bare process -- runs these stages on one stopwatch:
 
-    locate, verify -> check -> prepare -> host_restore -> metadata -> device_restore -> restored
+    locate, verify -> check -> prepare -> host_restore -> metadata -> device_restore -> canary -> restored
                  any failure, at any stage: undo what was started -> cold_start, with the reason
 
 and records the attempt in the snapshot's status record. A driver supplies only what differs
@@ -23,7 +23,7 @@ __metaclass__ = type
 import os
 import traceback
 
-from .. import device, paths, status
+from .. import canary, device, paths, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import verify
@@ -174,6 +174,13 @@ def run(driver, attempt):
         if attempt.device_restore and attempt.manifest.get("device"):
             with stage("device_restore"):
                 attempt.device_actions = driver.device_resume(attempt)
+        recorded = canary.load(attempt.snapshot_dir)
+        if recorded is not None:
+            with stage("canary"):  # the restored engine answers as the checkpointed one did, or it is not restored
+                wrong = canary.mismatch(recorded, attempt.pid, attempt.remaining(5.0))
+                if wrong:
+                    raise Fallback(wrong)
+                attempt.details["canary"] = "answered as recorded"
         attempt.restored = True
     except Exception as exc:  # every failure, a bug included, is a cold start with its reason
         attempt.reason = _reason(exc, stage.current)

@@ -1,0 +1,123 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The canary: one request the warmed-up engine answered, asked again of the restored one. PRIVATE.
+
+Checksums, a signature and the world's facts say the snapshot is the one generated, untouched, for
+this world. Whether the process that came back answers as the one that was checkpointed is a
+different question, and only the engine can answer it. At generation, before the device snapshot
+(a locked engine would not answer), ``record`` sends the configured request to the engine -- from
+inside its network namespace, at the address it listens on -- and keeps the answer in the snapshot
+(``canary.json``, covered by the checksums and the signature). After a restore, before the result
+says ``restored``, the pipeline sends it again and ``compare``s: the whole body, the status only, or
+one field of a JSON answer (``json:choices.0.text``: engines put ids and times in their answers).
+A different answer is a cold start with both values in the reason.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import json
+import os
+
+from . import layout, netns, paths, schema
+from .clock import utc_now
+from .errors import ParameterError
+
+COMPARES = ("exact", "status", "json:")
+
+
+def check_spec(spec, field="canary"):
+    """The canary request as configured: url (http://), method, body, headers, compare. ParameterError naming the field."""
+    if not isinstance(spec, dict) or not spec.get("url"):
+        raise ParameterError("%s.url: give the engine's URL to ask, e.g. http://127.0.0.1:8000/v1/completions" % field,
+                             field="%s.url" % field)
+    normal = {"url": spec["url"], "method": (spec.get("method") or ("POST" if spec.get("body") else "GET")).upper(),
+              "body": spec.get("body"), "headers": dict(spec.get("headers") or {}),
+              "compare": spec.get("compare") or "exact"}
+    if not normal["url"].startswith("http://"):
+        raise ParameterError("%s.url: %r is not an http:// URL (the request goes to the engine inside its own "
+                             "network namespace)" % (field, normal["url"]), field="%s.url" % field)
+    if isinstance(normal["body"], (dict, list)):
+        normal["body"] = json.dumps(normal["body"], sort_keys=True)
+        normal["headers"].setdefault("Content-Type", "application/json")
+    if not (normal["compare"] in ("exact", "status") or (normal["compare"].startswith("json:") and len(normal["compare"]) > 5)):
+        raise ParameterError("%s.compare: %r is not exact, status or json:<field path> (e.g. json:choices.0.text)"
+                             % (field, normal["compare"]), field="%s.compare" % field)
+    return normal
+
+
+def _pick(body, path):
+    value = json.loads(body.decode("utf-8"))
+    for part in path.split("."):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def _seen(spec, status, body):
+    """What is compared of an answer: (status, the body, or the chosen field of it)."""
+    if spec["compare"] == "status":
+        return {"status": status}
+    if spec["compare"] == "exact":
+        return {"status": status, "body_b64": base64.b64encode(body).decode()}
+    try:
+        return {"status": status, "field": _pick(body, spec["compare"][5:])}
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        return {"status": status, "field_error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def ask(pid, spec, timeout):
+    status, body = netns.request(pid, spec["url"], spec["method"], spec["body"], spec["headers"], timeout)
+    return _seen(spec, status, body)
+
+
+def answer(pid, spec, timeout=30.0):
+    """What the engine (pid) answers now, as it would be recorded; ParameterError when it does not answer well."""
+    try:
+        seen = ask(pid, spec, timeout)
+    except netns.ProbeError as exc:
+        raise ParameterError("canary: the engine did not answer the canary request: %s" % exc, field="canary")
+    if "field_error" in seen or not 200 <= seen["status"] < 300:
+        raise ParameterError("canary: the engine answered the canary request with HTTP %s%s; choose a request it "
+                             "answers" % (seen["status"], " (%s)" % seen["field_error"] if "field_error" in seen else ""),
+                             field="canary")
+    return seen
+
+
+def write(staging_dir, spec, seen):
+    """Keep the request and its answer in the staging directory; returns the document."""
+    doc = {"schema_version": 1, "request": spec, "answer": seen, "recorded_at": utc_now()}
+    schema.validate("manifest", doc, "canary", definition="canary")
+    paths.ensure_dir(staging_dir)
+    paths.write_file_atomic(os.path.join(staging_dir, layout.CANARY), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    return doc
+
+
+def load(snapshot_dir):
+    """The recorded canary of a (verified) snapshot, or None when it has none."""
+    path = os.path.join(snapshot_dir, layout.CANARY)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        doc = json.load(handle)
+    schema.validate("manifest", doc, "canary.json", definition="canary")
+    return doc
+
+
+def mismatch(doc, pid, timeout):
+    """Why the process ``pid`` does not answer as the checkpointed one did (None when it does)."""
+    try:
+        seen = ask(pid, doc["request"], timeout)
+    except netns.ProbeError as exc:
+        return "canary_failed: the restored engine did not answer the canary request: %s" % exc
+    if seen != doc["answer"]:
+        return "canary_mismatch: %s %s answered %s after the restore, %s when it was checkpointed" % (
+            doc["request"]["method"], doc["request"]["url"], _short(seen), _short(doc["answer"]))
+    return None
+
+
+def _short(seen):
+    text = json.dumps(seen, sort_keys=True)
+    return text if len(text) <= 300 else text[:300] + "..."

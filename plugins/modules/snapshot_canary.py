@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: snapshot_canary
+short_description: Record the warmed-up engine's answer to one request, which every restore asks again
+version_added: 0.2.0
+description:
+  - Sends one HTTP request (O(url), O(method), O(body), O(headers)) to the running engine -- from inside the
+    engine's own network namespace, so C(127.0.0.1) is the engine's loopback even in a container or a pod -- and
+    keeps the request and the answer as C(canary.json) in the snapshot's staging directory (the hidden sibling
+    C(.<name>.partial) of O(snapshot_dir)), where M(inferops.snapshot.host_checkpoint) seals (and signs) it with the
+    rest of the snapshot.
+  - Every restore of the snapshot, by any path, asks the restored engine the same request after its device state is
+    back and before it says C(restored), and compares the answers (O(compare)). A different answer kills the
+    restored process and starts the engine cold, with both answers in the reason (C(canary_mismatch:)).
+  - Run it before the device snapshot (M(inferops.snapshot.npu_snapshot_backup)): a locked engine does not answer.
+    The request must be deterministic for a given engine state, e.g. a completion with greedy decoding and a fixed
+    seed.
+author:
+  - inferops.snapshot maintainers (@inferops)
+extends_documentation_fragment:
+  - inferops.snapshot.identity
+  - inferops.snapshot.generation
+  - inferops.snapshot.attributes
+  - inferops.snapshot.attributes.ACTIONGROUP
+attributes:
+  check_mode:
+    support: full
+    details: Asks the engine and reports the answer; writes nothing.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: Recording the same answer again changes nothing.
+options:
+  snapshot_dir:
+    description: The pod's snapshot directory (the canary goes into its staging sibling).
+    type: path
+    required: true
+  container:
+    description: The engine's running container (its main process's network namespace is used).
+    type: str
+  pid:
+    description: Host pid of the engine process (instead of O(container)).
+    type: int
+  url:
+    description: An C(http://) URL as the engine itself would reach its server, for example C(http://127.0.0.1:8000/v1/completions).
+    type: str
+    required: true
+  method:
+    description: HTTP method; default C(POST) with a O(body), C(GET) without.
+    type: str
+  body:
+    description: Request body; a mapping or list is sent as JSON (with C(Content-Type) C(application/json)).
+    type: raw
+  headers:
+    description: Request headers.
+    type: dict
+    default: {}
+  compare:
+    description:
+      - What must be equal after a restore. V(exact) the status and the whole body; V(status) the status only;
+        V(json:<path>) the status and one field of a JSON answer, by a dotted path with list indexes, for example
+        V(json:choices.0.text) (engines put request ids and times in their answers).
+    type: str
+    default: exact
+  timeout:
+    description: Seconds to wait for the answer.
+    type: float
+    default: 30
+  docker_cli:
+    description: Docker CLI executable.
+    type: str
+    default: docker
+seealso:
+  - module: inferops.snapshot.host_checkpoint
+  - module: inferops.snapshot.snapshot_restore
+"""
+
+EXAMPLES = r"""
+- name: Keep llama.cpp's answer to a greedy completion, asked again after every restore
+  inferops.snapshot.snapshot_canary:
+    snapshot_dir: /var/lib/inferops/snapshots/default/llama/p0/llama-0
+    identity: {namespace: default, service: llama, instance: p0, pod: llama-0}
+    container: llama-0
+    url: http://127.0.0.1:8000/v1/completions
+    body: {prompt: "The capital of France is", max_tokens: 8, temperature: 0, seed: 1}
+    compare: json:choices.0.text
+"""
+
+RETURN = r"""
+answer:
+  description: What was recorded of the answer (C(status), and C(field) with a V(json:) O(compare)).
+  returned: success
+  type: dict
+  sample: {status: 200, field: " Paris, the city of"}
+canary_path:
+  description: Where the canary was written (in the staging directory; it is published with the snapshot).
+  returned: success
+  type: str
+"""
+
+import os
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, claim, layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+
+ARGUMENT_SPEC = dict(
+    _module.GENERATION_ARGS,
+    snapshot_dir=dict(type="path", required=True),
+    identity=dict(type="dict", options=_module.IDENTITY_OPTIONS),
+    container=dict(type="str"),
+    pid=dict(type="int"),
+    url=dict(type="str", required=True),
+    method=dict(type="str"),
+    body=dict(type="raw"),
+    headers=dict(type="dict", default={}),
+    compare=dict(type="str", default="exact"),
+    timeout=dict(type="float", default=30.0),
+    docker_cli=dict(type="str", default="docker"),
+)
+
+
+def main_logic(module):
+    params = module.params
+    _module.positive(params, "timeout")
+    snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
+    paths.check_identity(params["identity"], snapshot_dir)
+    spec = canary.check_spec(dict((key, params[key]) for key in ("url", "method", "body", "headers", "compare")))
+    pid = params["pid"] or DockerCli(params["docker_cli"]).running_pid(params["container"])
+    staging = paths.validate_snapshot_dir(layout.staging_dir(snapshot_dir), field="snapshot_dir (staging sibling)")
+    seen = canary.answer(pid, spec, params["timeout"])
+    before = canary.load(staging) if os.path.isdir(staging) else None
+    same = before is not None and (before["request"], before["answer"]) == (spec, seen)
+    if not same and not module.check_mode:
+        claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
+        canary.write(staging, spec, seen)
+    return dict(changed=not same, answer=seen, canary_path=os.path.join(staging, layout.CANARY))
+
+
+def main():
+    _module.run(ARGUMENT_SPEC, main_logic, mutually_exclusive=[("container", "pid")],
+                required_one_of=[("container", "pid")])
+
+
+if __name__ == "__main__":
+    main()
