@@ -20,7 +20,7 @@ description:
   - Every restore of the snapshot, by any path, asks the restored engine the same request after its device state is
     back and before it says C(restored), and compares the answers (O(compare)). A different answer kills the
     restored process and starts the engine cold, with both answers in the reason (C(canary_mismatch:)).
-  - Run it before the device snapshot (M(inferops.snapshot.npu_snapshot_backup)): a locked engine does not answer.
+  - Run it before the device snapshot (M(inferops.snapshot.npu_snapshot_backup)); a locked engine does not answer.
     The request must be deterministic for a given engine state, e.g. a completion with greedy decoding and a fixed
     seed.
 author:
