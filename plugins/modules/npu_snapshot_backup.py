@@ -19,12 +19,18 @@ description:
     duration) as C(device/device.json) in the snapshot's staging directory, a hidden sibling
     C(.<name>.partial) of O(snapshot_dir). The snapshot becomes visible at O(snapshot_dir) only when the
     host part is complete and the whole directory is published by one atomic rename.
-  - Idempotent, a process that is already BACKED_UP with its device part recorded is left alone.
+  - Idempotent, a process that is already BACKED_UP with its device part recorded is left alone (its
+    lease is renewed).
+  - The lock and the backup carry a lease (O(lease)). If the controller dies before it unlocks the
+    engine -- between this task and the host checkpoint included -- the agent in the engine restores the
+    device memory and unlocks the engine by itself when the lease runs out.
+    M(inferops.snapshot.host_checkpoint) renews the lease while it checkpoints and seals.
 requirements:
   - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
+  - inferops.snapshot.generation
   - inferops.snapshot.identity
   - inferops.snapshot.control_endpoint
   - inferops.snapshot.attributes
@@ -51,6 +57,19 @@ options:
         M(inferops.snapshot.npu_snapshot_lock) first).
     type: bool
     default: false
+  lease:
+    description:
+      - Seconds the engine may stay locked and backed up without a word from the controller, counted from
+        the end of the backup (and from each renewal). When it runs out, the agent restores the device
+        memory and unlocks the engine itself, and the next M(inferops.snapshot.snapshot_info) reports it
+        (RV(inferops.snapshot.snapshot_info#module:device_abandoned)). The default is well under the 5 minute
+        generation timeout of the snapshot workflow; it must be longer than the CRIU dump of the engine
+        (the process is frozen then and nothing can renew it).
+      - A process that is already BACKED_UP gets its lease renewed for this many seconds.
+      - V(0) asks for no lease, the behaviour before leases (the engine stays backed up until someone
+        unlocks it); needed for an agent or an engine endpoint that predates leases. At most 86400.
+    type: float
+    default: 120
 notes:
   - The backup stays valid only in the memory of the process; take the host snapshot before the
     process exits, then resume the process with M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked).
@@ -129,18 +148,26 @@ durations:
   returned: success
   type: dict
   sample: {backup: 0.21, record: 0.001}
+lease:
+  description: The lease the agent holds after the task (null with O(lease=0)); as in M(inferops.snapshot.npu_snapshot_lock).
+  returned: success
+  type: dict
+  sample: {seconds: 120.0, remaining_s: 119.998, expired: false, expires_at: "2026-11-29T12:02:00.000000Z",
+           granted_at: "2026-11-29T12:00:00.000000Z", renewed_at: "2026-11-29T12:00:00.000000Z", by: lock}
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import device, layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, device, layout, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import lease_seconds
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import RuntimeRefusedError, SnapshotError
 
-ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS,
-                     snapshot_dir=dict(type="path", required=True),
+ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS, **_module.GENERATION_ARGS)
+ARGUMENT_SPEC.update(snapshot_dir=dict(type="path", required=True),
                      identity=dict(type="dict", options=_module.IDENTITY_OPTIONS),
-                     lock=dict(type="bool", default=False))
+                     lock=dict(type="bool", default=False),
+                     lease=dict(type="float", default=120.0))
 
 
 def main_logic(module):
@@ -149,6 +176,9 @@ def main_logic(module):
     staging_dir = layout.staging_dir(snapshot_dir)
     paths.validate_snapshot_dir(staging_dir, field="snapshot_dir (staging sibling)")
     identity = paths.check_identity(params["identity"], snapshot_dir)
+    lease = lease_seconds(params["lease"])
+    if not module.check_mode:
+        claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
     client = _module.control_client(module)
     timeout = params["timeout"]
     watch = Stopwatch()
@@ -161,10 +191,12 @@ def main_logic(module):
 
     if previous == protocol.STATE_BACKED_UP and recorded and recorded.get("pid") == reply["pid"] \
             and recorded.get("identity") == identity:
+        if lease and not module.check_mode:
+            reply = client.request(protocol.OP_RENEW, timeout, lease)
         return dict(changed=False, state=previous, actions=[], pid=reply["pid"], devices=reply.get("devices", []),
-                         runtime_version=reply.get("runtime_version"),
-                         device_memory_bytes=recorded.get("device_memory_bytes"), durations={},
-                         diff=dict(before=dict(state=previous), after=dict(state=previous)), **result)
+                    runtime_version=reply.get("runtime_version"), lease=reply.get("lease"),
+                    device_memory_bytes=recorded.get("device_memory_bytes"), durations={},
+                    diff=dict(before=dict(state=previous), after=dict(state=previous)), **result)
     if previous == protocol.STATE_RUNNING and not params["lock"]:
         raise RuntimeRefusedError(
             "the process is RUNNING; backup needs it LOCKED: lock it first with inferops.snapshot.npu_snapshot_lock "
@@ -177,16 +209,18 @@ def main_logic(module):
         operations.append(protocol.OP_BACKUP)
     if module.check_mode:
         return dict(changed=True, state=protocol.STATE_BACKED_UP, actions=operations, pid=reply["pid"],
-                         devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
-                         device_memory_bytes=(reply.get("engine") or {}).get("device_memory_bytes"),
-                         durations={}, diff=dict(before=dict(state=previous), after=dict(state=protocol.STATE_BACKED_UP)),
-                         **result)
+                    devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
+                    device_memory_bytes=(reply.get("engine") or {}).get("device_memory_bytes"), lease=None,
+                    durations={}, diff=dict(before=dict(state=previous), after=dict(state=protocol.STATE_BACKED_UP)),
+                    **result)
+    if lease and not operations:  # backed up by the engine itself: the lease starts with this record
+        operations.append(protocol.OP_RENEW)
 
     done = []
     try:
         for op in operations:
             with watch.stage(op):
-                reply = client.request(op, timeout)
+                reply = client.request(op, timeout, lease)
             done.append(op)
         with watch.stage("record"):
             part = device.build_device_part(reply, identity, watch.durations)
@@ -194,10 +228,10 @@ def main_logic(module):
     except SnapshotError as exc:
         exc.result.update(actions=done, durations=watch.durations, **result)
         raise
-    return dict(changed=True, state=reply["state"], actions=done, pid=reply["pid"],
-                     devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
-                     device_memory_bytes=part["device_memory_bytes"], durations=watch.durations,
-                     diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
+    return dict(changed=True, state=reply["state"], actions=done, pid=reply["pid"], lease=reply.get("lease"),
+                devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
+                device_memory_bytes=part["device_memory_bytes"], durations=watch.durations,
+                diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
 
 
 def main():

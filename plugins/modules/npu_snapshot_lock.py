@@ -20,6 +20,13 @@ description:
     and fails with ACL error 507905 when they do not park in time.
   - C(unlocked) moves a LOCKED or BACKED_UP process back to RUNNING. A BACKED_UP process is restored
     first (its device memory copied back) unless O(restore_before_unlock=false).
+  - The lock carries a lease (O(lease)). If the controller dies before it unlocks -- a cancelled job, a
+    lost SSH connection, an OOM -- the agent in the engine brings it back by itself when the lease runs
+    out (restore and unlock), and reports what it did as RV(abandoned) (also in
+    M(inferops.snapshot.snapshot_info)'s RV(inferops.snapshot.snapshot_info#module:device_abandoned)).
+  - C(locked) on a process that is already LOCKED or BACKED_UP renews the lease (the deadline becomes
+    O(lease) seconds from now) and reports no change; a task that takes long between the lock and the
+    unlock renews it this way.
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -47,6 +54,18 @@ options:
         restore the process resumes on device memory that may have been released or reset.
     type: bool
     default: true
+  lease:
+    description:
+      - With O(state=locked), seconds the lock is held for this task's play, from the end of the lock (or
+        of this renewal). Unless an unlock or a renewal comes within it, the agent restores the device
+        memory and unlocks the engine itself. The default is well under the 5 minute generation timeout
+        of the snapshot workflow; M(inferops.snapshot.host_checkpoint) renews it while it works.
+      - V(0) asks for no lease, the behaviour before leases (the engine stays locked until someone
+        unlocks it); needed for an agent or an engine endpoint that predates leases. At most 86400.
+      - The unlock of O(state=unlocked) ends the lease. Through an HTTP O(endpoint) the renewal is sent to
+        C(endpoint_paths.renew), by default C(/snapshot/renew).
+    type: float
+    default: 120
 notes:
   - The engine must run under the collection's agent launcher (C(python3 -m inferops_agent -- engine.py)) or
     expose the snapshot protocol on its own HTTP endpoint.
@@ -60,6 +79,12 @@ EXAMPLES = r"""
     container: vllm-0
     state: locked
     timeout: 30
+
+- name: Renew its lease for 10 more minutes before a long step (no change reported)
+  inferops.snapshot.npu_snapshot_lock:
+    container: vllm-0
+    state: locked
+    lease: 600
 
 - name: Resume it (restores device memory first if it was backed up)
   inferops.snapshot.npu_snapshot_lock:
@@ -118,23 +143,45 @@ durations:
   returned: success
   type: dict
   sample: {lock: 0.012}
+lease:
+  description:
+    - The lease the agent holds after the task (null when none, for example after an unlock or with
+      O(lease=0)). C(remaining_s) and C(expires_at) say when it runs out.
+  returned: success
+  type: dict
+  sample: {seconds: 120.0, remaining_s: 119.998, expired: false, expires_at: "2026-11-29T12:02:00.000000Z",
+           granted_at: "2026-11-29T12:00:00.000000Z", renewed_at: "2026-11-29T12:00:00.000000Z", by: lock}
+abandoned:
+  description:
+    - What the agent did the last time a lease ran out without an unlock (time, previous state, actions,
+      errors); null when that never happened or a later lock or unlock cleared it. An unlock or lock
+      by this task clears it, so it is the record from before the task.
+  returned: success
+  type: dict
+  sample: {at: "2026-11-29T12:02:00.100000Z", previous_state: BACKED_UP, actions: [restore, unlock], errors: [],
+           state: RUNNING, lease_s: 120.0, expired_at: "2026-11-29T12:02:00.000000Z", overdue_s: 0.1}
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import lease_seconds
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
 
 LOCKED_STATES = (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP)
+LEASED = (protocol.OP_LOCK, protocol.OP_RENEW)
 ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS,
                      state=dict(type="str", required=True, choices=["locked", "unlocked"]),
-                     restore_before_unlock=dict(type="bool", default=True))
+                     restore_before_unlock=dict(type="bool", default=True),
+                     lease=dict(type="float", default=120.0))
 
 
-def plan(current, wanted, restore_before_unlock):
-    """The operations that take ``current`` to the ``wanted`` (locked/unlocked) state."""
+def plan(current, wanted, restore_before_unlock, lease=None):
+    """The operations that take ``current`` to the ``wanted`` (locked/unlocked) state; a renew keeps a lock's lease."""
     if wanted == "locked":
-        return [] if current in LOCKED_STATES else [protocol.OP_LOCK]
+        if current in LOCKED_STATES:
+            return [protocol.OP_RENEW] if lease else []
+        return [protocol.OP_LOCK]
     if current == protocol.STATE_RUNNING:
         return []
     if current == protocol.STATE_BACKED_UP and restore_before_unlock:
@@ -145,26 +192,29 @@ def plan(current, wanted, restore_before_unlock):
 def main_logic(module):
     client = _module.control_client(module)
     timeout = module.params["timeout"]
+    lease = lease_seconds(module.params["lease"])
     reply = client.request(protocol.OP_STATE, timeout)
     previous = state = reply["state"]
-    operations = plan(previous, module.params["state"], module.params["restore_before_unlock"])
+    abandoned = reply.get("abandoned")
+    operations = plan(previous, module.params["state"], module.params["restore_before_unlock"], lease)
+    changes = [op for op in operations if op != protocol.OP_RENEW]  # a renewal changes no state
     watch = Stopwatch()
-    if operations and module.check_mode:
+    if changes and module.check_mode:
         state = protocol.STATE_LOCKED if module.params["state"] == "locked" else protocol.STATE_RUNNING
-    elif operations:
+    elif operations and not module.check_mode:
         done = []
         for op in operations:
             try:
                 with watch.stage(op):
-                    reply = client.request(op, timeout)
+                    reply = client.request(op, timeout, lease if op in LEASED else None)
             except SnapshotError as exc:
                 exc.result.update(previous_state=previous, actions=done, durations=watch.durations)
                 raise
             done.append(op)
         state = reply["state"]
-    return dict(changed=bool(operations), previous_state=previous, state=state, actions=operations,
+    return dict(changed=bool(changes), previous_state=previous, state=state, actions=operations,
                 pid=reply.get("pid"), devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
-                endpoint=client.where, durations=watch.durations,
+                endpoint=client.where, durations=watch.durations, lease=reply.get("lease"), abandoned=abandoned,
                 diff=dict(before=dict(state=previous), after=dict(state=state)))
 
 

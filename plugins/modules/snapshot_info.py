@@ -198,6 +198,27 @@ device_state_error:
   description: Why the state is unknown (engine not running, agent not reachable).
   returned: always
   type: str
+device_lease:
+  description:
+    - The lease the engine's agent holds for whoever locked it (see M(inferops.snapshot.npu_snapshot_lock)'s
+      O(inferops.snapshot.npu_snapshot_lock#module:lease)); null when none. C(remaining_s) says how long until
+      the agent resumes the engine by itself.
+  returned: always
+  type: dict
+  sample: {seconds: 120.0, remaining_s: 87.5, expired: false, expires_at: "2026-11-29T12:02:00.000000Z", by: lock}
+device_abandoned:
+  description:
+    - What the engine's agent did the last time a lease ran out without an unlock -- the controller that
+      locked it died or lost the connection -- until a later lock or unlock clears it. C(previous_state)
+      is the state it found, C(actions) what it did (C(restore), C(unlock)), C(errors) what failed,
+      C(state) where it left the engine, C(at) and C(expired_at) when. Null when that did not happen.
+    - A generation that was abandoned this way left its status record at C(generating); the generate role
+      records it as failed with what the agent did.
+  returned: always
+  type: dict
+  sample: {at: "2026-11-29T12:02:00.100000Z", previous_state: BACKED_UP, actions: [restore, unlock], errors: [],
+           state: RUNNING, lease_s: 120.0, lease_by: lock, lease_granted_at: "2026-11-29T12:00:00.000000Z",
+           lease_renewed_at: "2026-11-29T12:00:00.000000Z", expired_at: "2026-11-29T12:02:00.000000Z", overdue_s: 0.1}
 npu_dir_exists:
   description: Whether O(npu_dir) exists (null when not given).
   returned: always
@@ -245,14 +266,17 @@ def container_info(params, docker):
 
 
 def engine_state(params, container):
-    """(state, operation still running inside the runtime or None, error or None)."""
+    """The device_* return values: state, operation still running inside the runtime, error, lease, abandoned."""
+    found = dict(device_state=None, device_busy_with=None, device_state_error=None, device_lease=None,
+                 device_abandoned=None)
     if not container.get("running"):
-        return None, None, "the container is not running"
+        return dict(found, device_state_error="the container is not running")
     try:
         reply = AgentSocketClient.for_pid(container["pid"], params["agent_socket_dir"]).request(protocol.OP_STATE, 10)
-        return reply["state"], reply.get("busy_with"), None
     except SnapshotError as exc:
-        return None, None, exc.msg
+        return dict(found, device_state_error=exc.msg)
+    return dict(found, device_state=reply["state"], device_busy_with=reply.get("busy_with"),
+                device_lease=reply.get("lease"), device_abandoned=reply.get("abandoned"))
 
 
 def main_logic(module):
@@ -287,10 +311,10 @@ def main_logic(module):
         if valid and record is not None and record.get("status") != "completed":
             result["reasons"] = ["status: the record says %s, not completed" % record.get("status")]
     if params["device_state"]:
-        result["device_state"], result["device_busy_with"], result["device_state_error"] = engine_state(params,
-                                                                                                        container)
+        result.update(engine_state(params, container))
     else:
-        result.update(device_state=None, device_busy_with=None, device_state_error="not asked (device_state=false)")
+        result.update(device_state=None, device_busy_with=None, device_state_error="not asked (device_state=false)",
+                      device_lease=None, device_abandoned=None)
     return result
 
 

@@ -214,7 +214,7 @@ class Controller:
     def _grant(self, seconds, by):
         with self._lease_lock:
             now = self._clock()
-            previous = self._lease if by == protocol.OP_RENEW else None
+            previous = self._lease if by != protocol.OP_LOCK else None  # a lock starts a new holding
             self._lease = {"seconds": float(seconds), "deadline": now + seconds, "taken": now,
                            "granted_at": previous["granted_at"] if previous else _utc(self._wall()),
                            "renewed_at": _utc(self._wall()), "by": previous["by"] if previous else by,
@@ -333,6 +333,9 @@ class Controller:
                     return
                 if self._clock() < lease["deadline"]:
                     self._arm(lease["deadline"] - self._clock())
+                    return
+                if self.state == protocol.STATE_RUNNING:  # e.g. a lock that ran past its request and failed
+                    self._drop_lease()
                     return
                 overdue = self._clock() - lease["deadline"]
             self._bring_back(lease, overdue)
