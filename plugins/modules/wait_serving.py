@@ -38,6 +38,7 @@ attributes:
   idempotent:
     support: full
   action:
+    description: Indicates this has a corresponding action plugin, so some parts of the options can be executed on the controller.
     support: full
     details: The action plugin slices the wait and prints the progress lines on the controller.
 options:
@@ -149,8 +150,8 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import health, proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Deadline, wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (ParameterError, SnapshotError,
-                                                                                  SnapshotTimeout)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
+    ParameterError, SnapshotError, SnapshotTimeout)
 
 ARGUMENT_SPEC = dict(
     url=dict(type="str"),
@@ -236,9 +237,8 @@ def main_logic(module):
     try:
         wait_for(predicate, params["timeout"], params["interval"], what=what_for(params))
     except SnapshotTimeout:
-        raise SnapshotTimeout("%s did not happen within %.1f s (last: %s)" % (what_for(params), params["timeout"],
-                                                                           seen["last"]),
-                              timed_out=True, elapsed=round(time.monotonic() - started, 3), **seen)
+        msg = "%s did not happen within %.1f s (last: %s)" % (what_for(params), params["timeout"], seen["last"])
+        raise SnapshotTimeout(msg, timed_out=True, elapsed=round(time.monotonic() - started, 3), **seen)
     except SnapshotError as exc:  # the process exited
         exc.result["elapsed"] = round(time.monotonic() - started, 3)
         raise

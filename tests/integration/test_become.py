@@ -79,8 +79,8 @@ class AsUser:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def test_without_become_each_role_names_root_and_with_become_the_playbooks_work(normal_user, user_venv, tmp_path,
-                                                                               containers, docker_env):
+def test_without_become_each_role_names_root_and_with_become_the_playbooks_work(
+        normal_user, user_venv, tmp_path, containers, docker_env):
     name = "become-%s" % uuid.uuid4().hex[:6]
     device_dir = tmp_path / "npu"
     device_dir.mkdir(mode=0o700)
