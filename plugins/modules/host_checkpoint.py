@@ -42,7 +42,9 @@ attributes:
     support: none
   idempotent:
     support: full
-    details: With O(if_exists=keep) an existing snapshot is left alone and the task reports no change.
+    details:
+      - With O(if_exists=keep) an existing snapshot of the process as it runs now is left alone and the task reports
+        no change.
 options:
   engine:
     description: C(docker) checkpoints a container; C(criu) a bare process tree.
@@ -72,8 +74,10 @@ options:
   if_exists:
     description:
       - What to do when a snapshot is already published at O(snapshot_dir).
-      - C(keep) leaves it and reports no change; C(replace) publishes the new one in its place (the old one
-        is removed only after the new one is in place); C(fail) fails the task.
+      - C(keep) leaves it and reports no change while it belongs to the process as it runs now; when it does not
+        (another image, another model file in a read-only mount, other arguments, another kernel, ... -- the facts a
+        restore compares), it is replaced and RV(replaced_because) says why. C(replace) publishes the new one in
+        its place (the old one is removed only after the new one is in place); C(fail) fails the task.
     type: str
     choices: [keep, replace, fail]
     default: keep
@@ -113,6 +117,10 @@ options:
         the checkpoint.
     type: bool
     default: true
+  force:
+    description: Take a new snapshot even when the published one belongs to the process as it runs now.
+    type: bool
+    default: false
   signing_key:
     description:
       - The Ed25519 private key (PEM text, for example from Ansible Vault, or the absolute path of a PEM file
@@ -186,6 +194,13 @@ durations:
   returned: always
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}
+replaced_because:
+  description:
+    - Why a published snapshot was replaced (C(image_mismatch:), C(files_mismatch:), ... C(force)); empty when it
+      was kept.
+  returned: when a snapshot was already published
+  type: list
+  elements: str
 signed_by:
   description: Id of the key that signed the snapshot (null when O(signing_key) was not given).
   returned: success
@@ -230,6 +245,7 @@ ARGUMENT_SPEC = dict(
     workers=dict(type="int"),
     hash_during_checkpoint=dict(type="bool", default=True),
     signing_key=dict(type="str", no_log=True),
+    force=dict(type="bool", default=False),
 )
 
 

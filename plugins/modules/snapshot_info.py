@@ -131,8 +131,16 @@ authenticated:
   description: Whether the verification found a valid signature by one of O(trusted_keys) (false without them or O(verify)).
   returned: always
   type: bool
+stale_reasons:
+  description:
+    - Why the published snapshot does not belong to the pod's container as it runs now (another image, a changed
+      file in a read-only mount, other arguments, another kernel, ...; as a restore would compare them). A stale
+      snapshot is not RV(usable): a generation replaces it. Empty when it belongs, or when there is no container.
+  returned: always
+  type: list
+  elements: str
 usable:
-  description: Verifies and its status is C(completed) (or there is no status record).
+  description: Verifies, belongs to the container as it runs now, and its status is C(completed) (or there is no status record).
   returned: always
   type: bool
 checksum:
@@ -230,6 +238,9 @@ import os
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, signature, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import world
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu import CriuCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc import RuncCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
@@ -310,6 +321,19 @@ def main_logic(module):
         result["usable"] = bool(valid and (record is None or record.get("status") == "completed"))
         if valid and record is not None and record.get("status") != "completed":
             result["reasons"] = ["status: the record says %s, not completed" % record.get("status")]
+    if published and container.get("exists"):
+        # Whether it belongs to the container as it runs now (a new model, other arguments): a stale
+        # snapshot is never restored, so it is not usable and the next generation replaces it.
+        try:
+            recorded = manifest.load_manifest(snapshot_dir)
+        except (IOError, OSError, ValueError):
+            recorded = None
+        result["stale_reasons"] = world.stale(recorded, docker.inspect_container(params["container"]),
+                                              CriuCli().version(), RuncCli().version()) if recorded else []
+        if result["stale_reasons"]:
+            result.update(usable=False, reasons=result["reasons"] + result["stale_reasons"])
+    else:
+        result["stale_reasons"] = []
     if params["device_state"]:
         result.update(engine_state(params, container))
     else:

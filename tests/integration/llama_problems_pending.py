@@ -7,41 +7,18 @@ ADJUST (names the implementation chooses). Run one by hand, it is a valid test m
 
     .venv/bin/python -m pytest tests/integration/llama_problems_pending.py -k stale -q
 
-- test_generation_replaces_a_stale_snapshot_and_force_regenerates: deliver item 3 (stale snapshots,
-  ``force``); at 218bcf3 host_checkpoint keeps the stale snapshot (changed=false).
 - test_restored_engine_holds_its_file_locks_again: a finding, not in the issue: the restored engine
   does not hold the POSIX locks it held at the checkpoint.
 
 Problems 1-4 themselves (the restore side) are in test_llama_engine.py and pass since 218bcf3.
 """
 
-from _llama_helpers import (generate, identity, llama_engines, llama_image, llama_model, llama_node, posix_locks,
-                            recreate, restore_env, snapshot_dir, take_snapshot, unique_name, write_model)
-from conftest import run_module
+from _llama_helpers import (llama_engines, llama_image, llama_model, llama_node, posix_locks, restore_env,
+                            snapshot_dir, take_snapshot, unique_name)
 
 FIXTURES = (llama_engines, llama_image, llama_model, llama_node)  # pytest finds the imported fixtures here
 
 PROMPTS = ["what is an NPU?", "the quick brown fox"]
-
-
-def test_generation_replaces_a_stale_snapshot_and_force_regenerates(
-        llama_image, llama_model, llama_node, llama_engines):
-    """Problem 2 (the generation; deliver item 3): after the model file was swapped, the completed
-    snapshot belongs to another world. The next generation must replace it (status says why) instead
-    of keeping it; ``force`` regenerates an unchanged one. (The restore side of problem 2 is tested in
-    test_llama_engine.py.) At 218bcf3 host_checkpoint still answers changed=false here."""
-    g = generate(llama_node, llama_engines, llama_image, llama_model, PROMPTS, args=["--use_mmap", "false"])
-    write_model(llama_image, llama_model, seed=9, n_layer=3)
-    engine, record = recreate(llama_node, llama_engines, g)
-    assert record["outcome"] == "cold", record
-    args = {"container": engine.name, "snapshot_dir": g.snap, "identity": identity(g.pod), "method": "runc",
-            "require_device_part": False}
-    again = run_module("host_checkpoint", args)
-    assert again["changed"] is True and again["status"] == "completed", again  # ADJUST: the field saying why
-    forced = run_module("host_checkpoint", dict(args, force=True))  # ADJUST: the option's name
-    assert forced["changed"] is True, forced
-    restored, record = recreate(llama_node, llama_engines, g)
-    assert record["outcome"] == "restored", record
 
 
 def test_restored_engine_holds_its_file_locks_again(llama_image, llama_model, llama_node, llama_engines, tmp_path):

@@ -20,9 +20,10 @@ llama_problems_pending.py (not collected).
 import os
 import time
 
-from _llama_helpers import (assert_cold_start, cold_reference, generate, llama_engines, llama_image, llama_model,
-                            llama_node, posix_locks, process_start_ticks, recreate, restore_env, snapshot_dir,
-                            take_snapshot, unique_name, write_model)
+from _llama_helpers import (assert_cold_start, cold_reference, generate, identity, llama_engines, llama_image,
+                            llama_model, llama_node, posix_locks, process_start_ticks, recreate, restore_env,
+                            snapshot_dir, take_snapshot, unique_name, write_model)
+from conftest import run_module
 
 FIXTURES = (llama_engines, llama_image, llama_model, llama_node)  # pytest finds the imported fixtures here
 
@@ -207,3 +208,29 @@ def test_other_engine_arguments_come_back_cold(llama_image, llama_model, llama_n
     assert_cold_start(engine, record, g, reference, "args_mismatch:", "'--n_ctx', '512', '--seed', '42'",
                       "'--n_ctx', '128', '--seed', '7'")
     assert engine.inspect("{{json .Args}}").count('"128"') == 1
+
+
+def test_generation_replaces_a_stale_snapshot_and_force_regenerates(
+        llama_image, llama_model, llama_node, llama_engines):
+    """Problem 2 (the generation; deliver item 3): after the model file was swapped, the completed
+    snapshot belongs to another world. The next generation must replace it (status says why) instead
+    of keeping it; ``force`` regenerates an unchanged one. (The restore side of problem 2 is above.)"""
+    g = generate(llama_node, llama_engines, llama_image, llama_model, PROMPTS, args=["--use_mmap", "false"])
+    write_model(llama_image, llama_model, seed=9, n_layer=3)
+    engine, record = recreate(llama_node, llama_engines, g)
+    assert record["outcome"] == "cold", record
+    args = {"container": engine.name, "snapshot_dir": g.snap, "identity": identity(g.pod), "method": "runc",
+            "require_device_part": False}
+    info = run_module("snapshot_info", {"snapshot_dir": g.snap, "identity": identity(g.pod), "container": engine.name,
+                                        "device_state": False})
+    assert info["usable"] is False and info["stale_reasons"][0].startswith("files_mismatch: /models/"), info
+    again = run_module("host_checkpoint", args)
+    assert again["changed"] is True and again["status"] == "completed", again
+    assert again["replaced_because"][0].startswith("files_mismatch: /models/"), again
+    kept = run_module("host_checkpoint", args)
+    assert kept["changed"] is False and kept["replaced_because"] == [], kept
+    forced = run_module("host_checkpoint", dict(args, force=True))
+    assert forced["changed"] is True and forced["replaced_because"] == ["force"], forced
+    engine.remove()  # its sockets: the restored copy listens where it did
+    restored, record = recreate(llama_node, llama_engines, g)
+    assert record["outcome"] == "restored", record

@@ -259,15 +259,35 @@ def host_checkpoint(params, check_mode=False, log=None):
         raise ParameterError("timeout: must be a positive number of seconds, got %s" % params["timeout"], field="timeout")
     job = Checkpointer(params, log)
     result = dict(snapshot_dir=job.snapshot_dir, durations=job.watch.durations)
-    if os.path.lexists(job.snapshot_dir) and params["if_exists"] != "replace":
-        if params["if_exists"] == "fail":
-            raise ParameterError("snapshot_dir: a snapshot is already published at %s (if_exists=fail); use "
-                                 "if_exists=replace to take a new one" % job.snapshot_dir, **result)
-        record = status.read(job.snapshot_dir) or {}
-        return dict(result, changed=False, status=record.get("status", "completed"), checksum=record.get("checksum"),
-                    msg="a snapshot is already published at %s; kept (if_exists=keep)" % job.snapshot_dir)
+    published = os.path.lexists(job.snapshot_dir)
+    if published and params["if_exists"] == "fail" and not params.get("force"):
+        raise ParameterError("snapshot_dir: a snapshot is already published at %s (if_exists=fail); use "
+                             "if_exists=replace to take a new one" % job.snapshot_dir, **result)
+    if published and params["if_exists"] == "keep" and not params.get("force"):
+        stale = stale_reasons(job)
+        if not stale:
+            record = status.read(job.snapshot_dir) or {}
+            return dict(result, changed=False, status=record.get("status", "completed"),
+                        checksum=record.get("checksum"), replaced_because=[],
+                        msg="a snapshot of this world is already published at %s; kept (if_exists=keep)"
+                            % job.snapshot_dir)
+        result["replaced_because"] = stale  # a snapshot of another world: a restore would refuse it anyway
+    elif published:
+        result["replaced_because"] = ["force" if params.get("force") else "if_exists=replace"]
     with job.watch.stage("preflight"):
         job.preflight()
     if check_mode:
         return dict(result, changed=True, status="completed", versions=job.versions)
-    return job.run()
+    return dict(job.run(), **result)
+
+
+def stale_reasons(job):
+    """Why the published snapshot does not belong to the process as it runs now ([] when it does)."""
+    try:
+        recorded = manifest.load_manifest(job.snapshot_dir)
+    except (IOError, OSError, ValueError) as exc:
+        return ["unreadable: %s: %s" % (manifest.MANIFEST, exc)]
+    if job.params["engine"] == "docker":
+        return world.stale(recorded, job.docker.inspect_container(job.params["container"]), job.criu.version(),
+                           job.runc.version())
+    return world.stale(recorded, None, job.criu.version())

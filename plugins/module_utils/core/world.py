@@ -235,6 +235,19 @@ def compare(recorded, current_process, criu_version=None, runc_version=None):
     return reasons
 
 
+def stale(recorded_manifest, info=None, criu_version=None, runc_version=None):
+    """Why a snapshot (its manifest) does not belong to the process as it runs now: the container of
+    ``info`` (its `docker inspect`; None for a bare process) and this host. [] when it does."""
+    reasons = []
+    process = None
+    if info is not None:
+        taken = (recorded_manifest.get("image") or {}).get("id")
+        if taken != info.get("Image"):
+            reasons.append("image_mismatch: snapshot of image %s, the container runs %s" % (taken, info.get("Image")))
+        process = docker_facts(info)
+    return reasons + compare(recorded_manifest.get("world"), process, criu_version, runc_version)
+
+
 def _release(version, parts):
     return tuple((version or "").split("+")[0].split("-")[0].split(".")[:parts])
 
