@@ -1,0 +1,298 @@
+"""The controller dies in the middle of a generation: SIGKILL of the whole ansible-playbook process group
+(os.killpg: the playbook, its workers and the module processes) at each step of one pod's generation, on
+the real dockerd and CRIU, with the engine under the real agent on the simulated NPU. Every time, the
+engine serves again within its lease and a few seconds -- unlocked, with the answers it gave before --
+and no snapshot is left that verify or restore would accept, except after the publish: a snapshot that
+was sealed and published before the kill is complete, and stays valid (its engine was backed up when
+CRIU took it, and a restore brings it back as any other).
+
+One container serves the whole matrix (it serves again after each kill: that is the point), so a stage
+costs the playbook up to the step, the lease and one look at the result. Each stage is recognised from
+what a generation leaves behind -- the agent's state, the files of the staging directory, the published
+directory, or the task name in ansible-playbook's streaming output -- and the kill follows at once."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, COLLECTIONS, ensure_collection_link, free_port, run_module
+from _roles_helpers import local_inventory, status_record
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
+
+PLAYBOOK = Path(__file__).with_name("lease_generate.yml")
+LEASE = 6.0
+SLACK = 4.0          # on top of the lease: the watchdog's restore + unlock, and this test's polling
+PROMPTS = ["what is an NPU?", "lease me", "数据"]
+
+
+class Playbook:
+    """ansible-playbook in its own process group, its output read line by line as it streams."""
+
+    def __init__(self, tmp_path, extra_vars):
+        ensure_collection_link()
+        number = len(list(tmp_path.glob("inventory-*.json")))
+        inventory = tmp_path / ("inventory-%d.json" % number)
+        inventory.write_text(json.dumps(local_inventory()))
+        env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_LOCALHOST_WARNING="False",
+                   ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+                   PYTHONUNBUFFERED="1")
+        command = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOK), "-e", json.dumps(extra_vars)]
+        self.lines = []
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def started(self, task):
+        return any(line.startswith("TASK [%s" % task) for line in self.lines)
+
+    def kill(self):
+        """What a cancelled AWX job, a lost SSH connection or an OOM killer does to the controller: SIGKILL of
+        ansible-playbook's process group and of its workers' (each worker calls setsid, so the module it runs
+        is in the worker's group, not the playbook's). The playbook's group is stopped first, so that no new
+        worker starts meanwhile. What a module started in a session of its own (runc, CRIU) lives on, as it
+        does on a real host when the controller goes away."""
+        if self.proc.poll() is not None:
+            return time.monotonic()
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+        workers = set(pgid for pid, (ppid, pgid) in process_table().items() if ppid == self.proc.pid)
+        for pgid in workers - {self.proc.pid}:
+            os.killpg(pgid, signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self._reader.join(10)
+        self.killed_groups = sorted(workers | {self.proc.pid})
+        return time.monotonic()
+
+    def finish(self, timeout=180):
+        self.proc.wait(timeout)
+        self._reader.join(10)
+        return self.proc.returncode
+
+    def output(self):
+        return "\n".join(self.lines[-60:])
+
+
+def wait(predicate, timeout, what, run=None, interval=0.005):
+    started = time.monotonic()
+    while True:
+        found = predicate()
+        if found:
+            return found
+        if run is not None and run.proc.poll() is not None:
+            raise AssertionError("the playbook ended (rc=%s) before %s:\n%s" % (run.proc.returncode, what, run.output()))
+        if time.monotonic() - started > timeout:
+            raise AssertionError("%s did not happen within %s s%s" % (what, timeout,
+                                                                     (":\n" + run.output()) if run else ""))
+        time.sleep(interval)
+
+
+def process_table():
+    """{pid: (ppid, pgid)} of every process."""
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(pid)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def files(directory):
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def checkpoints_running(container_id):
+    """runc checkpoint processes for the container (started in their own session: a kill of the playbook
+    does not stop them, as on a real host where the module's children outlive the controller)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if b"checkpoint" in argv and container_id.encode() in argv:
+            found.append(int(pid))
+    return found
+
+
+class Pod:
+    def __init__(self, container, root, host_pid, container_id):
+        self.container = container
+        self.name = container.name
+        self.identity = {"namespace": "t", "service": "lease", "instance": "p0", "pod": self.name}
+        self.snapshot_dir = root / "t" / "lease" / "p0" / self.name
+        self.staging = self.snapshot_dir.parent / (".%s.partial" % self.name)
+        self.host_pid = host_pid
+        self.container_id = container_id
+        self.agent = AgentSocketClient.for_pid(host_pid, "/run/inferops-snapshot")
+
+    def variables(self, readiness_file=None):
+        return {"lease_seconds": LEASE, "lease_generation_id": uuid.uuid4().hex, "lease_pod": {
+            "name": self.name, "container": self.name, "snapshot_dir": str(self.snapshot_dir),
+            "identity": self.identity, "readiness_url": self.container.url + "/health",
+            "readiness_file": readiness_file}}
+
+    def state(self):
+        return self.agent.request("state", 5)
+
+    def forget(self):
+        """Remove what a stage left, so that the next one starts from nothing (as root, like the modules)."""
+        for path in (self.snapshot_dir, self.staging):
+            shutil.rmtree(str(path), ignore_errors=True)
+        for record in (layout.status_path(str(self.snapshot_dir)), layout.claim_path(str(self.snapshot_dir))):
+            if os.path.exists(record):  # the killed generation's claim would hold the pod for its lease
+                os.unlink(record)
+
+
+# Each stage: how to recognise it (returns what was seen, or None), what the agent then does when the lease
+# runs out, and whether the snapshot is published (and valid) afterwards.
+def at_warmup(run, pod):
+    if run.started("Wait for the warmup"):
+        time.sleep(1.0)  # the module runs, waiting for a readiness file that never comes
+        return "waiting for the warmup"
+    return None
+
+
+def at_lock(run, pod):
+    if run.started("Lock the engine") and pod.state()["state"] == "LOCKED":
+        return "LOCKED, the backup not started (%s)" % pod.state()["lease"]["remaining_s"]
+    return None
+
+
+def at_backup(run, pod):
+    return "device part recorded" if (pod.staging / "device" / "device.json").exists() else None
+
+
+def at_checkpoint(run, pod):
+    images = files(pod.staging / "host" / "criu")
+    if images and checkpoints_running(pod.container_id):
+        return "CRIU writing %d image files" % len(images)
+    return None
+
+
+def at_seal(run, pod):
+    found = files(pod.staging) + ["host/" + name for name in files(pod.staging / "host")]
+    if "host/container.json" in found and "checksum.sha256" not in found and pod.staging.exists():
+        return "sealing: %s" % ", ".join(n for n in found if not n.startswith("host/criu"))
+    return None
+
+
+def at_publish(run, pod):
+    return "published" if pod.snapshot_dir.is_dir() else None
+
+
+def at_verify(run, pod):
+    if run.started("Checksum of the published snapshot"):
+        time.sleep(0.3)
+        return "the checksum task started"
+    return None
+
+
+def at_unlock(run, pod):
+    return "the unlock task started" if run.started("Unlock the engine") else None
+
+
+STAGES = [
+    # name, recogniser, the agent's actions at expiry, published and valid afterwards
+    ("warmup", at_warmup, None, False),
+    ("lock", at_lock, ["unlock"], False),
+    ("backup", at_backup, ["restore", "unlock"], False),
+    ("checkpoint", at_checkpoint, ["restore", "unlock"], False),
+    ("seal", at_seal, ["restore", "unlock"], False),
+    ("publish", at_publish, ["restore", "unlock"], True),
+    ("verify", at_verify, ["restore", "unlock"], True),
+    ("unlock", at_unlock, ["restore", "unlock"], True),
+]
+
+
+@pytest.fixture(scope="module")
+def pod(docker_env, tmp_path_factory):
+    from conftest import WorkloadContainer, docker
+    base = tmp_path_factory.mktemp("lease-kill")
+    device_dir = base / "npu"
+    device_dir.mkdir(mode=0o700)
+    name = "lease-kill-%s" % uuid.uuid4().hex[:8]
+    # Big enough that the dump and the seal last a few hundred milliseconds each: long enough to be caught.
+    container = WorkloadContainer(name, docker_env, device_dir, free_port(), WORKLOAD_DEVICE_MB="32",
+                                  WORKLOAD_HOST_MB="96", WORKLOAD_WARMUP_SECONDS="1")
+    container.run()
+    try:
+        container.wait_ready()
+        host_pid = int(docker("inspect", "--format", "{{.State.Pid}}", name))
+        container_id = docker("inspect", "--format", "{{.Id}}", name)
+        p = Pod(container, base / "host", host_pid, container_id)
+        p.expected = [container.generate(prompt) for prompt in PROMPTS]
+        p.tmp = base
+        yield p
+    finally:
+        container.remove()
+
+
+def test_the_engine_serves_again_after_the_controller_is_killed_at_each_step(pod):
+    seen = {}
+    for stage, recognise, actions, published in STAGES:
+        run = Playbook(pod.tmp, pod.variables("/tmp/never-warmed-up" if stage == "warmup" else None))
+        try:
+            what = wait(lambda: recognise(run, pod), 90, "the %s step" % stage, run)
+        finally:
+            killed_at = run.kill()
+        seen[stage] = what
+        # A checkpoint outlives its controller (runc and CRIU run in their own session): nothing may touch
+        # the frozen process's sockets before it is thawed.
+        wait(lambda: not checkpoints_running(pod.container_id), 60, "the end of the orphaned checkpoint", interval=0.05)
+        reply = wait(lambda: (lambda r: r if r["state"] == "RUNNING" else None)(pod.state()), LEASE + SLACK,
+                     "the engine RUNNING again after a kill at the %s step (%s)" % (stage, what), interval=0.05)
+        back_after = time.monotonic() - killed_at
+        assert [pod.container.generate(p) for p in PROMPTS] == pod.expected, stage
+        assert reply["lease"] is None, (stage, reply["lease"])
+        record = reply["abandoned"]
+        if actions is None:
+            assert record is None and back_after < SLACK, (stage, record, back_after)
+        else:
+            assert record is not None and record["actions"] == actions and record["errors"] == [], (stage, record)
+            assert record["state"] == "RUNNING" and record["lease_s"] == LEASE, (stage, record)
+
+        info = run_module("snapshot_info", {"snapshot_dir": str(pod.snapshot_dir), "identity": pod.identity,
+                                            "container": pod.name, "min_size": 1024})
+        assert info["device_state"] == "RUNNING" and info["device_abandoned"] == record, (stage, info)
+        assert info["published"] is published and info["valid"] is published, (stage, info["reasons"])
+        if not published:
+            assert info["usable"] is False and info["reasons"][0].startswith("missing:"), (stage, info["reasons"])
+            assert (status_record(pod.snapshot_dir) or {}).get("status") in (None, "generating"), stage
+        else:
+            assert info["checksum"] and status_record(pod.snapshot_dir)["status"] in ("generating", "completed")
+        seen[stage] = "%s; serving again %.1f s after the kill" % (what, back_after)
+        pod.forget()
+
+    # The next generation goes through: its lock clears the record, the snapshot is valid.
+    run = Playbook(pod.tmp, pod.variables())
+    assert run.finish() == 0, run.output()
+    assert pod.state()["state"] == "RUNNING" and pod.state()["abandoned"] is None and pod.state()["lease"] is None
+    info = run_module("snapshot_info", {"snapshot_dir": str(pod.snapshot_dir), "identity": pod.identity,
+                                        "container": pod.name})
+    assert info["valid"] and info["usable"] and info["device_abandoned"] is None, info
+    assert [pod.container.generate(p) for p in PROMPTS] == pod.expected
+    print(json.dumps(seen, indent=1))
