@@ -16,7 +16,7 @@ help:
 	@echo "make demo        generate -> break -> restore on this machine (simulated NPU)"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make env         install and start dockerd + CRIU and build the base image (root)"
-	@echo "make unit | integration | sanity | build-collection"
+	@echo "make unit | integration | sanity | lint | versions | molecule | build-collection | ee"
 	@echo "make bench       cold start vs restore, verify and checkpoint speed (root, ~40 min; BENCH_ARGS=--quick: ~2 min)"
 
 # The lists in requirements/ say what is needed where; constraints.txt pins every version.
@@ -66,13 +66,30 @@ build-collection: venv
 test: venv simulator collection
 	$(BIN)/python -m pytest tests -q
 	bash scripts/sanity.sh
+	$(MAKE) lint
+	$(MAKE) versions
 	$(MAKE) molecule
 
-# The molecule scenarios shipped in extensions/molecule (delegated driver: this machine's dockerd;
+# ansible-lint, production profile (.ansible-lint): nothing installed, the collection from this checkout.
+.PHONY: lint
+lint: venv collection
+	$(BIN)/ansible-lint --nocolor
+
+# The older ansible-core minors requires_ansible claims: sanity and the unit tests in a venv per version
+# (cached under build/); tests/integration/test_ansible_versions.py runs the playbooks with them.
+.PHONY: versions
+versions: venv simulator collection
+	bash scripts/ansible-versions.sh test
+
+# The development scenarios shipped in extensions/molecule (delegated driver: this machine's dockerd;
 # no Galaxy: dependencies come from this checkout). Run from the collection root, as molecule expects.
+# The operator scenario needs an inventory: tests/integration/test_molecule_operator.py runs it.
+MOLECULE_SCENARIOS := default generate restore failure
 .PHONY: molecule
 molecule: venv simulator collection image
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule test --all
+	for scenario in $(MOLECULE_SCENARIOS); do \
+	    PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule test -s $$scenario || exit 1; \
+	done
 
 # Not part of the test suite: results/<stamp>/{bench.json,results.md,chart.png}; see docs/benchmarks.md.
 bench: venv simulator collection env

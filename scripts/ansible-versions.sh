@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The older ansible-core minors that meta/runtime.yml's requires_ansible claims, each in its own venv:
+# build/ansible-core-<version>, from the "older-ansible-core:" lines of requirements/constraints.txt
+# (the one place that pins them). A venv is made once and reused while its inputs are unchanged.
+#
+#   bash scripts/ansible-versions.sh venvs    make (or reuse) the venvs; prints their directories
+#   bash scripts/ansible-versions.sh test     and run ansible-test sanity and the unit tests in each
+#
+# tests/integration/test_ansible_versions.py runs the generate, verify and restore playbooks with each
+# venv's ansible-playbook against the real workload.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+constraints=$here/requirements/constraints.txt
+mapfile -t versions < <(sed -n 's/^# older-ansible-core: *\([0-9][0-9.]*\) *$/\1/p' "$constraints")
+((${#versions[@]})) || { echo "no older-ansible-core lines in $constraints" >&2; exit 1; }
+
+venv_for() {   # $1: ansible-core version; makes build/ansible-core-$1 unless it is up to date
+    local version=$1 dir stamp
+    dir=$here/build/ansible-core-$version
+    stamp=$(cat "$constraints" "$here/requirements/runtime.txt" "$here/requirements/target.txt" |
+        sha256sum | cut -d' ' -f1)-$($python -c 'import sys; print(sys.version.split()[0])')
+    if [[ -x $dir/bin/ansible-playbook && "$(cat "$dir/.inferops-stamp" 2>/dev/null)" == "$stamp" ]]; then
+        echo "$dir"
+        return 0
+    fi
+    echo "[ansible-versions] making $dir" >&2
+    rm -rf "$dir"
+    "$python" -m venv "$dir"
+    # The project's pins, except its own ansible-core.
+    grep -v '^ansible-core==' "$constraints" >"$dir/constraints.txt"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check -c "$dir/constraints.txt" "ansible-core==$version" \
+        -r "$here/requirements/runtime.txt" -r "$here/requirements/target.txt" pytest pytest-timeout >&2
+    echo "$stamp" >"$dir/.inferops-stamp"
+    echo "$dir"
+}
+
+case ${1:-test} in
+    venvs)
+        for version in "${versions[@]}"; do venv_for "$version"; done
+        ;;
+    test)
+        # The unit tests mostly wait (timeouts under test): all versions at once, beside the sanity runs.
+        # Sanity on the controller's Python, without pylint and pep8: the target Pythons and the style
+        # checks do not depend on the ansible-core version; scripts/sanity.sh runs them with the project's.
+        dirs=() units=()
+        for version in "${versions[@]}"; do dirs+=("$(venv_for "$version")"); done
+        for i in "${!versions[@]}"; do
+            (cd "$here" && "${dirs[$i]}/bin/python" -m pytest tests/unit -q -p no:cacheprovider \
+                >"${dirs[$i]}/unit.log" 2>&1) &
+            units+=($!)
+        done
+        failed=()
+        for i in "${!versions[@]}"; do
+            echo "[ansible-versions] ansible-core ${versions[$i]}: sanity"
+            ANSIBLE_TEST_VENV=${dirs[$i]} SANITY_CONTROLLER_ONLY=1 \
+                bash "$here/scripts/sanity.sh" --skip-test pylint --skip-test pep8 ||
+                failed+=("${versions[$i]} sanity")
+        done
+        for i in "${!versions[@]}"; do
+            if wait "${units[$i]}"; then
+                echo "[ansible-versions] ansible-core ${versions[$i]}: unit tests: $(tail -n 1 "${dirs[$i]}/unit.log")"
+            else
+                cat "${dirs[$i]}/unit.log"
+                failed+=("${versions[$i]} unit tests")
+            fi
+        done
+        if ((${#failed[@]})); then
+            echo "[ansible-versions] FAILED: ${failed[*]}" >&2
+            exit 1
+        fi
+        ;;
+    *)
+        echo "usage: $0 venvs|test" >&2
+        exit 2
+        ;;
+esac
