@@ -721,7 +721,7 @@ class Bench:
         docker(*self.recreate_args(w, "create"))
         cid = docker("inspect", "--format", "{{.Id}}", w["name"])
         self.write_metadata(cid)
-        checkpoint.place_checkpoint(w["snapshot_dir"], cid, "bench", layout.DOCKER_ROOT)
+        checkpoint.place_checkpoint(layout.images_dir(w["snapshot_dir"]), cid, "bench", layout.DOCKER_ROOT)
         store_before = self.content_store_mb()
         before = self.profile()
         guard = containerd_leak.LeakGuard(layout.images_dir(w["snapshot_dir"])).__enter__()

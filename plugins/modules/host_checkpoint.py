@@ -117,6 +117,20 @@ options:
         the checkpoint.
     type: bool
     default: true
+  encryption_key:
+    description:
+      - A 256-bit key (32 bytes as base64 or hex, for example from Ansible Vault, or the absolute path of a root-owned
+        0600 file holding them, outside the snapshot store) that encrypts the snapshot at rest, AES-256-GCM in 4 MiB
+        chunks. The CRIU images, the container record (the environment) and the canary are stored encrypted; the
+        manifest, checksums and signature cover the ciphertext, so any node can verify the snapshot and only a node
+        with the key can restore it (O(inferops.snapshot.snapshot_restore#module:encryption_keys)).
+      - CRIU writes the plaintext into a private directory below O(encryption_workdir), removed right after the
+        encryption, also on failure. Needs the Python library C(cryptography) on the target. See docs/security.md.
+    type: str
+  encryption_workdir:
+    description: Where the plaintext lives while it is encrypted (a tmpfs keeps it off every disk). Needs room for the images.
+    type: path
+    default: /dev/shm
   force:
     description: Take a new snapshot even when the published one belongs to the process as it runs now.
     type: bool
@@ -246,6 +260,8 @@ ARGUMENT_SPEC = dict(
     hash_during_checkpoint=dict(type="bool", default=True),
     signing_key=dict(type="str", no_log=True),
     force=dict(type="bool", default=False),
+    encryption_key=dict(type="str", no_log=True),
+    encryption_workdir=dict(type="path", default="/dev/shm"),
 )
 
 

@@ -91,6 +91,18 @@ options:
       - Without it, a bare process that cannot be restored fails the task with the reason.
     type: list
     elements: str
+  encryption_keys:
+    description:
+      - The keys (as O(inferops.snapshot.host_checkpoint#module:encryption_key), in base64, hex, or root-owned 0600 files) an
+        encrypted snapshot may be decrypted with; several for rotation. The snapshot's manifest names its key by id; without
+        that key the engine starts cold with the reason (C(encrypted:)), and a chunk that does not authenticate (a wrong
+        key, a changed byte) is a cold start too (C(decrypt_failed:)).
+      - The plaintext lives in a private directory in C(/dev/shm) while CRIU reads it, removed right after the restore,
+        also on failure. O(method=docker) refuses encrypted snapshots (Docker copies the images through containerd in
+        the clear); the restore-on-create runtime (O(method=runtime)) takes its keys from the node's settings.
+    type: list
+    elements: str
+    default: []
   cold_start_log:
     description: File the output of O(cold_start) is appended to (0600); default C(/dev/null).
     type: path
@@ -284,6 +296,7 @@ ARGUMENT_SPEC = dict(
     runtime_name=dict(type="str", default="inferops-restore"),
     cold_start=dict(type="list", elements="str"),
     cold_start_log=dict(type="path"),
+    encryption_keys=dict(type="list", elements="str", default=[], no_log=True),
 )
 
 

@@ -153,6 +153,7 @@ APT_PACKAGES=(
     iproute2 curl procps ca-certificates          # tests and diagnostics
     openssh-server                                # sshd of the multi-host tests' own namespaced hosts
     python3-jsonschema                            # what the snapshot_node role installs on nodes (its tests)
+    python3-cryptography                          # the node runtime's signatures and decryption (its tests)
     shellcheck                                    # ansible-test sanity's shellcheck test (scripts/sanity.sh)
     sudo                                          # become from a normal user (test_become.py)
     git                                           # ansible-test sanity works on a git tree

@@ -83,15 +83,15 @@ def test_engine_reason_names_the_engine_to_use():
 
 def test_obstacle_reports_taken_pids_and_unreadable_images(tmp_path):
     snap = tmp_path / "pod-a"
-    assert bare.obstacle(str(snap))[1].startswith("host_images_unreadable:")
+    assert bare.obstacle(str(snap / "host" / "criu"))[1].startswith("host_images_unreadable:")
     me = os.getpid()
     write_pstree(snap / "host" / "criu", [pstree_entry(me, 1, [me])])
-    tree, reason = bare.obstacle(str(snap))
+    tree, reason = bare.obstacle(str(snap / "host" / "criu"))
     assert tree == [(me, [me])]
     assert reason.startswith("pid_in_use:") and "%d (" % me in reason and "is already in use" in reason
     free = free_pid()
     write_pstree(snap / "host" / "criu", [pstree_entry(free, 1, [free])])
-    assert bare.obstacle(str(snap)) == ([(free, [free])], None)
+    assert bare.obstacle(str(snap / "host" / "criu")) == ([(free, [free])], None)
 
 
 def free_pid():

@@ -43,6 +43,10 @@ def write_container_record(staging_dir, info):
     return target
 
 
+def parse_container_record(data):
+    return json.loads(data.decode("utf-8"))
+
+
 def read_container_record(directory):
     with open(os.path.join(directory, layout.CONTAINER_RECORD)) as handle:
         return json.load(handle)

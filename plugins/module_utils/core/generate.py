@@ -15,10 +15,11 @@ __metaclass__ = type
 
 import contextlib
 import os
+import tempfile
 import threading
 
 from . import container as container_record
-from . import claim, device, layout, manifest, paths, seal, signature, status, world
+from . import claim, device, encryption, layout, manifest, paths, seal, signature, status, world
 from .agent import protocol
 from .clients.control import AgentSocketClient, LeaseKeeper
 from .clients.criu import CriuCli
@@ -70,6 +71,9 @@ class Checkpointer:
         self.pid = None
         self.device_part = None
         self.signing_key = None
+        self.encryption_key = None
+        self.encrypted = None
+        self.plain_dir = None
         self.follower = None
         self.agent = None
         self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
@@ -109,6 +113,11 @@ class Checkpointer:
                 raise ParameterError("pid: process %d does not exist" % self.pid)
         if params.get("signing_key"):
             self.signing_key = signature.load_private_key(params["signing_key"], "signing_key", self.snapshot_dir)
+        if params.get("encryption_key"):
+            self.encryption_key = encryption.load_key(params["encryption_key"], "encryption_key", self.snapshot_dir)
+            if not os.path.isdir(params["encryption_workdir"]):
+                raise ParameterError("encryption_workdir: %s is not a directory" % params["encryption_workdir"],
+                                     field="encryption_workdir")
         self.device_part = device.read_device_part(self.staging_dir)
         if params["require_device_part"]:
             self._check_device_part()
@@ -139,10 +148,14 @@ class Checkpointer:
         if os.path.lexists(image_dir):
             paths.remove_tree(image_dir)  # a leftover of an interrupted run: never mix two checkpoints
         paths.ensure_dir(os.path.dirname(image_dir))
+        if self.encryption_key is not None:  # CRIU writes the plaintext to private tmpfs, never to the store
+            self.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=params["encryption_workdir"])
+            image_dir = os.path.join(self.plain_dir, layout.IMAGES_DIR)
+            paths.ensure_dir(os.path.dirname(image_dir))
         seconds = self.remaining("the checkpoint")
         if params["engine"] == "criu" or params["method"] == "runc":
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
-        if params["hash_during_checkpoint"]:
+        if params["hash_during_checkpoint"] and self.encryption_key is None:
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
@@ -155,7 +168,7 @@ class Checkpointer:
                 else:
                     self.docker.checkpoint_create(self.info["Id"], os.path.dirname(image_dir),
                                                   os.path.basename(image_dir), params["leave_running"], seconds)
-                container_record.write_container_record(self.staging_dir, self.info)
+                container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
             else:
                 self.criu.dump(self.pid, image_dir, params["leave_running"], seconds)
         except Exception:
@@ -167,6 +180,25 @@ class Checkpointer:
             capture.join()
         if "error" in self.world:
             raise ParameterError("the world of the process could not be recorded: %s" % self.world["error"])
+        if self.encryption_key is not None:
+            self.encrypt()
+
+    def encrypt(self):
+        """Everything that holds the process's memory or environment, encrypted into the staging directory."""
+        canary = os.path.join(self.staging_dir, layout.CANARY)
+        if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
+            os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
+        relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
+        with self.watch.stage("encrypt"):
+            encryption.encrypt_tree(self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
+                                    self.params["workers"])
+        self.encrypted = encryption.describe(self.encryption_key, relpaths)
+        self.discard_plaintext()
+
+    def discard_plaintext(self):
+        if self.plain_dir:
+            paths.remove_tree(self.plain_dir)
+            self.plain_dir = None
 
     def _capture_world(self):
         try:
@@ -197,6 +229,8 @@ class Checkpointer:
         }
         if part:
             fields["device"] = part
+        if self.encrypted:
+            fields["encryption"] = self.encrypted
         return fields
 
     def run(self):
@@ -236,6 +270,7 @@ class Checkpointer:
                 self.keeper.stop()
             if self.follower:
                 self.follower.abort()
+            self.discard_plaintext()
             seal.discard(self.staging_dir)
             reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
             status.update(self.snapshot_dir, "failed", reason=reason)

@@ -123,6 +123,8 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "agent_socket_dir": DEFAULT_AGENT_SOCKET_DIR,
     "criu_log_dir": CRIU_LOG_DIR,
     "trusted_keys": [],                           # public keys (PEM files); when set, only signed snapshots restore
+    "encryption_keys": [],                        # key files an encrypted snapshot may be decrypted with
+    "decrypt_dir": "/dev/shm",                    # tmpfs: where its plaintext lives while CRIU reads it
 }
 
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------

@@ -359,6 +359,36 @@ SCHEMAS = json.loads(r'''
     },
     "type": "object"
    },
+   "encryption": {
+    "additionalProperties": false,
+    "description": "Which files are stored encrypted, how, and with which key (by id); core/encryption.py.",
+    "properties": {
+     "algorithm": {
+      "const": "aes-256-gcm-chunked"
+     },
+     "chunk_bytes": {
+      "minimum": 1,
+      "type": "integer"
+     },
+     "files": {
+      "items": {
+       "type": "string"
+      },
+      "type": "array"
+     },
+     "key_id": {
+      "pattern": "^[0-9a-f]{16}$",
+      "type": "string"
+     }
+    },
+    "required": [
+     "algorithm",
+     "chunk_bytes",
+     "key_id",
+     "files"
+    ],
+    "type": "object"
+   },
    "engine": {
     "additionalProperties": false,
     "properties": {

@@ -82,7 +82,7 @@ def load_private_key(value, field="signing_key", snapshot_dir=None):
         if stat.S_IMODE(st.st_mode) & 0o077:
             raise ParameterError("%s: %s has mode %o; a private key must be 0600 or 0400" % (
                 field, value, stat.S_IMODE(st.st_mode)), field=field)
-        if snapshot_dir and _inside(value, store_root(snapshot_dir)):
+        if snapshot_dir and inside(value, store_root(snapshot_dir)):
             raise ParameterError("%s: %s lies in the snapshot store %s; keep the signing key where the store cannot "
                                  "reach it (Ansible Vault, a key file outside the store)"
                                  % (field, value, store_root(snapshot_dir)), field=field)
@@ -126,7 +126,7 @@ def store_root(snapshot_dir):
     return root
 
 
-def _inside(path, root):
+def inside(path, root):
     path, root = os.path.realpath(path), os.path.realpath(root)
     return root != "/" and os.path.commonpath([path, root]) == root
 

@@ -34,7 +34,7 @@ import subprocess
 import time
 import traceback
 
-from .. import layout, paths, proc, signature
+from .. import encryption, layout, paths, proc, signature
 from ..clients import criu as criu_client
 from ..clients.criu import CriuCli
 from ..clients.docker import env_dict
@@ -296,12 +296,15 @@ class Runtime:
         container_id = create["id"]
         driver = OnCreate(self, spec, bundle, create, request, docker_record(self.config, container_id),
                           CriuCli(self.config["criu"] or "criu").version())
+        trusted = keys = None
         try:
             trusted = signature.load_public_keys(self.config["trusted_keys"], "trusted_keys")
-        except SnapshotError as exc:  # fail closed: without the keys it was told to trust, nothing is restored
-            trusted, request["problems"] = None, request["problems"] + ["signature_unavailable: %s" % exc.msg]
+            keys = encryption.load_keys(self.config["encryption_keys"], "encryption_keys")
+        except SnapshotError as exc:  # fail closed: without the keys it was told to use, nothing is restored
+            request["problems"] = request["problems"] + ["keys_unavailable: %s" % exc.msg]
         attempt = pipeline.Attempt(request["snapshot"], request["timeout"], device_restore=request["device"],
-                                   min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"])
+                                   min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"],
+                                   keys=keys, decrypt_dir=self.config["decrypt_dir"])
         pipeline.run(driver, attempt)
         record = {"event": "restore", "ts": utc_now(), "pid": os.getpid(), "container": container_id,
                   "name": driver.docker.get("name"), "snapshot": request["snapshot"], "policy": request["policy"],

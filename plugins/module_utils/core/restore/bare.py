@@ -17,7 +17,7 @@ __metaclass__ = type
 import os
 import subprocess
 
-from .. import layout, metadata, paths, proc, status
+from .. import metadata, paths, proc, status
 from ..clients.criu import CriuCli, read_pstree
 from ..errors import CommandError, ParameterError
 from .pipeline import Driver, Fallback
@@ -36,10 +36,10 @@ def pids_in_use(tree, proc_root="/proc"):
     return taken
 
 
-def obstacle(snapshot_dir, proc_root="/proc"):
-    """(tree, why the verified snapshot cannot be restored on this host now, or None when it can)."""
+def obstacle(images_dir, proc_root="/proc"):
+    """(tree, why the verified snapshot's images cannot be restored on this host now, or None when they can)."""
     try:
-        tree = read_pstree(layout.images_dir(snapshot_dir))
+        tree = read_pstree(images_dir)
     except (IOError, OSError, ValueError) as exc:
         return None, "host_images_unreadable: %s" % exc
     taken = pids_in_use(tree, proc_root)
@@ -90,14 +90,14 @@ class BareProcess(Driver):
         self.cold_proc = None
 
     def check(self, attempt):
-        tree, why = obstacle(attempt.snapshot_dir)
+        tree, why = obstacle(attempt.images_dir)
         if why and tree:  # a process just killed may still be a zombie for a moment
             root = tree[0][0]
             try:
                 proc.wait_gone(root, min(PID_FREE_GRACE, attempt.remaining()))
             except Exception:  # still there: say which pids
                 pass
-            tree, why = obstacle(attempt.snapshot_dir)
+            tree, why = obstacle(attempt.images_dir)
         if why:
             raise Fallback(why)
 
@@ -107,7 +107,7 @@ class BareProcess(Driver):
         attempt.details["metadata_env_keys"] = metadata.env_keys(doc)
 
     def host_restore(self, attempt):
-        pid = self.criu.restore_detached(layout.images_dir(attempt.snapshot_dir), attempt.remaining(1.0),
+        pid = self.criu.restore_detached(attempt.images_dir, attempt.remaining(1.0),
                                          name=self.identity["pod"])
         attempt.pid_start_time = proc.start_time(pid)
         return pid

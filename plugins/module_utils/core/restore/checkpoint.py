@@ -29,14 +29,14 @@ from .pipeline import Driver, Fallback
 CHECKPOINT_NAME = "inferops-restore"
 
 
-def place_checkpoint(snapshot_dir, container_id, name, docker_root):
+def place_checkpoint(images_dir, container_id, name, docker_root):
     """Put the verified CRIU images where `docker start --checkpoint NAME` looks for them.
 
     Hard links when the snapshot and Docker's root share a filesystem (no copy of multi-GB images), a
     copy otherwise. Docker deletes that directory with the container; the snapshot's own files are
     untouched because CRIU only reads images.
     """
-    source = layout.images_dir(snapshot_dir)
+    source = images_dir
     target = os.path.join(docker_root, "containers", container_id, "checkpoints", name)
     if os.path.lexists(target):
         shutil.rmtree(target)
@@ -78,8 +78,11 @@ class DockerCheckpoint(Driver):
         return docker_world_now(self.docker, self.container_id, recorded)
 
     def check(self, attempt):
+        if attempt.manifest.get("encryption"):
+            raise Fallback("encrypted: docker start --checkpoint copies the images through containerd's content store "
+                           "and a temporary directory in plaintext; restore encrypted snapshots with method=runtime")
         if not self.container_id:
-            recorded = container_record.read_container_record(attempt.snapshot_dir)["image_id"]
+            recorded = container_record.read_container_record(attempt.content_dir)["image_id"]
             if not self.docker.has_image(recorded):
                 raise Fallback("image_mismatch: image %s recorded in the snapshot is not on this host" % recorded)
         self.docker_root, experimental = self.docker.checkpoint_support()
@@ -93,7 +96,7 @@ class DockerCheckpoint(Driver):
         self.write_metadata(attempt, restored=True)
 
     def host_restore(self, attempt):
-        target, attempt.details["placement"] = place_checkpoint(attempt.snapshot_dir, self.container_id,
+        target, attempt.details["placement"] = place_checkpoint(attempt.images_dir, self.container_id,
                                                                 CHECKPOINT_NAME, self.docker_root or layout.DOCKER_ROOT)
         with LeakGuard(target):
             try:
@@ -105,6 +108,7 @@ class DockerCheckpoint(Driver):
                     raise
                 self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
                                   what="docker start --checkpoint (retry)")
+        paths.remove_tree(target)  # read by CRIU; Docker would keep it as long as the container exists
         return self.docker.running_pid(self.container_id)
 
     def undo(self, attempt):
@@ -129,7 +133,7 @@ class DockerCheckpoint(Driver):
     def ensure_container(self, attempt):
         if self.container_id:
             return
-        record = container_record.read_container_record(attempt.snapshot_dir)
+        record = container_record.read_container_record(attempt.content_dir)
         self.docker.create(container_record.create_args(record, self.container, self.env), env=self.env)
         self.container_id = self.docker.container_id(self.container)
         self.created = True

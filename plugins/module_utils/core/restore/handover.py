@@ -38,8 +38,9 @@ class RuntimeHandover:
                 "inferops.snapshot.snapshot_node role, or use method=docker"
                 % (self.runtime_name, ", ".join(sorted(known)) or "none"), runtimes=sorted(known))
 
-    def ensure_container(self, snapshot_dir):
-        """The container, created with the restore-on-create runtime and the snapshot it restores from."""
+    def ensure_container(self, snapshot_dir, record=None):
+        """The container, created with the restore-on-create runtime and the snapshot it restores from
+        (``record``: its container record, as read -- and decrypted -- by the caller)."""
         if self.container_id:
             info = self.docker.inspect_container(self.container_id)
             env = env_dict((info.get("Config") or {}).get("Env"))
@@ -50,7 +51,7 @@ class RuntimeHandover:
                     "not restore it; remove it and let this module create it, or use method=docker"
                     % (self.container, self.runtime_name, layout.ENV_RESTORE_FROM, snapshot_dir))
             return
-        record = container_record.read_container_record(snapshot_dir)
+        record = record or container_record.read_container_record(snapshot_dir)
         record = dict(record, host_config=dict(record["host_config"], Runtime=self.runtime_name))
         env = dict(self.env)
         env[layout.ENV_RESTORE_FROM] = snapshot_dir

@@ -107,7 +107,7 @@ class OnCreate(Driver):
 
     def check(self, attempt):
         try:
-            old_env = env_dict((read_container_record(attempt.snapshot_dir).get("config") or {}).get("Env"))
+            old_env = env_dict((read_container_record(attempt.content_dir).get("config") or {}).get("Env"))
         except (IOError, OSError, ValueError):
             old_env = {}
         self.paths = restored_process_paths(self.request, old_env, self.runtime.config)
@@ -140,7 +140,7 @@ class OnCreate(Driver):
             raise Fallback("busy: %s has mounts below it from an earlier restore; unmount them" % work)
         paths.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
-        argv = runtime.runc.restore_argv(container_id, self.bundle, layout.images_dir(attempt.snapshot_dir), work,
+        argv = runtime.runc.restore_argv(container_id, self.bundle, attempt.images_dir, work,
                                          pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"])
         process = runtime.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
         try:

@@ -21,12 +21,16 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import tempfile
 import traceback
 
-from .. import canary, device, paths, status
+from .. import canary, device, encryption, layout, paths, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import verify
+
+
+DECRYPT_DIR = "/dev/shm"   # tmpfs: the plaintext of an encrypted snapshot never reaches a disk
 
 
 class Fallback(Exception):
@@ -41,7 +45,7 @@ class Attempt:
     """What one restore knows as it goes; drivers read and fill it."""
 
     def __init__(self, requested, timeout, device_restore=True, check_mode=False, hash_files=True, min_size=0,
-                 workers=None, trusted=None, checksum=None):
+                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None):
         self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
         self.snapshot_dir = None
         self.watch = Stopwatch()
@@ -54,6 +58,9 @@ class Attempt:
         self.workers = workers
         self.trusted = trusted         # {key id: public key}: only snapshots signed by one of them are restored
         self.checksum = checksum       # the fingerprint the caller knows the snapshot by (a pod annotation)
+        self.keys = keys or {}         # {key id: key}: what an encrypted snapshot may be decrypted with
+        self.decrypt_dir = decrypt_dir or DECRYPT_DIR
+        self.plain_dir = None          # the private plaintext of an encrypted snapshot, while it is restored
         self.verdict = None
         self.manifest = None
         self.pid = None
@@ -67,6 +74,15 @@ class Attempt:
 
     def remaining(self, floor=0.1):
         return self.deadline.remaining(floor)
+
+    @property
+    def content_dir(self):
+        """Where the snapshot's files are read from: the snapshot, or the plaintext of an encrypted one."""
+        return self.plain_dir or self.snapshot_dir
+
+    @property
+    def images_dir(self):
+        return layout.images_dir(self.content_dir)
 
 
 class Driver:
@@ -159,6 +175,9 @@ def run(driver, attempt):
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
+        if attempt.manifest.get("encryption"):
+            with stage("decrypt"):
+                decrypt(attempt)
         with stage("check"):
             driver.check(attempt)
         if attempt.check_mode:
@@ -174,7 +193,7 @@ def run(driver, attempt):
         if attempt.device_restore and attempt.manifest.get("device"):
             with stage("device_restore"):
                 attempt.device_actions = driver.device_resume(attempt)
-        recorded = canary.load(attempt.snapshot_dir)
+        recorded = canary.load(attempt.content_dir)
         if recorded is not None:
             with stage("canary"):  # the restored engine answers as the checkpointed one did, or it is not restored
                 wrong = canary.mismatch(recorded, attempt.pid, attempt.remaining(5.0))
@@ -194,10 +213,30 @@ def run(driver, attempt):
             driver.cold_start(attempt)
         attempt.failed = False
     finally:
+        if attempt.plain_dir:  # CRIU has read the images: the plaintext goes, whatever happened
+            paths.remove_tree(attempt.plain_dir)
+            attempt.plain_dir = None
         watch.total()
         if not attempt.check_mode:
             _record(driver, attempt)
     return attempt
+
+
+def decrypt(attempt):
+    """The plaintext of an encrypted snapshot, in a private directory (0700) below ``attempt.decrypt_dir``."""
+    described = attempt.manifest["encryption"]
+    if described["key_id"] not in attempt.keys:
+        raise Fallback("encrypted: the snapshot is encrypted with key %s and this host has %s; configure that key "
+                       "(encryption_keys)" % (described["key_id"], "keys %s" % ", ".join(sorted(attempt.keys))
+                                              if attempt.keys else "no key"))
+    if not os.path.isdir(attempt.decrypt_dir):
+        os.makedirs(attempt.decrypt_dir, 0o700)
+    attempt.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=attempt.decrypt_dir)  # 0700, ours alone
+    try:
+        encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.snapshot_dir,
+                                attempt.plain_dir, described["files"], attempt.workers)
+    except encryption.DecryptError as exc:
+        raise Fallback(exc.msg)
 
 
 class Stage:

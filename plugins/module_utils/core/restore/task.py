@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
     from urlparse import urlparse
 
 from .. import container as container_record
-from .. import health, paths, schema, signature
+from .. import encryption, health, layout, paths, schema, signature
 from ..clients.docker import DockerCli
 from ..clock import Stopwatch
 from ..errors import ParameterError
@@ -55,6 +55,7 @@ def restore(params, check_mode=False, warn=lambda text: None):
     """The result of a snapshot_restore task (raises the collection's typed errors)."""
     snapshot_dir = check_options(params)
     trusted_keys(params)  # a key that cannot be loaded is an error before anything is done
+    encryption.load_keys(params.get("encryption_keys") or [])
     if params["engine"] == bare.ENGINE:
         return _bare(params, snapshot_dir, check_mode, warn)
     docker = DockerCli(params["docker_cli"])
@@ -83,7 +84,8 @@ def _wishes(params):
 def _attempt(params, snapshot_dir, check_mode, hash_files=True):
     return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
                             check_mode=check_mode, hash_files=hash_files, min_size=params["min_size"],
-                            workers=params["workers"], trusted=trusted_keys(params))
+                            workers=params["workers"], trusted=trusted_keys(params),
+                            keys=encryption.load_keys(params.get("encryption_keys") or []))
 
 
 def trusted_keys(params):
@@ -128,9 +130,13 @@ def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
             params["identity"], image, params["criu_version"], params["runtime_version"]), params["min_size"],
             params["workers"], hash_files=check_mode, trusted=trusted_keys(params),
             world_now=lambda recorded: docker_world_now(docker, job.container_id, recorded))
-        verdict.pop("manifest")
+        recorded_manifest = verdict.pop("manifest")
+        keys = encryption.load_keys(params.get("encryption_keys") or [])
+        record = None
         if verdict["valid"] and not job.container_id:
-            recorded = container_record.read_container_record(snapshot_dir)["image_id"]
+            record = container_record.parse_container_record(encryption.read_small(
+                snapshot_dir, layout.CONTAINER_RECORD, recorded_manifest, keys))
+            recorded = record["image_id"]
             if not docker.has_image(recorded):
                 verdict.update(valid=False, reasons=["image_mismatch: image %s recorded in the snapshot is not on "
                                                      "this host" % recorded])
@@ -151,7 +157,7 @@ def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
     else:
         with watch.stage("prepare"):
             job.require_runtime()
-            job.ensure_container(snapshot_dir)
+            job.ensure_container(snapshot_dir, record)
         with watch.stage("host_restore"):  # the runtime restores host and device state within the start
             record = job.start(snapshot_dir, params["timeout"])
         if record.get("outcome") != "restored":

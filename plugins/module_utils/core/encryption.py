@@ -1,0 +1,240 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Encryption at rest: AES-256-GCM in chunks, so that it streams and runs on every core. PRIVATE.
+
+A snapshot holds the engine's whole memory: weights, users' prompts in the KV cache, its secrets. With
+a key, the files that hold process data -- the CRIU images, the container record (the environment)
+and the canary -- are stored encrypted; the manifest, the checksums and the signature cover the
+ciphertext, so that any node can verify a snapshot without the key, and only a node with the key can
+restore it. Plaintext exists only in a private directory (0700, tmpfs by default) while CRIU writes or
+reads it, and is removed afterwards, also on failure.
+
+File format (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | plaintext size (8)``, then the
+chunks, each ``AES-256-GCM(key, nonce = prefix | chunk index, aad = path | index | last?)`` with its
+16-byte tag. The associated data binds every chunk to its file and place: chunks cannot be swapped,
+reordered, dropped or taken from another file; any change is an authentication failure.
+
+Keys are 32 random bytes (``openssl rand 32 > key``, or their base64 or hex): from Ansible Vault as
+text, or a root-owned 0600 file outside the snapshot store. Several keys may be configured for
+restores (rotation); the manifest names the key a snapshot was encrypted with by its id.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+import struct
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+from . import layout, paths, signature
+from .errors import ParameterError, SnapshotError
+
+try:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    HAS_CRYPTOGRAPHY = True
+except ImportError:
+    HAS_CRYPTOGRAPHY = False
+
+ALGORITHM = "aes-256-gcm-chunked"
+MAGIC = b"IOSENC\x01\x00"
+HEADER = struct.Struct("<8s8sIQ")
+CHUNK_BYTES = 4 * 1024 * 1024
+TAG_BYTES = 16
+# What is encrypted: everything that holds what the process had in memory or its environment.
+ENCRYPTED = (layout.IMAGES_DIR + "/", layout.CONTAINER_RECORD, layout.CANARY)
+
+
+class DecryptError(SnapshotError):
+    """A file could not be decrypted: wrong key, or the ciphertext was changed."""
+
+
+def encrypts(relpath):
+    return any(relpath == item or (item.endswith("/") and relpath.startswith(item)) for item in ENCRYPTED)
+
+
+def key_id(key):
+    return hashlib.sha256(b"inferops.snapshot encryption key id\n" + key).hexdigest()[:16]
+
+
+def load_key(value, field="encryption_key", snapshot_dir=None):
+    """32 key bytes from text (base64 or hex) or the path of a root-owned 0600 file outside the store."""
+    if not HAS_CRYPTOGRAPHY:
+        raise ParameterError("%s: encrypting snapshots needs the Python library cryptography on this host "
+                             "(pip install cryptography, or Debian's python3-cryptography)" % field, field=field)
+    if value.startswith("/"):
+        try:
+            st = os.stat(value)
+            with open(value, "rb") as handle:
+                data = handle.read(4096)
+        except (IOError, OSError) as exc:
+            raise ParameterError("%s: cannot read the key file %s: %s" % (field, value, exc), field=field)
+        if st.st_uid not in (0, os.geteuid()) or stat.S_IMODE(st.st_mode) & 0o077:
+            raise ParameterError("%s: %s must be owned by root and mode 0600 or 0400 (it is uid %d, mode %o)"
+                                 % (field, value, st.st_uid, stat.S_IMODE(st.st_mode)), field=field)
+        if snapshot_dir:
+            if signature.inside(value, signature.store_root(snapshot_dir)):
+                raise ParameterError("%s: %s lies in the snapshot store; keep keys where the store cannot reach them"
+                                     % (field, value), field=field)
+        if len(data) == 32:
+            return data
+        value = data.decode("ascii", "replace").strip()
+    for decode in (lambda text: binascii.unhexlify(text), lambda text: base64.b64decode(text, validate=True)):
+        try:
+            key = decode(value.strip())
+        except (ValueError, binascii.Error, TypeError):
+            continue
+        if len(key) == 32:
+            return key
+    raise ParameterError("%s: not a 256-bit key: give 32 bytes as hex or base64 (openssl rand -base64 32), or the path "
+                         "of a file holding them" % field, field=field)
+
+
+def load_keys(values, field="encryption_keys"):
+    """{key id: key} of the keys a restore may decrypt with."""
+    keys = {}
+    for index, value in enumerate(values or []):
+        key = load_key(value, "%s[%d]" % (field, index))
+        keys[key_id(key)] = key
+    return keys
+
+
+def _aad(relpath, index, last):
+    return b"inferops.snapshot/" + relpath.encode("utf-8") + struct.pack("<IB", index, 1 if last else 0)
+
+
+def _chunks(size, chunk_bytes):
+    count = max(1, (size + chunk_bytes - 1) // chunk_bytes)
+    return [(index, index * chunk_bytes, min(chunk_bytes, size - index * chunk_bytes)) for index in range(count)]
+
+
+def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None):
+    """Encrypt ``source`` into ``target`` (0600); returns the ciphertext's size (sealing hashes it)."""
+    cipher = AESGCM(key)
+    prefix = os.urandom(8)
+    size = os.path.getsize(source)
+    plan = _chunks(size, chunk_bytes)
+    header = HEADER.pack(MAGIC, prefix, chunk_bytes, size)
+    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+    try:
+        os.write(fd_out, header)
+
+        def seal_chunk(item):
+            index, offset, length = item
+            data = os.pread(fd_in, length, offset)
+            if len(data) != length:
+                raise OSError("%s shrank while it was encrypted" % source)
+            return cipher.encrypt(prefix + struct.pack("<I", index), data, _aad(relpath, index, index == len(plan) - 1))
+
+        sealed = bounded_map(pool, seal_chunk, plan)
+        written = HEADER.size
+        for block in sealed:
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd_out, view):]
+            written += len(block)
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+    return written
+
+
+def decrypt_file(keys, source, target, relpath, pool=None):
+    """Decrypt ``source`` into ``target`` (0600) with the right one of ``keys`` ({id: key}); DecryptError otherwise."""
+    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        head = os.pread(fd_in, HEADER.size, 0)
+        if len(head) != HEADER.size:
+            raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
+        magic, prefix, chunk_bytes, size = HEADER.unpack(head)
+        if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
+            raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
+        plan = _chunks(size, chunk_bytes)
+        expected = HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan)
+        if os.fstat(fd_in).st_size != expected:
+            raise DecryptError("decrypt_failed: %s has %d bytes, its header promises %d"
+                               % (relpath, os.fstat(fd_in).st_size, expected))
+        ciphers = [AESGCM(key) for key in keys.values()]
+        fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        try:
+            def open_chunk(item):
+                index, offset, length = item
+                block = os.pread(fd_in, length + TAG_BYTES, HEADER.size + offset + index * TAG_BYTES)
+                nonce, aad = prefix + struct.pack("<I", index), _aad(relpath, index, index == len(plan) - 1)
+                for cipher in ciphers:
+                    try:
+                        return offset, cipher.decrypt(nonce, block, aad)
+                    except InvalidTag:
+                        continue
+                raise DecryptError("decrypt_failed: chunk %d of %s does not authenticate (a wrong key, or the "
+                                   "ciphertext was changed)" % (index, relpath))
+
+            for offset, data in bounded_map(pool, open_chunk, plan):
+                os.pwrite(fd_out, data, offset)
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+
+
+def bounded_map(pool, function, items, window=8):
+    """``function`` over ``items`` in order, at most ``window`` ahead of the consumer (memory stays bounded)."""
+    if pool is None:
+        for item in items:
+            yield function(item)
+        return
+    pending = []
+    for item in items:
+        pending.append(pool.submit(function, item))
+        if len(pending) >= window:
+            yield pending.pop(0).result()
+    for future in pending:
+        yield future.result()
+
+
+def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None):
+    """Encrypt ``relpaths`` of ``source_dir`` to the same paths below ``target_dir`` (directories 0700)."""
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for rel in relpaths:
+            paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
+            encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool)
+
+
+def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None):
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for rel in relpaths:
+            paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
+            decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool)
+
+
+def read_small(snapshot_dir, relpath, recorded, keys):
+    """The plaintext bytes of a small file of a snapshot whose manifest is ``recorded`` (decrypted when it is
+    stored encrypted); for the container record a module needs before the node's runtime takes over."""
+    path = os.path.join(snapshot_dir, relpath)
+    described = (recorded or {}).get("encryption")
+    if not described or relpath not in described["files"]:
+        with open(path, "rb") as handle:
+            return handle.read()
+    if described["key_id"] not in keys:
+        raise ParameterError("encryption_keys: the snapshot is encrypted with key %s; give that key"
+                             % described["key_id"], field="encryption_keys")
+    scratch = tempfile.mkdtemp(prefix="inferops-plain-", dir="/dev/shm")
+    try:
+        decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch, "f"), relpath)
+        with open(os.path.join(scratch, "f"), "rb") as handle:
+            return handle.read()
+    finally:
+        paths.remove_tree(scratch)
+
+
+def describe(key, relpaths, chunk_bytes=CHUNK_BYTES):
+    """The manifest's ``encryption``: which files, how, with which key (by id)."""
+    return {"algorithm": ALGORITHM, "chunk_bytes": chunk_bytes, "key_id": key_id(key), "files": sorted(relpaths)}
