@@ -6,7 +6,6 @@ import ast
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
