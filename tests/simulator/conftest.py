@@ -37,6 +37,35 @@ for _n in ("aclsimBackgroundThreadRegister", "aclsimBackgroundThreadWaitIfLocked
            "aclsimBackgroundThreadUnregister"):
     getattr(sim, _n).argtypes = [ctypes.c_char_p]
     getattr(sim, _n).restype = None
+class CopyStats(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("devices", ctypes.c_int32), ("bytes", ctypes.c_uint64),
+                ("copySeconds", ctypes.c_double), ("modelledSeconds", ctypes.c_double),
+                ("totalSeconds", ctypes.c_double), ("gbps", ctypes.c_double)]
+sim.aclsimGetLastCopy.argtypes = [ctypes.POINTER(CopyStats)]
+
+def last_copy():
+    """aclsimGetLastCopy as a dict: kind (0 none, 1 backup, 2 restore), devices, bytes, seconds."""
+    stats = CopyStats()
+    assert sim.aclsimGetLastCopy(ctypes.byref(stats)) == 0
+    return dict((name, getattr(stats, name)) for name, _type in CopyStats._fields_)
+
+def timed(fn, *args):
+    t0 = time.monotonic()
+    fn(*args)
+    return time.monotonic() - t0
+
+def device_mapping(dev):
+    """smaps fields (kB) of this process's mapping of device `dev`'s file."""
+    path = os.path.join(DEV_DIR, "device%d" % dev)
+    fields, inside = dict(), False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            inside = line.rstrip("\n").endswith(path) or line.rstrip("\n").endswith(path + " (deleted)")
+        elif inside and head[0].endswith(":") and len(head) >= 2 and head[1].isdigit():
+            fields[head[0][:-1]] = int(head[1])
+    return fields
+
 DEV_DIR = os.environ["ACL_SIM_DEVICE_DIR"]
 CTL = os.path.join({sim_dir!r}, "aclsim_ctl.py")
 

@@ -473,15 +473,19 @@ def test_device_memory_lives_outside_the_process(sim):
     assert r["dir_mode"] == "0o700"
     # the process is gone; its device memory is still in the device file
     path = sim.device_path(0)
-    assert path.stat().st_size == 64 << 20
-    assert path.stat().st_blocks * 512 < 8 << 20  # sparse
+    before = path.stat()
+    assert before.st_size == 64 << 20
+    assert before.st_blocks * 512 >= 64 << 20  # allocated whole when the device was created
     os.environ["ACL_SIM_DEVICE_DIR"] = str(sim.device_dir)
     try:
         assert aclsim_ctl.peek(0, 4096, 4096).hex() == r["payload"]
         assert aclsim_ctl.is_busy(0) is False
         subprocess.run([sys.executable, str(SIM_DIR / "aclsim_ctl.py"), "reset", "0"], check=True,
                        env=sim.env)
-        assert not path.exists()
+        after = path.stat()  # wiped: a new zeroed device of the same size, its memory allocated again
+        assert after.st_size == 64 << 20 and after.st_blocks * 512 >= 64 << 20
+        assert aclsim_ctl.peek(0, 4096, 4096) == bytes(4096)
+        assert sorted(os.listdir(sim.device_dir)) == ["device0"]
     finally:
         del os.environ["ACL_SIM_DEVICE_DIR"]
     r2 = sim.run('''
@@ -513,6 +517,9 @@ def test_backup_reset_restore_gives_the_original_bytes(sim):
         ctl.reset(0)                                  # pod deleted: device memory gone
         RESULT["reset_c"] = sim.aclsimDeviceReset(1)  # same through the simulator export
         RESULT["files_after_reset"] = sorted(os.listdir(DEV_DIR))
+        RESULT["allocated_after_reset"] = [os.stat(os.path.join(DEV_DIR, "device%d" % d)).st_blocks * 512 >= 64 << 20
+                                           for d in (0, 1)]
+        RESULT["zeros_after_reset"] = [ctl.peek(0, 0, n) == bytes(n), ctl.peek(1, 0, 5000) == bytes(5000)]
         rt.snapshot_restore()
         RESULT["busy_restored"] = [ctl.is_busy(0), ctl.is_busy(1)]
         rt.snapshot_unlock()
@@ -524,7 +531,8 @@ def test_backup_reset_restore_gives_the_original_bytes(sim):
     assert r["busy_backed_up"] == [False, False]  # backup released the devices
     assert r["backup_bytes"] == (1 << 20) + 5120
     assert r["reset_c"] == 0
-    assert r["files_after_reset"] == []
+    assert r["files_after_reset"] == ["device0", "device1"]  # the devices stay, their memory is wiped
+    assert r["allocated_after_reset"] == [True, True] and r["zeros_after_reset"] == [True, True]
     assert r["busy_restored"] == [True, True]
     assert r["same0"] is True and r["same1"] is True and r["file0"] is True
 
@@ -663,10 +671,13 @@ def test_version_meminfo_and_defaults(sim):
         st = os.stat(os.path.join(DEV_DIR, "device2"))
         RESULT["size"] = st.st_size
         RESULT["allocated"] = st.st_blocks * 512
-    ''', env={"ACL_SIM_DEVICE_MEM_BYTES": None, "ACL_SIM_VERSION": "9.2.1", "ACL_SIM_DEVICE_COUNT": "4"})
+        RESULT["gbps"] = last_copy()["gbps"]
+    ''', env={"ACL_SIM_DEVICE_MEM_BYTES": None, "ACL_SIM_VERSION": "9.2.1", "ACL_SIM_DEVICE_COUNT": "4",
+             "ACL_SIM_DEVICE_PREALLOC": "none"})
     assert r["version"] == "9.2.1"
     assert r["total"] == 1 << 30 and r["hbm"] == 1 << 30 and r["size"] == 1 << 30
-    assert r["allocated"] < 16 << 20
+    assert r["allocated"] < 16 << 20  # ACL_SIM_DEVICE_PREALLOC=none: a sparse file
+    assert r["gbps"] == 0  # no copy yet
     assert r["delta"] == 1024
     assert r["count"] == 4
     r2 = sim.run('RESULT["v"] = rt.version(); RESULT["bad"] = code(rt.set_device, 8)')

@@ -7,6 +7,9 @@
  * locked, background-thread parking with a timeout, stage callbacks, and the error codes.
  * Device memory lives outside the process (one shared-memory file per device) so that only a
  * backup into process memory followed by a restore brings it back after the device is reset.
+ * Its costs are modelled on the device's: the memory is allocated once, when the device file is
+ * created (as HBM is there before any process uses it), and a copy between host and device takes
+ * at least bytes / ACL_SIM_COPY_GBPS (a DMA over the device's link), not the host's page faults.
  * See include/acl/acl_snapshot_sim.h for the documented behaviour and the environment knobs.
  */
 #define _GNU_SOURCE
@@ -33,6 +36,15 @@
 #define SIM_MAX_CALLBACKS 64
 #define SIM_STAGES 6
 #define SIM_DEFAULT_DIR "/dev/shm/aclsim"
+#define SIM_HUGE (2ULL << 20)          /* the 2 MiB pages device memory is gathered into */
+#define SIM_DEFAULT_COPY_GBPS 25.0     /* see docs/simulator.md "The cost model" */
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux >= 6.1; older kernels answer EINVAL and keep 4 KiB pages */
+#endif
+
+enum { PREALLOC_NONE = 0, PREALLOC_PAGES = 1, PREALLOC_HUGE = 2 };
+enum { COPY_NONE = 0, COPY_BACKUP = 1, COPY_RESTORE = 2 };
 
 typedef struct {
     uint64_t off;
@@ -67,6 +79,7 @@ static uint32_t g_blocked;
 static int g_inited;
 static uint64_t g_backup_bytes;
 static sim_device_t g_dev[SIM_MAX_DEVICES];
+static aclsimCopyStats g_last_copy; /* the last backup or restore copy */
 
 static pthread_mutex_t g_snap_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises snapshot calls */
 static __thread int t_in_snapshot;
@@ -115,6 +128,21 @@ static long long env_ll(const char *name, long long def, long long lo, long long
     return v;
 }
 
+static double env_double(const char *name, double def, double lo, double hi)
+{
+    const char *s = getenv(name);
+    if (s == NULL || *s == '\0') {
+        return def;
+    }
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || v != v) {
+        return def;
+    }
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
 static void sim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sim_log(int level, const char *fmt, ...)
 {
@@ -152,6 +180,27 @@ static int device_count(void)
 static uint64_t device_mem_bytes(void)
 {
     return (uint64_t)env_ll("ACL_SIM_DEVICE_MEM_BYTES", 1LL << 30, 4096, 1LL << 40);
+}
+
+/* GB/s (10^9 bytes) of a copy between host and device memory; 0: not modelled (host speed). */
+static double copy_gbps(void)
+{
+    return env_double("ACL_SIM_COPY_GBPS", SIM_DEFAULT_COPY_GBPS, 0.0, 100000.0);
+}
+
+static int prealloc_mode(void)
+{
+    const char *s = getenv("ACL_SIM_DEVICE_PREALLOC");
+    if (s == NULL || *s == '\0' || strcmp(s, "huge") == 0 || strcmp(s, "2") == 0) {
+        return PREALLOC_HUGE;
+    }
+    if (strcmp(s, "pages") == 0 || strcmp(s, "1") == 0) {
+        return PREALLOC_PAGES;
+    }
+    if (strcmp(s, "none") == 0 || strcmp(s, "0") == 0) {
+        return PREALLOC_NONE;
+    }
+    return PREALLOC_HUGE;
 }
 
 static long long lock_timeout_ms(void)
@@ -216,6 +265,59 @@ static void deadline_after_ms(struct timespec *ts, long long ms)
     }
 }
 
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Seconds the device takes to move `bytes` between host and device memory (0: not modelled). */
+static double modelled_seconds(uint64_t bytes)
+{
+    double gbps = copy_gbps();
+    return gbps > 0.0 ? (double)bytes / (gbps * 1e9) : 0.0;
+}
+
+/* Called without g_mu: sleeps until `t0 + modelled`, so that a copy the host did faster than the
+ * device would takes as long as the device's. A slower host copy is not shortened. */
+static void pace_until(double t0, double modelled)
+{
+    double target = t0 + modelled;
+    if (modelled <= 0.0 || mono_now() >= target) {
+        return;
+    }
+    struct timespec ts;
+    ts.tv_sec = (time_t)target;
+    ts.tv_nsec = (long)((target - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* g_mu held: remembers a backup or restore copy (aclsimGetLastCopy); total is filled in later. */
+static void note_copy(int kind, int ndev, uint64_t bytes, double copy_s)
+{
+    g_last_copy.kind = kind;
+    g_last_copy.devices = ndev;
+    g_last_copy.bytes = bytes;
+    g_last_copy.copySeconds = copy_s;
+    g_last_copy.modelledSeconds = modelled_seconds(bytes);
+    g_last_copy.totalSeconds = copy_s;
+    g_last_copy.gbps = copy_gbps();
+}
+
+/* After pace_until: the copy's duration as the caller saw it. */
+static void note_copy_total(double t0)
+{
+    pthread_mutex_lock(&g_mu);
+    g_last_copy.totalSeconds = mono_now() - t0;
+    pthread_mutex_unlock(&g_mu);
+}
+
 /* g_mu held. Blocks the calling thread while the process is locked (GLOBAL_STATE_WAIT_IF_LOCKED). */
 static void wait_if_locked(const char *fn)
 {
@@ -250,6 +352,72 @@ static uint64_t device_extent(const sim_device_t *d)
         return 0;
     }
     return d->allocs[d->nallocs - 1].off + d->allocs[d->nallocs - 1].size;
+}
+
+/* Maps `size` bytes of the device file shared, at a 2 MiB-aligned address, so that memory held in
+ * 2 MiB pages is mapped 2 MiB at a time (one fault, not 512). MAP_FAILED on failure. */
+static void *map_device(int fd, uint64_t size)
+{
+    size_t span = (size_t)size + (size_t)SIM_HUGE;
+    void *reserve = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserve == MAP_FAILED) {
+        return MAP_FAILED;
+    }
+    uintptr_t lo = (uintptr_t)reserve;
+    uintptr_t at = (lo + (uintptr_t)SIM_HUGE - 1) & ~((uintptr_t)SIM_HUGE - 1);
+    void *p = mmap((void *)at, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        munmap(reserve, span);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (at > lo) {
+        munmap(reserve, at - lo);
+    }
+    uintptr_t end = at + (uintptr_t)size;
+    uintptr_t reserve_end = lo + span;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    end = (end + page - 1) & ~((uintptr_t)page - 1);
+    if (reserve_end > end) {
+        munmap((void *)end, reserve_end - end);
+    }
+    return p;
+}
+
+/* Allocates the device's memory once, as a device's HBM exists before any process uses it: every
+ * page of the file (fallocate: on tmpfs, zeroed RAM), then, for PREALLOC_HUGE, gathered into
+ * 2 MiB pages (MADV_COLLAPSE), as the runtime's allocator hands out huge pages first
+ * (ACL_MEM_MALLOC_HUGE_FIRST). Where the filesystem or the kernel cannot, the file keeps what it
+ * got (logged at level 2). Returns 0, or -1 with errno when the memory cannot be allocated. */
+static int device_prealloc(int dev, int fd, uint64_t size, int mode)
+{
+    if (mode == PREALLOC_NONE || size == 0) {
+        return 0;
+    }
+    double t0 = mono_now();
+    if (fallocate(fd, 0, 0, (off_t)size) != 0) {
+        if (errno == EOPNOTSUPP || errno == ENOSYS) {
+            sim_log(LOG_INFO, "device %d: the filesystem cannot pre-allocate (%s); pages come on first use", dev,
+                    strerror(errno));
+            return 0;
+        }
+        return -1;
+    }
+    const char *huge = "not asked";
+    if (mode == PREALLOC_HUGE) {
+        void *p = map_device(fd, size);
+        if (p == MAP_FAILED) {
+            huge = "no (cannot map)";
+        } else {
+            huge = madvise(p, (size_t)size, MADV_COLLAPSE) == 0 ? "yes" : errno == EINVAL ? "no (not supported here)"
+                                                                                           : "partly (memory fragmented)";
+            munmap(p, (size_t)size);
+        }
+    }
+    sim_log(LOG_INFO, "device %d: %llu bytes of device memory allocated in %.3f s (2 MiB pages: %s)", dev,
+            (unsigned long long)size, mono_now() - t0, huge);
+    return 0;
 }
 
 /* Opens/creates, flocks and maps the device file. min_size: the device must be at least this
@@ -289,7 +457,14 @@ static aclError device_open(int dev, uint64_t min_size, aclError busy_code, aclE
         close(fd);
         return fail_code;
     }
-    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* First open of a new (or resized) device: its memory is allocated now, once. */
+    if ((uint64_t)st.st_blocks * 512ULL < size && device_prealloc(dev, fd, size, prealloc_mode()) != 0) {
+        sim_log(LOG_ERROR, "cannot allocate the %llu bytes of device %d (%s): %s", (unsigned long long)size, dev,
+                path, strerror(errno));
+        close(fd);
+        return fail_code;
+    }
+    void *p = map_device(fd, size);
     if (p == MAP_FAILED) {
         sim_log(LOG_ERROR, "cannot map device %d (%s): %s", dev, path, strerror(errno));
         close(fd);
@@ -369,12 +544,14 @@ static aclError resolve_device_ptr(const void *p, uint64_t len, unsigned char **
     return ACL_ERROR_INVALID_PARAM;
 }
 
-/* Re-opens every device in use that is not mapped. copy: put the backup back. On failure the
+/* Re-opens every device in use that is not mapped. copy: put the backup back (the time from the
+ * first open to the last byte is noted for aclsimGetLastCopy; the caller paces it). On failure the
  * devices opened by this call are closed again and the backups are kept. */
 static aclError reopen_devices(int copy, aclError busy_code, aclError fail_code)
 {
     int opened[SIM_MAX_DEVICES];
     int nopened = 0;
+    double t0 = mono_now();
     for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
         sim_device_t *d = &g_dev[dev];
         if (d->refcount <= 0 || d->base != NULL) {
@@ -389,6 +566,8 @@ static aclError reopen_devices(int copy, aclError busy_code, aclError fail_code)
         }
         opened[nopened++] = dev;
     }
+    uint64_t total = 0;
+    int ncopied = 0;
     for (int i = 0; i < nopened; i++) {
         sim_device_t *d = &g_dev[opened[i]];
         if (copy && d->has_saved) {
@@ -397,10 +576,15 @@ static aclError reopen_devices(int copy, aclError busy_code, aclError fail_code)
                 memcpy(d->base + d->allocs[k].off, d->saved + pos, (size_t)d->allocs[k].size);
                 pos += d->allocs[k].size;
             }
+            total += d->saved_bytes;
+            ncopied++;
             sim_log(LOG_EVENT, "device %d restored: %llu bytes copied back", opened[i],
                     (unsigned long long)d->saved_bytes);
         }
         device_drop_saved(d);
+    }
+    if (copy) {
+        note_copy(COPY_RESTORE, ncopied, total, mono_now() - t0);
     }
     return ACL_SUCCESS;
 }
@@ -412,7 +596,9 @@ static aclError backup_devices(void)
     int copied[SIM_MAX_DEVICES];
     int ncopied = 0;
     uint64_t total = 0;
+    uint64_t moved = 0; /* bytes this call copied off the devices */
     int ndev = 0;
+    double t0 = mono_now();
     for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
         sim_device_t *d = &g_dev[dev];
         if (d->refcount <= 0) {
@@ -446,10 +632,12 @@ static aclError backup_devices(void)
         d->has_saved = 1;
         copied[ncopied++] = dev;
         total += bytes;
+        moved += bytes;
     }
     for (int i = 0; i < ncopied; i++) {
         device_close(&g_dev[copied[i]]);
     }
+    note_copy(COPY_BACKUP, ncopied, moved, mono_now() - t0);
     g_backup_bytes = total;
     sim_log(LOG_EVENT, "backup: %llu bytes of %d device(s) copied to host memory",
             (unsigned long long)total, ndev);
@@ -632,9 +820,13 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBa
     }
     if (rc == ACL_SUCCESS) {
         pthread_mutex_lock(&g_mu);
+        double t0 = mono_now();
         rc = backup_devices();
+        double modelled = g_last_copy.modelledSeconds;
         pthread_mutex_unlock(&g_mu);
         if (rc == ACL_SUCCESS) {
+            pace_until(t0, modelled); /* the device's DMA into host memory */
+            note_copy_total(t0);
             rc = invoke_callbacks(ACL_RT_SNAPSHOT_BACKUP_POST);
             pthread_mutex_lock(&g_mu);
             if (rc == ACL_SUCCESS) {
@@ -670,9 +862,18 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessRestore(int pid, aclrtSnapShotR
     if (rc == ACL_SUCCESS) {
         pthread_mutex_lock(&g_mu);
         sim_log(LOG_EVENT, "start to restore resource");
+        double t0 = mono_now();
         rc = reopen_devices(1, ACL_ERROR_SNAPSHOT_RESTORE_FAILED, ACL_ERROR_SNAPSHOT_RESTORE_FAILED);
+        double modelled = g_last_copy.modelledSeconds;
         pthread_mutex_unlock(&g_mu);
         if (rc == ACL_SUCCESS) {
+            pace_until(t0, modelled); /* the device's DMA from host memory */
+            note_copy_total(t0);
+            pthread_mutex_lock(&g_mu);
+            sim_log(LOG_EVENT, "restore copy: %llu bytes in %.3f s (host copy %.3f s, modelled %.3f s at %g GB/s)",
+                    (unsigned long long)g_last_copy.bytes, g_last_copy.totalSeconds, g_last_copy.copySeconds,
+                    g_last_copy.modelledSeconds, g_last_copy.gbps);
+            pthread_mutex_unlock(&g_mu);
             sim_log(LOG_EVENT, "the resource is restored successfully");
             rc = invoke_callbacks(ACL_RT_SNAPSHOT_RESTORE_POST);
         }
@@ -979,6 +1180,7 @@ ACL_FUNC_VISIBILITY aclError aclrtMemcpy(void *dst, size_t destMax, const void *
     aclError rc = ACL_SUCCESS;
     unsigned char *hd = NULL;
     unsigned char *hs = NULL;
+    double t0 = 0.0;
     pthread_mutex_lock(&g_mu);
     wait_if_locked(__func__);
     if (kind != ACL_MEMCPY_HOST_TO_HOST && current_device() < 0) {
@@ -1005,11 +1207,15 @@ ACL_FUNC_VISIBILITY aclError aclrtMemcpy(void *dst, size_t destMax, const void *
     } else {
         hs = (unsigned char *)(uintptr_t)src;
     }
+    t0 = mono_now();
     if (rc == ACL_SUCCESS && count > 0) {
         memmove(hd, hs, count);
     }
 out:
     pthread_mutex_unlock(&g_mu);
+    if (rc == ACL_SUCCESS && (kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_HOST)) {
+        pace_until(t0, modelled_seconds(count)); /* over the device's link, as the DMA would */
+    }
     return rc;
 }
 
@@ -1107,17 +1313,49 @@ ACL_FUNC_VISIBILITY void aclsimBackgroundThreadWaitIfLocked(const char *name)
 ACL_FUNC_VISIBILITY aclError aclsimDeviceReset(int32_t deviceId)
 {
     char path[4096];
+    char fresh[4200];
     if (deviceId < 0 || deviceId >= SIM_MAX_DEVICES) {
         return ACL_ERROR_RT_INVALID_DEVICEID;
     }
     if (device_path(deviceId, path, sizeof(path)) != 0) {
         return ACL_ERROR_INVALID_PARAM;
     }
+    struct stat st;
+    int existed = stat(path, &st) == 0;
     if (unlink(path) != 0 && errno != ENOENT) {
         sim_log(LOG_ERROR, "aclsimDeviceReset: cannot remove %s: %s", path, strerror(errno));
         return ACL_ERROR_RT_DRV_INTERNAL_ERROR;
     }
-    sim_log(LOG_EVENT, "device %d reset: %s removed", deviceId, path);
+    int mode = prealloc_mode();
+    if (!existed || st.st_size <= 0 || mode == PREALLOC_NONE) {
+        sim_log(LOG_EVENT, "device %d reset: %s removed", deviceId, path);
+        return ACL_SUCCESS;
+    }
+    /* The memory is wiped, the device stays: a new zeroed file of the same size, allocated now
+     * (not by the restore that comes next), put in place only once complete. */
+    snprintf(fresh, sizeof(fresh), "%s/.device%d.reset.%d", device_dir(), (int)deviceId, (int)getpid());
+    int fd = open(fresh, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int ok = fd >= 0 && ftruncate(fd, st.st_size) == 0 && device_prealloc(deviceId, fd, (uint64_t)st.st_size, mode) == 0;
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (ok && link(fresh, path) != 0 && errno != EEXIST) { /* EEXIST: a process created a fresh one meanwhile */
+        ok = 0;
+    }
+    unlink(fresh);
+    sim_log(LOG_EVENT, "device %d reset: %s wiped%s", deviceId, path,
+            ok ? " (zeroed, its memory allocated again)" : " (removed; the next open creates it)");
+    return ACL_SUCCESS;
+}
+
+ACL_FUNC_VISIBILITY aclError aclsimGetLastCopy(aclsimCopyStats *stats)
+{
+    if (stats == NULL) {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    pthread_mutex_lock(&g_mu);
+    *stats = g_last_copy;
+    pthread_mutex_unlock(&g_mu);
     return ACL_SUCCESS;
 }
 

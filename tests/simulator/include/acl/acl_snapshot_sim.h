@@ -10,7 +10,15 @@
  *   ACL_SIM_DEVICE_DIR        directory of the device memory files   (default /dev/shm/aclsim,
  *                             created with mode 0700; one file "device<N>" per device)
  *   ACL_SIM_DEVICE_MEM_BYTES  size of each device's memory            (default 1 GiB; K/M/G suffix
- *                             accepted; sparse file, 4 KiB .. 1 TiB)
+ *                             accepted; 4 KiB .. 1 TiB)
+ *   ACL_SIM_DEVICE_PREALLOC   when a device file is created (or grown): "huge" (default) allocates
+ *                             all of its memory at once and gathers it into 2 MiB pages where the
+ *                             kernel can (MADV_COLLAPSE); "pages" allocates it in 4 KiB pages;
+ *                             "none" leaves a sparse file (pages come on first use)
+ *   ACL_SIM_COPY_GBPS         bandwidth of a copy between host and device memory, GB/s (10^9
+ *                             bytes): backup, restore and host<->device aclrtMemcpy take at least
+ *                             bytes / this (default 25: PCIe 4.0 x16 at 80 %; 0 = not modelled,
+ *                             the host's memcpy speed; 0 .. 100000)
  *   ACL_SIM_DEVICE_COUNT      number of devices reported/allowed      (default 8, 1..64)
  *   ACL_SIM_LOCK_TIMEOUT_MS   how long Lock waits for registered background threads to park,
  *                             and Unlock for them to leave            (default 5000; the real
@@ -19,7 +27,8 @@
  *   ACL_SIM_LOG               0 errors/warnings only (default), 1 + events, 2 + info; to stderr
  *
  * Device memory model: device N's memory is the file ${ACL_SIM_DEVICE_DIR}/deviceN, mapped
- * MAP_SHARED and held with an exclusive flock() while the process has the device open. Device
+ * MAP_SHARED (2 MiB-aligned) and held with an exclusive flock() while the process has the device
+ * open; its memory is allocated once, when the file is created (ACL_SIM_DEVICE_PREALLOC). Device
  * pointers are NOT host addresses: they are ACL_SIM_DEVICE_VA_BASE + (N << 40) + offset and are
  * only meaningful to aclrtMemcpy/aclrtFree. Allocations are 512-byte aligned, first fit.
  *
@@ -41,9 +50,11 @@
  *   Order inside the calls (as in the runtime):
  *     Lock:    LOCK_PRE callbacks, state check, RUNNING->LOCKED, wait for background threads
  *              (timeout or failure -> back to RUNNING, blocked threads woken).
- *     Backup:  state check, BACKUP_PRE, copy device memory to host + release the devices,
- *              BACKUP_POST, ->BACKED_UP. (A failing BACKUP_POST puts the data back: LOCKED.)
- *     Restore: state check, RESTORE_PRE, re-open devices + copy back, RESTORE_POST, ->LOCKED.
+ *     Backup:  state check, BACKUP_PRE, copy device memory to host + release the devices
+ *              (at least bytes / ACL_SIM_COPY_GBPS), BACKUP_POST, ->BACKED_UP. (A failing
+ *              BACKUP_POST puts the data back: LOCKED.)
+ *     Restore: state check, RESTORE_PRE, re-open devices + copy back (at least bytes /
+ *              ACL_SIM_COPY_GBPS), RESTORE_POST, ->LOCKED.
  *     Unlock:  state check, (from BACKED_UP: re-open devices WITHOUT copying), ->RUNNING,
  *              wake blocked threads, wait for background threads to leave, UNLOCK_POST.
  *   A snapshot call made from inside a snapshot callback fails with that call's failure code.
@@ -175,9 +186,26 @@ ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDevice(void);
 ACL_FUNC_VISIBILITY void aclsimBackgroundThreadRegister(const char *name);
 ACL_FUNC_VISIBILITY void aclsimBackgroundThreadWaitIfLocked(const char *name);
 ACL_FUNC_VISIBILITY void aclsimBackgroundThreadUnregister(const char *name);
-/* "Pod deleted": removes ${ACL_SIM_DEVICE_DIR}/device<N>; the next open creates a zeroed one.
- * A process that still has the old file mapped keeps its (now orphaned) mapping. */
+/* "Pod deleted": wipes device <N>. Its file ${ACL_SIM_DEVICE_DIR}/device<N> is removed and, when it
+ * existed and ACL_SIM_DEVICE_PREALLOC is not "none", replaced by a zeroed one of the same size
+ * whose memory is allocated now (the device stays; only its content is gone). Without a file, the
+ * next open creates a zeroed one. A process that still has the old file mapped keeps its (now
+ * orphaned) mapping. */
 ACL_FUNC_VISIBILITY aclError aclsimDeviceReset(int32_t deviceId);
+/* The last backup or restore copy: kind 0 none yet, 1 backup, 2 restore; devices and bytes
+ * copied; copySeconds: the host's copy (device open and map included); modelledSeconds: bytes /
+ * ACL_SIM_COPY_GBPS; totalSeconds: the copy as the caller waited for it, max(copy, modelled)
+ * plus scheduling; gbps: the rate in effect (0: not modelled). */
+typedef struct {
+    int32_t kind;
+    int32_t devices;
+    uint64_t bytes;
+    double copySeconds;
+    double modelledSeconds;
+    double totalSeconds;
+    double gbps;
+} aclsimCopyStats;
+ACL_FUNC_VISIBILITY aclError aclsimGetLastCopy(aclsimCopyStats *stats);
 /* Tests only: 0 RUNNING, 1 LOCKED, 2 BACKED_UP (callers of the real runtime track state). */
 ACL_FUNC_VISIBILITY int aclsimGetState(void);
 /* Bytes copied to host memory by the last successful backup (0 before any). */
