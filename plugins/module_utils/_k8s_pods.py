@@ -106,6 +106,9 @@ class PodChanger:
                         "the pod is bound to node %s by its nodeSelector but its snapshot is on node %s" % (pinned, node))
                 _index, container = svc.engine_container(pod, self.params["container"])
                 wanted = {svc.RESTORE_FROM_ANNOTATION: restore_from,
+                          # the fingerprint the generation recorded: the node's runtime restores only that snapshot
+                          svc.RESTORE_CHECKSUM_ANNOTATION: (state["record"].get(info["name"]) or {}).get("checksum")
+                          if restore_from else None,
                           svc.A_RESTORE: svc.RESTORE_PENDING if restore_from else svc.RESTORE_COLD,
                           svc.A_RESTORE_REASON: reason}
                 if restore_from:

@@ -212,6 +212,9 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
            # the restore marker, from the annotation the restore role sets before the container exists
            {"name": "INFEROPS_RESTORE_FROM",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-from']"}}},
+           # ... and the fingerprint the generation recorded: the runtime restores only that very snapshot
+           {"name": "INFEROPS_RESTORE_CHECKSUM",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-checksum']"}}},
            # the runtime checks the snapshot's identity against the pod's (a snapshot of another pod is refused)
            {"name": "INFEROPS_RESTORE_IDENTITY",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['snapshot.inferops.org/identity']"}}}]
@@ -379,11 +382,11 @@ class Kubelet:
             volume = volumes[mount["name"]]
             if "hostPath" in volume:
                 source = volume["hostPath"]["path"]
-            elif "emptyDir" in volume:
-                source = self.workdir / pod["metadata"]["uid"] / mount["name"]
+            elif "emptyDir" in volume:  # the real kubelet's layout: pods/<uid>/volumes/<plugin>/<name>
+                source = self.workdir / pod["metadata"]["uid"] / "volumes" / "kubernetes.io~empty-dir" / mount["name"]
                 source.mkdir(parents=True, exist_ok=True)
             else:  # downwardAPI: files written once, at creation (the real kubelet keeps them updated)
-                source = self.workdir / pod["metadata"]["uid"] / mount["name"]
+                source = self.workdir / pod["metadata"]["uid"] / "volumes" / "kubernetes.io~downward-api" / mount["name"]
                 source.mkdir(parents=True, exist_ok=True)
                 for item in volume["downwardAPI"]["items"]:
                     (source / item["path"]).write_text(self.field(pod, item["fieldRef"]["fieldPath"]) or "")

@@ -28,7 +28,7 @@ from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, wr
 from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, status
 
 NODE = "node-a"
 RUNTIME_CLASS = "inferops-restore"  # the pods' runtimeClassName; its handler is the runtime the role installed
@@ -254,7 +254,10 @@ def test_recreated_pod_is_restored_by_the_runtime_with_its_new_environment(gener
     assert rc == 0, output[-4000:]
     ann = api.annotations(pod)
     snapshot_dir = svc.snapshot_dir("p0", pod)
-    assert ann["org.inferops.restore-from"] == snapshot_dir
+    assert ann.get("org.inferops.restore-from") == snapshot_dir, (ann.get("snapshot.inferops.org/restore"),
+                                                                  ann.get("snapshot.inferops.org/restore-reason"))
+    # the pod names the very snapshot the generation published: its manifest checksum, which the runtime compares
+    assert ann["org.inferops.restore-checksum"] == manifest.fingerprint(snapshot_dir) is not None, ann
     assert ann["snapshot.inferops.org/restore"] == "restored", ann
     assert "snapshot.inferops.org/restore-reason" not in ann
     spec = api.pod(pod)["spec"]

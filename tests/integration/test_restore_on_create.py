@@ -293,7 +293,7 @@ def test_corrupted_snapshot_comes_back_cold(node, warm):
     c.remove()
 
 
-@pytest.mark.parametrize("case", ["outside_roots", "missing", "bad_timeout"])
+@pytest.mark.parametrize("case", ["outside_roots", "missing", "bad_timeout", "another_generation"])
 def test_unusable_requests_come_back_cold(node, warm, tmp_path, case):
     if case == "outside_roots":
         outside = tmp_path / "elsewhere" / warm["pod"]
@@ -301,6 +301,9 @@ def test_unusable_requests_come_back_cold(node, warm, tmp_path, case):
         env, reason = {"INFEROPS_RESTORE_FROM": str(outside)}, "unsafe_path:"
     elif case == "missing":
         env, reason = {"INFEROPS_RESTORE_FROM": str(node.roots / "nothing" / warm["pod"])}, "missing:"
+    elif case == "another_generation":  # intact and signed as far as it goes, but not the one the orchestrator chose
+        env, reason = {"INFEROPS_RESTORE_FROM": warm["snapshot_dir"], "INFEROPS_RESTORE_CHECKSUM": "0" * 64}, \
+            "checksum_mismatch: the snapshot was recorded as " + "0" * 64
     else:
         env, reason = {"INFEROPS_RESTORE_FROM": warm["snapshot_dir"], "INFEROPS_RESTORE_TIMEOUT": "soon"}, "bad_request:"
     c = warm["recreate"](**env)

@@ -85,11 +85,31 @@ def test_a_copy_of_the_same_weights_elsewhere_matches(models, tmp_path):
     recorded = recorded_world(models)
     copy = tmp_path / "replica"
     subprocess.run(["cp", "-r", str(models), str(copy)], check=True)  # other inodes, other mtimes
-    assert world.compare(recorded, world.oci_facts(spec(copy)), "4.2.1", "1.1.5") == [
-        "mounts_mismatch: /models was %s (ro), now %s (ro)" % (models, copy)]
-    moved = dict(recorded, process=dict(recorded["process"], mounts=[
-        dict(m, source=str(copy)) if m["destination"] == "/models" else m for m in recorded["process"]["mounts"]]))
-    assert world.compare(moved, world.oci_facts(spec(copy)), "4.2.1", "1.1.5") == []
+    # mounts are matched where the process sees them: the same weights from another host path are the same world
+    assert world.compare(recorded, world.oci_facts(spec(copy)), "4.2.1", "1.1.5") == []
+    (copy / "tiny.gguf").write_bytes(os.urandom(3 * 1024 * 1024))
+    assert world.compare(recorded, world.oci_facts(spec(copy)), "4.2.1", "1.1.5")[0].startswith(
+        "files_mismatch: /models/tiny.gguf changed")
+
+
+def test_per_pod_volumes_are_compared_by_presence_and_mode_only(models, tmp_path):
+    """A downward API volume holds the pod's own name (another in every new pod) and a projected one its rotating
+    token: neither is what the engine loaded. Their presence and mode still count."""
+    def pod_info(uid, name):
+        metadata = tmp_path / uid / "volumes" / "kubernetes.io~downward-api" / "metadata"
+        metadata.mkdir(parents=True)
+        (metadata / "name").write_text(name)
+        info = docker_info(models)
+        info["Mounts"].append({"Type": "bind", "Source": str(metadata), "Destination": "/etc/metadata", "RW": False})
+        return info
+    recorded = world.capture(world.docker_facts(pod_info("uid-a", "engine-0")), "4.2.1", "1.1.5")
+    assert "/etc/metadata" not in recorded["files"] and "/models" in recorded["files"]
+    assert world.compare(recorded, world.docker_facts(pod_info("uid-b", "engine-1")), "4.2.1", "1.1.5") == []
+    writable = pod_info("uid-c", "engine-2")
+    writable["Mounts"][-1]["RW"] = True
+    assert world.compare(recorded, world.docker_facts(writable), "4.2.1", "1.1.5") == [
+        "mounts_mismatch: /etc/metadata was %s (ro), now %s (rw)" % (
+            tmp_path / "uid-a" / "volumes" / "kubernetes.io~downward-api" / "metadata", writable["Mounts"][-1]["Source"])]
 
 
 @pytest.mark.parametrize("change, prefix", [

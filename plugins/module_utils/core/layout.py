@@ -84,6 +84,7 @@ DEFAULT_AGENT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
 # (setting, annotation, environment variable): the annotation wins when both are set, since
 # orchestrators set annotations and image authors set env.
 ANNOTATION_RESTORE_FROM = "org.inferops.restore-from"
+ANNOTATION_RESTORE_CHECKSUM = "org.inferops.restore-checksum"
 ENV_RESTORE_FROM = "INFEROPS_RESTORE_FROM"
 RESTORE_REQUEST_KEYS = (
     ("snapshot", ANNOTATION_RESTORE_FROM, ENV_RESTORE_FROM),
@@ -93,7 +94,7 @@ RESTORE_REQUEST_KEYS = (
     ("device", "org.inferops.restore-device", "INFEROPS_RESTORE_DEVICE"),
     ("runtime_version", "org.inferops.restore-runtime-version", "INFEROPS_RESTORE_RUNTIME_VERSION"),
     ("image_id", "org.inferops.restore-image-id", None),
-    ("checksum", "org.inferops.restore-checksum", "INFEROPS_RESTORE_CHECKSUM"),  # the fingerprint it must have
+    ("checksum", ANNOTATION_RESTORE_CHECKSUM, "INFEROPS_RESTORE_CHECKSUM"),  # the fingerprint it must have
     ("metadata_file", "org.inferops.metadata-file", ENV_METADATA_FILE),
     ("agent_socket_dir", "org.inferops.agent-socket-dir", ENV_AGENT_SOCKET_DIR),
 )

@@ -16,8 +16,15 @@ SHA-256 of SAMPLES blocks of SAMPLE_BYTES spread evenly over the file (its first
 included), plus device, inode and modification time. Content (size + samples) is compared always,
 so a copy of the same weights on another node or a shared store matches; when the file is the very
 same one (same device and inode) its modification time is compared too, which catches a file
-rewritten in place even where no sampled block changed. Read-write mounts (caches, logs) are the
-engine's own state: only their source and destination are compared.
+rewritten in place even where no sampled block changed.
+
+Mounts are matched by where the process sees them (the destination), not by their host source: a
+new pod's volumes live under its own pod directory, and a clone on another node mounts the same
+weights from another path. What the process sees must match: read-only or read-write, and for a
+read-only mount the files in it. Read-write mounts (caches, logs, sockets) are the engine's own
+state; volumes the kubelet writes per pod (downward API, projected, secrets: the pod's name, its
+service-account token) say who the pod is, not what the engine loaded, and change with every pod
+and every rotation: for both only the presence and the mode are compared.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -36,6 +43,10 @@ SAMPLE_BYTES = 64 * 1024
 MAX_FILES = 10000          # per read-only mount; more is refused at generation rather than half-recorded
 COLLECTION_VERSION = layout.COLLECTION_VERSION
 SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")
+# Host sources whose content is per pod or per container, written by the kubelet or dockerd, never the engine's
+# inputs (the kubelet's volume plugin directories, dockerd's hostname/hosts/resolv.conf).
+VOLATILE_SOURCE_PARTS = ("/volumes/kubernetes.io~downward-api/", "/volumes/kubernetes.io~projected/",
+                         "/volumes/kubernetes.io~secret/", "/var/lib/docker/containers/")
 
 
 class WorldError(ValueError):
@@ -166,12 +177,18 @@ def open_files(pid):
     return files
 
 
+def volatile(source):
+    """Whether a mount's host source is written per pod or per container (see VOLATILE_SOURCE_PARTS)."""
+    return any(part in (source or "") + "/" for part in VOLATILE_SOURCE_PARTS)
+
+
 def capture(process, criu_version=None, runc_version=None, pid=None):
     """The manifest's ``world``: ``process`` (docker_facts, or for a bare process {args, cwd}) plus the
-    fingerprints of every file in its read-only mounts and the host's versions."""
+    fingerprints of every file in its read-only mounts (not the volatile ones) and the host's versions."""
     files = {}
     for mount in process.get("mounts") or []:
-        if not mount["rw"] and mount.get("source") and os.path.exists(mount["source"]):
+        if not mount["rw"] and not volatile(mount.get("source")) and mount.get("source") \
+                and os.path.exists(mount["source"]):
             files[mount["destination"]] = tree_fingerprints(mount["source"])
     facts = {"process": process, "files": files, "host": host_facts(criu_version, runc_version)}
     if pid is not None:  # a bare process: its files are host files, fingerprinted one by one
@@ -260,10 +277,12 @@ def _mount_reasons(was, now):
         if other is None:
             reasons.append("mounts_mismatch: %s (from %s) is not mounted in the new container"
                            % (mount["destination"], mount["source"]))
-        elif (other["source"], other["rw"]) != (mount["source"], mount["rw"]):
+        elif other["rw"] != mount["rw"]:
             reasons.append("mounts_mismatch: %s was %s (%s), now %s (%s)" % (
                 mount["destination"], mount["source"], "rw" if mount["rw"] else "ro", other["source"],
                 "rw" if other["rw"] else "ro"))
+    # A mount only the new container has is not compared: the restored process never opened anything in it,
+    # and runtimes add their own (dockerd's /etc/hosts, the kubelet's termination log) that inspect never lists.
     return reasons
 
 
