@@ -13,7 +13,7 @@ import time
 import pytest
 
 import conftest
-from conftest import MODULE_UTILS, REPO, Workload, ensure_agent_package, reset_device, run_module
+from conftest import MODULE_UTILS, REPO, Workload, ensure_agent_package, reset_device
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (
@@ -102,10 +102,15 @@ def state(w):
     return w.client.request("state", 5)
 
 
+def state_if(w, check):
+    """The agent's state reply when ``check(reply)`` holds, else None."""
+    reply = state(w)
+    return reply if check(reply) else None
+
+
 def running_again(w, timeout):
-    reply, waited = wait_until(lambda: (lambda r: r if r["state"] == "RUNNING" else None)(state(w)), timeout,
-                               "the engine RUNNING again")
-    return reply, waited
+    """(the state reply, seconds waited) once the engine is RUNNING."""
+    return wait_until(lambda: state_if(w, lambda r: r["state"] == "RUNNING"), timeout, "the engine RUNNING again")
 
 
 def test_a_backed_up_engine_whose_lease_runs_out_is_restored_and_unlocked(engine, device_dir):
@@ -131,7 +136,7 @@ def test_a_locked_engine_whose_lease_runs_out_is_unlocked_and_its_blocked_reques
     thread.start()
     time.sleep(0.3)
     assert thread.is_alive(), "a device read went through while the engine was locked"
-    reply, _ = running_again(engine, 5)
+    reply = running_again(engine, 5)[0]
     thread.join(10)
     assert done["answer"] == engine.expected[0]
     assert reply["abandoned"]["previous_state"] == "LOCKED" and reply["abandoned"]["actions"] == ["unlock"]
@@ -155,13 +160,13 @@ def test_the_record_stays_until_a_later_lock_or_unlock_and_renew_then_says_why_i
 def test_renewals_keep_the_lease_and_it_runs_out_after_the_last_one(engine):
     engine.client.request("lock", 5, lease=1.0)
     engine.client.request("backup", 5)  # no lease field: the lock's lease is kept
-    for _ in range(6):  # 2.4 s, over twice the lease
+    for renewal in range(6):  # 2.4 s, over twice the lease
         time.sleep(0.4)
         renewed = engine.client.request("renew", 5)  # no lease field: the current one's length
-        assert renewed["ok"] and renewed["changed"] is False and renewed["state"] == "BACKED_UP"
+        assert renewed["ok"] and renewed["changed"] is False and renewed["state"] == "BACKED_UP", renewal
         assert renewed["lease"]["seconds"] == 1.0 and renewed["lease"]["remaining_s"] > 0.9
     last = time.monotonic()
-    reply, _ = running_again(engine, 5)
+    reply = running_again(engine, 5)[0]
     assert 0.8 < time.monotonic() - last < 2.5
     assert reply["abandoned"]["actions"] == ["restore", "unlock"]
     assert [engine.generate(p) for p in PROMPTS] == engine.expected
@@ -180,7 +185,7 @@ def test_an_unlock_ends_the_lease_and_without_a_lease_nothing_is_done_for_the_ca
     with pytest.raises(RuntimeRefusedError, match="field 'lease': required to renew when no lease is held"):
         engine.client.request("renew", 5)
     assert engine.client.request("renew", 5, lease=0.5)["lease"]["seconds"] == 0.5  # a renew can start one
-    reply, _ = running_again(engine, 5)
+    reply = running_again(engine, 5)[0]
     assert reply["abandoned"]["actions"] == ["unlock"]
 
 
@@ -196,6 +201,11 @@ def test_a_lock_that_fails_holds_no_lease(workload_factory):
     assert client.request("state", 5)["abandoned"] is None
 
 
+def lease_dropped(client):
+    reply = client.request("state", 5)
+    return reply if reply["lease"] is None else None
+
+
 def test_the_watchdog_waits_for_a_call_that_outlived_its_request(workload_factory):
     """A lock still running in the runtime when the lease runs out is acted on once it ends."""
     w = workload_factory(WORKLOAD_STUCK_BACKGROUND_THREAD=1, ACL_SIM_LOCK_TIMEOUT_MS=1500).start()
@@ -206,8 +216,7 @@ def test_the_watchdog_waits_for_a_call_that_outlived_its_request(workload_factor
     time.sleep(0.4)
     during = client.request("state", 5)
     assert during["busy_with"] == "lock" and during["lease"]["expired"] is True, during
-    reply, _ = wait_until(lambda: (lambda r: r if r["lease"] is None else None)(client.request("state", 5)), 5,
-                          "the lease dropped")
+    reply = wait_until(lambda: lease_dropped(client), 5, "the lease dropped")[0]
     assert reply["state"] == "RUNNING" and reply["abandoned"] is None  # the lock failed (507905): nothing held
 
 
@@ -219,8 +228,8 @@ def test_a_restore_that_fails_is_retried_and_never_followed_by_an_unlock(engine,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        reply, _ = wait_until(lambda: (lambda r: r if (r["abandoned"] or {}).get("errors") else None)(state(engine)),
-                              5, "a failed restore in the record")
+        reply = wait_until(lambda: state_if(engine, lambda r: (r["abandoned"] or {}).get("errors")), 5,
+                           "a failed restore in the record")[0]
         assert reply["state"] == "BACKED_UP", "an unlock without the restore would serve released device memory"
         error = reply["abandoned"]["errors"][0]
         assert error["op"] == "restore" and "507909" in error["message"], error
@@ -232,7 +241,7 @@ def test_a_restore_that_fails_is_retried_and_never_followed_by_an_unlock(engine,
     finally:
         holder.stdin.close()
         holder.wait(10)
-    reply, _ = running_again(engine, 10)  # the next attempt, LEASE_RETRY_SECONDS later
+    reply = running_again(engine, 10)[0]  # the next attempt, LEASE_RETRY_SECONDS later
     assert reply["abandoned"]["actions"] == ["restore", "unlock"] and len(reply["abandoned"]["errors"]) >= 1
     assert [engine.generate(p) for p in PROMPTS] == engine.expected
 
@@ -269,8 +278,7 @@ print(json.dumps(out))
 '''
 
 
-def test_a_restored_copy_drops_the_lease_of_the_process_it_was_checkpointed_from(simulator_library, device_dir,
-                                                                                   tmp_path):
+def test_a_restored_copy_drops_the_lease_of_the_process_it_was_checkpointed_from(simulator_library, device_dir, tmp_path):
     script = tmp_path / "restored_copy.py"
     script.write_text(textwrap.dedent(SCENARIO.format(agent_parent=str(ensure_agent_package()),
                                                       library=str(simulator_library))))

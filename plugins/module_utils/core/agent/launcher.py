@@ -139,13 +139,15 @@ class Controller:
     def describe(self):
         with self._info_lock:
             info = dict(self._engine_info)
+        with self._lease_lock:  # the state and its lease as of one moment (an unlock drops the lease with it)
+            state, lease = self.state, self._lease_view()
         reply = {
             "pid": os.getpid(),
-            "state": self.state,
+            "state": state,
             "devices": sorted(self.runtime.devices_in_use) if self.runtime else [],
             "runtime_version": None,
             "engine": info,
-            "lease": self._lease_view(),
+            "lease": lease,
             "abandoned": self._abandoned_view(),
         }
         if self.runtime is not None:
@@ -391,7 +393,10 @@ class Controller:
             except Exception as exc:  # the engine must survive anything a request triggers
                 outcome["internal"] = exc
             else:
-                self.state = protocol.TRANSITIONS[op][1]
+                with self._lease_lock:
+                    self.state = protocol.TRANSITIONS[op][1]
+                    if op == protocol.OP_UNLOCK:  # RUNNING: nothing left for a lease to protect
+                        self._drop_lease()
 
         started = self._clock()
         worker = threading.Thread(target=call, name="inferops-agent-%s" % op, daemon=True)
@@ -517,4 +522,3 @@ def main(argv=None):
         server.close()
         controller.close()
     return 0
-
