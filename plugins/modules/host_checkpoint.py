@@ -24,7 +24,7 @@ description:
     changes nothing on disk.
   - The process must be BACKED_UP (device memory copied into host memory) so that the checkpoint
     carries the device state; a leave-running checkpoint leaves it BACKED_UP, resume it with
-    M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked).
+    M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked), or let O(resume) do it right after the checkpoint.
 requirements:
   - jsonschema (Python library) on the target host
   - CRIU >= 4.2 on PATH, C(criu check) passing; root
@@ -67,6 +67,16 @@ options:
     description: Keep the process running after the checkpoint (it stays BACKED_UP until resumed).
     type: bool
     default: true
+  resume:
+    description:
+      - Resume the engine (restore its device memory and unlock it, as M(inferops.snapshot.npu_snapshot_lock)
+        C(state=unlocked) does) right after the checkpoint, before the snapshot is encrypted, hashed, flushed and
+        published: the engine is locked only for the device backup and the checkpoint. Needs O(leave_running) and
+        O(require_device_part). When the resume fails the snapshot is still completed and RV(resumed) says why;
+        resume the engine then as without this option.
+      - V(false) leaves the engine BACKED_UP for the caller to resume (the roles resume it at once).
+    type: bool
+    default: false
   timeout:
     description: Seconds the whole generation may take; past it the checkpoint is stopped and cleaned up.
     type: float
@@ -204,7 +214,7 @@ progress:
   type: list
   elements: str
 durations:
-  description: Seconds per stage (C(preflight), C(checkpoint), C(seal), C(publish)) and C(total).
+  description: Seconds per stage (C(preflight), C(checkpoint), C(resume), C(encrypt), C(seal), C(publish)) and C(total).
   returned: always
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}
@@ -215,6 +225,13 @@ replaced_because:
   returned: when a snapshot was already published
   type: list
   elements: str
+resumed:
+  description:
+    - What O(resume) did (C(actions), the engine's C(state) after them, C(error) when it failed); null when the engine
+      was left to the caller.
+  returned: when a generation ran
+  type: dict
+  sample: {actions: [restore, unlock], state: RUNNING, error: null}
 signed_by:
   description: Id of the key that signed the snapshot (null when O(signing_key) was not given).
   returned: success
@@ -249,6 +266,7 @@ ARGUMENT_SPEC = dict(
     snapshot_dir=dict(type="path", required=True),
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
     leave_running=dict(type="bool", default=True),
+    resume=dict(type="bool", default=False),
     timeout=dict(type="float", default=300.0),
     if_exists=dict(type="str", default="keep", choices=["keep", "replace", "fail"]),
     method=dict(type="str", default="runc", choices=["runc", "docker"]),

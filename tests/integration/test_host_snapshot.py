@@ -13,7 +13,10 @@ import uuid
 
 import pytest
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import generate, manifest
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak
+from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint as host_checkpoint_module
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
@@ -112,6 +115,38 @@ def test_generation_publishes_a_complete_snapshot_and_keeps_serving(warm_snapsho
                                            "min_size": 1000000})
     assert check["valid"] is True and check["reasons"] == [], check
     assert check["throughput_mb_s"] > 0 and check["files"] >= 10
+
+
+def test_resume_serves_again_before_the_snapshot_is_sealed(warm_snapshot, tmp_path):
+    """resume: the engine is unlocked once the backup and the checkpoint are taken; hashing, fsync and the publish
+    run while it serves, and the snapshot is as complete as without it."""
+    w = warm_snapshot
+    pod = "resume-%s" % uuid.uuid4().hex[:6]
+    snap = snapshot_path(tmp_path, pod)
+    backup = run_module("npu_snapshot_backup", {"container": w["container"].name, "lock": True, "snapshot_dir": snap,
+                                                "identity": identity(pod)})
+    assert backup["state"] == "BACKED_UP", backup
+    client = AgentSocketClient.for_pid(int(docker("inspect", "--format", "{{.State.Pid}}", w["container"].name)))
+    seen = {}
+
+    def log(line):
+        if "sealing" in line:  # the first step after the resume: the engine must serve already
+            seen["state"] = client.request("state", 5)["state"]
+            seen["answer"] = w["container"].generate(PROMPTS[0])
+
+    params = {name: spec.get("default") for name, spec in host_checkpoint_module.ARGUMENT_SPEC.items()}
+    params.update(container=w["container"].name, snapshot_dir=snap, identity=identity(pod), timeout=120, resume=True)
+    result = generate.host_checkpoint(params, log=log)
+    assert result["status"] == "completed" and result["resumed"] == {
+        "actions": ["restore", "unlock"], "state": "RUNNING", "error": None}, result
+    assert seen == {"state": "RUNNING", "answer": w["expected"][0]}, seen
+    durations = result["durations"]
+    assert durations["resume"] > 0 and list(durations).index("resume") < list(durations).index("seal"), durations
+    check = run_module("snapshot_verify", {"snapshot_dir": snap, "identity": identity(pod), "image": w["image"]})
+    assert check["valid"] is True, check
+    assert manifest.load_manifest(snap)["device"]["state"] == "BACKED_UP"  # what a restore resumes from
+    again = run_module("npu_snapshot_lock", {"container": w["container"].name, "state": "unlocked"})
+    assert again["changed"] is False and again["actions"] == [], again
 
 
 def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):

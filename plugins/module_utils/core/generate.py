@@ -180,8 +180,26 @@ class Checkpointer:
             capture.join()
         if "error" in self.world:
             raise ParameterError("the world of the process could not be recorded: %s" % self.world["error"])
-        if self.encryption_key is not None:
-            self.encrypt()
+
+    def resume_engine(self):
+        """Serve again as soon as both parts are taken: the device part (the backup, in the engine's host memory
+        and in the staging directory) and the checkpoint. Encrypting, hashing, fsync and publishing need the
+        engine no more, so they run after it, and the lock window is the backup + the checkpoint + this."""
+        if not (self.params.get("resume") and self.params["leave_running"] and self.agent is not None):
+            return None
+        if self.keeper:  # the lease is no longer needed once the engine runs; lost already: refuse as before
+            self.keeper.check("resuming the engine")
+            self.keeper.stop()
+            self.keeper = None
+        with self.watch.stage("resume"):
+            try:
+                actions, reply = device.resume(self.agent, min(self.remaining("resuming the engine"), 60.0))
+            except SnapshotError as exc:  # the snapshot is sound; the role's unlock step tries again
+                self.progress.note("the engine could not be resumed: %s" % exc.msg, force=True)
+                return {"actions": [], "state": None, "error": exc.msg}
+        self.progress.note("engine resumed (%s) %.2f s after the checkpoint began"
+                           % (", ".join(actions) or "was running", self.watch.elapsed()), force=True)
+        return {"actions": actions, "state": reply.get("state"), "error": None}
 
     def encrypt(self):
         """Everything that holds the process's memory or environment, encrypted into the staging directory."""
@@ -253,6 +271,9 @@ class Checkpointer:
                                force=True)
             with self.watch.stage("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
+            result["resumed"] = self.resume_engine()
+            if self.encryption_key is not None:
+                self.encrypt()
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
             self.remaining("sealing")
             with self.watch.stage("seal"):
