@@ -139,8 +139,8 @@ class Controller:
     def describe(self):
         with self._info_lock:
             info = dict(self._engine_info)
-        with self._lease_lock:  # the state and its lease as of one moment (an unlock drops the lease with it)
-            state, lease = self.state, self._lease_view()
+        with self._lease_lock:  # the state, its lease and the record as of one moment (see _run)
+            state, lease, abandoned = self.state, self._lease_view(), self._abandoned_view()
         reply = {
             "pid": os.getpid(),
             "state": state,
@@ -148,7 +148,7 @@ class Controller:
             "runtime_version": None,
             "engine": info,
             "lease": lease,
-            "abandoned": self._abandoned_view(),
+            "abandoned": abandoned,
         }
         if self.runtime is not None:
             try:
@@ -272,10 +272,11 @@ class Controller:
                     "renewed_at": lease["renewed_at"], "by": lease["by"]}
 
     def _abandoned_view(self):
-        record = self._abandoned
-        if record is None:
-            return None
-        return dict(record, actions=list(record["actions"]), errors=list(record["errors"]))
+        with self._lease_lock:
+            record = self._abandoned
+            if record is None:
+                return None
+            return dict(record, actions=list(record["actions"]), errors=list(record["errors"]))
 
     def _renew(self, lease):
         with self._lease_lock:
@@ -359,23 +360,29 @@ class Controller:
         steps = {protocol.STATE_BACKED_UP: protocol.OP_RESTORE, protocol.STATE_LOCKED: protocol.OP_UNLOCK}
         while self.state in steps:
             op = steps[self.state]
-            reply = self._run(op, protocol.DEFAULT_TIMEOUT)
-            if not reply["ok"]:
-                record["errors"].append({"at": _utc(self._wall()), "op": op, "message": reply["error"]["message"]})
-                del record["errors"][:-10]
+
+            def done(op=op):  # in the call's thread, with the state change (a late call's too)
+                record["actions"].append(op)
                 record["state"] = self.state
+
+            reply = self._run(op, protocol.DEFAULT_TIMEOUT, then=done)
+            if not reply["ok"]:
+                with self._lease_lock:
+                    record["errors"].append({"at": _utc(self._wall()), "op": op, "message": reply["error"]["message"]})
+                    del record["errors"][:-10]
+                    record["state"] = self.state
                 _log("lease watchdog: %s failed (%s); retrying in %.0f s"
                      % (op, reply["error"]["message"], self.LEASE_RETRY_SECONDS))
                 self._arm(self.BUSY_RETRY_SECONDS if reply["error"]["kind"] == protocol.KIND_TIMEOUT
                           else self.LEASE_RETRY_SECONDS)
                 return
-            record["actions"].append(op)
-        record["state"] = self.state
         _log("lease watchdog: the engine is %s again after %s" % (self.state, ", ".join(record["actions"]) or "nothing"))
         self._drop_lease()
 
     # ------------------------------------------------------------------ the ACL calls
-    def _run(self, op, timeout):
+    def _run(self, op, timeout, then=None):
+        """Make the ACL call in a thread of its own, waiting ``timeout`` for it; ``then()`` runs with the
+        state change, under the lease lock, so that no reply shows one without the other."""
         previous = self.state
         calls = {
             protocol.OP_LOCK: self.runtime.snapshot_lock,
@@ -397,6 +404,8 @@ class Controller:
                     self.state = protocol.TRANSITIONS[op][1]
                     if op == protocol.OP_UNLOCK:  # RUNNING: nothing left for a lease to protect
                         self._drop_lease()
+                    if then is not None:
+                        then()
 
         started = self._clock()
         worker = threading.Thread(target=call, name="inferops-agent-%s" % op, daemon=True)
