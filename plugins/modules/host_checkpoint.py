@@ -71,7 +71,7 @@ options:
     description:
       - Resume the engine (restore its device memory and unlock it, as M(inferops.snapshot.npu_snapshot_lock)
         C(state=unlocked) does) right after the checkpoint, before the snapshot is encrypted, hashed, flushed and
-        published: the engine is locked only for the device backup and the checkpoint. Needs O(leave_running) and
+        published, so that the engine is locked only for the device backup and the checkpoint. Needs O(leave_running) and
         O(require_device_part). When the resume fails the snapshot is still completed and RV(resumed) says why;
         resume the engine then as without this option.
       - V(false) leaves the engine BACKED_UP for the caller to resume (the roles resume it at once).
