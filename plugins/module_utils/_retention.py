@@ -23,7 +23,7 @@ import os
 import re
 import stat
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, metadata, paths, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, fleet, layout, metadata, paths, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
@@ -33,6 +33,7 @@ _STATUS = re.compile(r"^\.(.+)\.status\.json$")
 _STAGING = re.compile(r"^\.(.+)\.partial$")
 _OLD = re.compile(r"^\.(.+)\.old\.\d+$")
 _CLAIM = re.compile(r"^\.(.+)%s$" % re.escape(layout.CLAIM_SUFFIX))
+_RESTORES = re.compile(r"^\.(.+)%s$" % re.escape(layout.RESTORES_SUFFIX))
 LEVELS = ("namespace", "service", "instance")
 
 
@@ -147,7 +148,8 @@ def scan(root, now):
             full = os.path.join(directory, name)
             mode = os.lstat(full).st_mode
             kind = pod = None
-            for pattern, what in ((_STATUS, "status"), (_STAGING, "staging"), (_OLD, "old"), (_CLAIM, "claim")):
+            for pattern, what in ((_STATUS, "status"), (_STAGING, "staging"), (_OLD, "old"), (_CLAIM, "claim"),
+                                  (_RESTORES, "restores")):
                 match = pattern.match(name)
                 if match:
                     kind, pod = what, match.group(1)
@@ -162,7 +164,8 @@ def scan(root, now):
             key = (prefix["namespace"], prefix["service"], prefix["instance"], pod)
             entry = pods.setdefault(key, {"identity": identity, "snapshot_dir": os.path.join(directory, pod),
                                           "published": False, "status": None, "status_path": None, "claim": None,
-                                          "leftovers": [], "manifest": None, "age": None})
+                                          "leftovers": [], "manifest": None, "age": None, "restores_path": None,
+                                          "restoring": []})
             if kind == "snapshot":
                 entry["published"] = True
                 entry["manifest"] = _read_manifest(full)
@@ -171,6 +174,9 @@ def scan(root, now):
             elif kind == "status":
                 entry["status_path"] = full
                 entry["status"] = status.read(entry["snapshot_dir"])
+            elif kind == "restores":  # restores in progress, on any node that mounts this store (fleet.py)
+                entry["restores_path"] = full
+                entry["restoring"] = fleet.in_progress(entry["snapshot_dir"], now)
             elif kind == "claim":
                 entry["claim"] = claim.read(entry["snapshot_dir"])
                 if not claim.live_other(entry["snapshot_dir"], None, now):
@@ -236,6 +242,8 @@ def decide(entries, npu_dirs, policy, in_use, npu_in_use, images, now):
                 items.append((entry["snapshot_dir"], "snapshot"))
             if entry["status_path"]:
                 items.append((entry["status_path"], "status"))
+            if entry.get("restores_path"):
+                items.append((entry["restores_path"], "restores"))
             npu = npu_dirs.get(_key(entry["identity"]))
             if npu and npu not in npu_in_use:
                 items.append((npu, "npu"))
@@ -254,6 +262,10 @@ def decide(entries, npu_dirs, policy, in_use, npu_in_use, images, now):
         user = in_use.get(os.path.normpath(entry["snapshot_dir"]))
         if user:
             kept.append(dict(summary, reason="in use: %s was restored from it" % user))
+            continue
+        if entry.get("restoring"):
+            kept.append(dict(summary, reason="in use: being restored (%s)" % "; ".join(
+                fleet.describe(item) for item in entry["restoring"])))
             continue
         if entry["claim"] and claim.live_other(entry["snapshot_dir"], None, now):
             kept.append(dict(summary, reason="in use: being generated (%s)" % claim.describe(entry["claim"])))

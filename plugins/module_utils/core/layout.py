@@ -38,6 +38,7 @@ STAGING_SUFFIX = ".partial"           # .<pod>.partial: a generation being assem
 STATUS_SUFFIX = ".status.json"        # .<pod>.status.json: the status record (schemas/status.schema.json)
 OLD_INFIX = ".old."                   # .<pod>.old.<pid>: the previous snapshot while a new one is published
 CLAIM_SUFFIX = ".generation.json"     # .<pod>.generation.json: the generation that owns the pod now (claim.py)
+RESTORES_SUFFIX = ".restores.json"    # .<pod>.restores.json: restores in progress and the processes they made (fleet.py)
 
 
 def snapshot_dir(root, identity):
@@ -65,6 +66,10 @@ def claim_path(snapshot_dir_):
     return _sibling(snapshot_dir_, CLAIM_SUFFIX)
 
 
+def restores_path(snapshot_dir_):
+    return _sibling(snapshot_dir_, RESTORES_SUFFIX)
+
+
 def old_dir(snapshot_dir_, pid):
     return _sibling(snapshot_dir_, "%s%d" % (OLD_INFIX, pid))
 
@@ -86,11 +91,16 @@ DEFAULT_AGENT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
 ANNOTATION_RESTORE_FROM = "org.inferops.restore-from"
 ANNOTATION_RESTORE_CHECKSUM = "org.inferops.restore-checksum"
 ENV_RESTORE_FROM = "INFEROPS_RESTORE_FROM"
+ANNOTATION_RESTORE_SOURCE = "org.inferops.restore-source"
+ENV_RESTORE_SOURCE = "INFEROPS_RESTORE_SOURCE"
+ENV_RESTORE_IDENTITY = "INFEROPS_RESTORE_IDENTITY"
 RESTORE_REQUEST_KEYS = (
     ("snapshot", ANNOTATION_RESTORE_FROM, ENV_RESTORE_FROM),
     ("timeout", "org.inferops.restore-timeout", "INFEROPS_RESTORE_TIMEOUT"),
     ("policy", "org.inferops.restore-policy", "INFEROPS_RESTORE_POLICY"),
-    ("identity", "org.inferops.restore-identity", "INFEROPS_RESTORE_IDENTITY"),
+    ("identity", "org.inferops.restore-identity", ENV_RESTORE_IDENTITY),
+    # a clone (fleet.py): namespace/service/instance/pod of the snapshot's own pod, another instance of the same service
+    ("source", ANNOTATION_RESTORE_SOURCE, ENV_RESTORE_SOURCE),
     ("device", "org.inferops.restore-device", "INFEROPS_RESTORE_DEVICE"),
     ("runtime_version", "org.inferops.restore-runtime-version", "INFEROPS_RESTORE_RUNTIME_VERSION"),
     ("image_id", "org.inferops.restore-image-id", None),
@@ -128,6 +138,10 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "decrypt_dir": "/dev/shm",                    # tmpfs: where its plaintext lives while CRIU reads it
 }
 
+# The simulated NPU (tests/simulator): its device memory lives in files below this directory, which a container
+# gets as a bind mount; the real one is a device node (/dev/davinciN). fleet.py keys restores by either.
+ENV_SIM_DEVICE_DIR = "ACL_SIM_DEVICE_DIR"
+
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------
 K8S_SERVICE_LABEL = "inferops.org/service"
 K8S_INSTANCE_LABEL = "inferops.org/instance"
@@ -147,6 +161,9 @@ K8S_RESTORE = K8S_PREFIX + "restore"
 K8S_RESTORE_REASON = K8S_PREFIX + "restore-reason"
 K8S_METADATA = K8S_PREFIX + "metadata"          # the new pod's view of the metadata document
 K8S_RECORD_PREFIX = "inferops-snapshot-"        # ConfigMap inferops-snapshot-<service>
+K8S_POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"   # a StatefulSet pod's ordinal (Kubernetes >= 1.28)
+K8S_SNAPSHOT_NODE_LABEL_PREFIX = "snapshot.inferops.org/"  # node label <prefix><service>: this node holds snapshots of it
+K8S_GATE_DEADLINE = K8S_PREFIX + "gate-deadline"    # when a gated pod is released for a normal start (fleet.md)
 
 # -- the snapshot config (schemas/snapshot-config.schema.json) ---------------------------------------
 CONFIG_DEFAULTS = {"timeoutSeconds": 300, "minSizeBytes": 1024, "engine": "docker"}

@@ -504,6 +504,33 @@ SCHEMAS = json.loads(r'''
   "type": "object"
  },
  "metadata": {
+  "$defs": {
+   "identity": {
+    "$comment": "the same as manifest.schema.json#/$defs/identity",
+    "additionalProperties": false,
+    "properties": {
+     "instance": {
+      "type": "string"
+     },
+     "namespace": {
+      "type": "string"
+     },
+     "pod": {
+      "type": "string"
+     },
+     "service": {
+      "type": "string"
+     }
+    },
+    "required": [
+     "namespace",
+     "service",
+     "instance",
+     "pod"
+    ],
+    "type": "object"
+   }
+  },
   "$id": "inferops.snapshot:metadata:v1",
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "additionalProperties": false,
@@ -532,6 +559,17 @@ SCHEMAS = json.loads(r'''
      "type": "string"
     },
     "type": "object"
+   },
+   "identity": {
+    "description": "who this process is now: namespace/service/instance/pod of the new container or pod",
+    "oneOf": [
+     {
+      "$ref": "#/$defs/identity"
+     },
+     {
+      "type": "null"
+     }
+    ]
    },
    "namespace": {
     "type": [
@@ -565,6 +603,11 @@ SCHEMAS = json.loads(r'''
      "null"
     ]
    },
+   "restore_nonce": {
+    "description": "fresh random bytes of this very restore: what an engine re-seeds its random generators and prefixes its request ids with, so that two processes restored from one snapshot never share them",
+    "pattern": "^[0-9a-f]{32}$",
+    "type": "string"
+   },
    "restore_requested": {
     "type": "boolean"
    },
@@ -579,6 +622,17 @@ SCHEMAS = json.loads(r'''
     "type": [
      "string",
      "null"
+    ]
+   },
+   "source": {
+    "description": "a clone: the identity whose snapshot this process came back from (another instance of the same service); null or absent when it is its own",
+    "oneOf": [
+     {
+      "$ref": "#/$defs/identity"
+     },
+     {
+      "type": "null"
+     }
     ]
    },
    "uid": {
@@ -780,6 +834,17 @@ SCHEMAS = json.loads(r'''
       },
       "type": "object"
      },
+     "identity": {
+      "description": "the identity the process was restored into (a clone's differs from the snapshot's)",
+      "oneOf": [
+       {
+        "$ref": "#/$defs/identity"
+       },
+       {
+        "type": "null"
+       }
+      ]
+     },
      "name": {
       "type": [
        "string",
@@ -829,6 +894,17 @@ SCHEMAS = json.loads(r'''
       "type": [
        "string",
        "null"
+      ]
+     },
+     "source": {
+      "description": "a clone: the source identity the request declared (null: the snapshot's own pod)",
+      "oneOf": [
+       {
+        "$ref": "#/$defs/identity"
+       },
+       {
+        "type": "null"
+       }
       ]
      }
     },

@@ -50,11 +50,15 @@ def locked(snapshot_dir):
 
 
 def restore_entry(path, outcome, reason=None, container=None, name=None, pid=None, pid_start_time=None, policy=None,
-                  device_actions=None, durations=None):
-    """One restore attempt, the same shape for every path (docker, runtime, criu)."""
-    return {"path": path, "outcome": outcome, "reason": reason, "at": utc_now(), "node": os.uname()[1],
-            "container": container, "name": name, "pid": pid, "pid_start_time": pid_start_time, "policy": policy,
-            "device_actions": device_actions, "durations": dict(durations or {})}
+                  device_actions=None, durations=None, identity=None, source=None):
+    """One restore attempt, the same shape for every path (docker, runtime, criu). ``identity`` and ``source``
+    only for a clone (fleet.py): the identity it was restored into and the source the request declared."""
+    entry = {"path": path, "outcome": outcome, "reason": reason, "at": utc_now(), "node": os.uname()[1],
+             "container": container, "name": name, "pid": pid, "pid_start_time": pid_start_time, "policy": policy,
+             "device_actions": device_actions, "durations": dict(durations or {})}
+    if source is not None:
+        entry.update(identity=identity, source=source)
+    return entry
 
 
 def update(snapshot_dir, status=None, reason=None, restore=None, **fields):

@@ -34,7 +34,7 @@ import subprocess
 import time
 import traceback
 
-from .. import encryption, layout, paths, proc, signature
+from .. import encryption, fleet, layout, paths, proc, signature
 from ..clients import criu as criu_client
 from ..clients.criu import CriuCli
 from ..clients.docker import env_dict
@@ -167,6 +167,11 @@ def restore_request(spec, config):
             request["identity"] = dict(zip(("namespace", "service", "instance", "pod"), parts))
         else:
             problems.append("restore-identity: %r is not namespace/service/instance/pod" % raw["identity"])
+    if "source" in raw:  # a clone: the snapshot of another pod of the same service (fleet.py)
+        try:
+            request["source"] = fleet.parse_identity(raw["source"], "restore-source")
+        except ValueError as exc:
+            problems.append(str(exc))
     if request["checksum"] is not None and not re.match(r"^[0-9a-f]{64}$", request["checksum"]):
         problems.append("restore-checksum: %r is not a SHA-256 in hex" % request["checksum"])
     for key in ("metadata_file", "agent_socket_dir"):

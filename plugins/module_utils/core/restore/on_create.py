@@ -17,11 +17,12 @@ __metaclass__ = type
 import os
 import subprocess
 
-from .. import layout, metadata, paths, proc, world
+from .. import fleet, layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
 from ..clients.docker import env_dict
 from ..container import read_container_record
 from ..errors import SnapshotError
+from . import verify
 from .pipeline import Driver, Fallback
 
 STOP_GRACE = 10.0
@@ -68,6 +69,8 @@ class OnCreate(Driver):
         self.docker = docker            # {name, image_id} from dockerd's own record
         self.container_id = create["id"]
         self.paths = None               # (metadata file, agent socket dir) of the restored process
+        self.source = request.get("source")   # a clone: the identity of the snapshot's own pod (fleet.py)
+        self.entry = None               # this restore in the snapshot's record of restores (fleet.py)
 
     @property
     def rootfs(self):
@@ -102,6 +105,14 @@ class OnCreate(Driver):
     def image_id(self, attempt):
         return self.request["image_id"] or self.docker.get("image_id")
 
+    def expectations(self, attempt):
+        """The pod's own identity, or for a clone exactly the declared source of the same service."""
+        refused = fleet.clone_reason(self.identity, self.source)
+        if refused:
+            raise Fallback(refused)
+        return verify.expectations(self.identity, self.image_id(attempt), self.criu_version, self.runtime_version,
+                                   source=self.source)
+
     def world_now(self, recorded):
         return world.oci_facts(self.spec), self.runtime.runc.version()
 
@@ -111,6 +122,14 @@ class OnCreate(Driver):
         except (IOError, OSError, ValueError):
             old_env = {}
         self.paths = restored_process_paths(self.request, old_env, self.runtime.config)
+        try:  # never two processes restored from one snapshot on one device (fleet.py)
+            self.entry = fleet.begin(attempt.snapshot_dir, fleet.device_keys(self.spec), attempt.timeout,
+                                     identity=self.identity)
+        except fleet.Busy as exc:
+            raise Fallback(exc.reason)
+        except (IOError, OSError) as exc:
+            raise Fallback("restores_record: cannot enter this restore in %s: %s (restoring nodes need write access "
+                           "to the snapshot store)" % (layout.restores_path(attempt.snapshot_dir), exc))
 
     def prepare(self, attempt):
         """Recreate what the process had made in its old container's writable layer and needs back.
@@ -165,6 +184,10 @@ class OnCreate(Driver):
 
     def after_host_restore(self, attempt):
         """The new environment, through /proc/PID/root (which sees the container's own mounts)."""
+        try:  # the restored process holds the devices now, for as long as it runs
+            fleet.running(attempt.snapshot_dir, self.entry, attempt.pid, attempt.pid_start_time)
+        except (IOError, OSError) as exc:
+            self.runtime.log.event("restores_record", container=self.container_id, action="not updated: %s" % exc)
         try:
             self.write_metadata(attempt, "/proc/%d/root" % attempt.pid, True)
         except (IOError, OSError, ValueError) as exc:
@@ -180,6 +203,9 @@ class OnCreate(Driver):
         """Write the metadata file into the rootfs (unless a mount of the config would hide it); the runtime
         then hands the call to runc create."""
         self.runtime.drop_state(self.container_id)
+        if self.entry:
+            fleet.end(attempt.snapshot_dir, self.entry)
+            self.entry = None
         inner = self.request["metadata_file"]
         hidden = under_mount(self.spec, inner)
         if hidden:
@@ -192,14 +218,19 @@ class OnCreate(Driver):
             self.runtime.log.event("metadata", container=self.container_id, action="not written: %s" % exc)
 
     def record_fields(self, attempt):
-        return {"container": self.container_id, "name": self.docker.get("name"), "policy": self.request["policy"]}
+        fields = {"container": self.container_id, "name": self.docker.get("name"), "policy": self.request["policy"]}
+        if self.source is not None:
+            fields.update(identity=self.identity, source=self.source)
+        return fields
 
     # -- this path's own steps ----------------------------------------------------------------------
     def write_metadata(self, attempt, root, restored, inner=None):
         doc = metadata.document(env_dict((self.spec.get("process") or {}).get("env")), restored,
                                 attempt.snapshot_dir or self.request["snapshot"], "restore-on-create runtime",
                                 attempt.reason, engine="docker", container=self.docker.get("name") or self.container_id,
-                                container_id=self.container_id)
+                                container_id=self.container_id, identity=self.identity,
+                                source=self.source if restored else None,
+                                restore_nonce=fleet.new_nonce() if restored else None)
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             metadata.write_in_root(root_fd, inner or self.paths[0], doc, self.user.get("uid"), self.user.get("gid"))

@@ -15,16 +15,25 @@ __metaclass__ = type
 
 import os
 
-from .. import layout, manifest, world
+from .. import fleet, layout, manifest, world
 from ..clients.criu import CriuCli
+from ..errors import ParameterError
 
 ENGINE_HINTS = {"docker": "a Docker container: restore it with engine=docker",
                 "criu": "a bare process: restore it with engine=criu"}
 
 
-def expectations(identity=None, image_id=None, criu_version="auto", runtime_version=None, criu=None):
+def expectations(identity=None, image_id=None, criu_version="auto", runtime_version=None, criu=None, source=None):
     """What a restore here would run with. ``criu_version``: ``auto`` asks this host's CRIU, ``skip``
-    checks nothing, anything else is the version to compare with."""
+    checks nothing, anything else is the version to compare with.
+
+    ``source``: a clone (fleet.py) -- the identity of the snapshot's own pod, which the manifest must then
+    hold instead of ``identity``; exactly that one, and only of the same namespace and service as ``identity``
+    (ParameterError otherwise)."""
+    refused = fleet.clone_reason(identity, source)
+    if refused:
+        raise ParameterError(refused, field="source")
+    identity = fleet.expected_identity(identity, source)
     if criu_version == "auto":
         criu_version = (criu or CriuCli()).version()
     elif criu_version == "skip":
