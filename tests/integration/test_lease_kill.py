@@ -265,7 +265,8 @@ class ModulePlaybook:
 
 
 class Role:
-    """The real snapshot_generate role, its modules given the test's lease through module_defaults."""
+    """The real snapshot_generate role, with the test's lease: its variable snapshot_generate_lease, and the same
+    lease through module_defaults for a role that does not pass one to its modules yet."""
 
     names = {"warmup": ROLE + "Wait for the warmup", "lock": ROLE + "Device snapshot", "backup": ROLE + "Device snapshot",
              "verify": ROLE + "Checksum", "unlock": ROLE + "Unlock the engine"}
@@ -284,7 +285,8 @@ class Role:
             "    - inferops.snapshot.snapshot_generate\n" % (LEASE, LEASE))
 
     def start(self, readiness_file=None):
-        run = Playbook(self.pod.tmp, {"snapshot_generate_poll_interval": 0.2}, playbook=self.playbook,
+        run = Playbook(self.pod.tmp, {"snapshot_generate_poll_interval": 0.2, "snapshot_generate_lease": LEASE},
+                       playbook=self.playbook,
                        host_vars=self.pod.role_inventory(readiness_file))
         run.names = self.names
         return run
