@@ -85,6 +85,10 @@ def resume_process(pid, socket_dir, timeout, gone=None):
 
     The agent's listening socket comes back with the restored process: wait for it first. Returns the
     actions taken. ``gone()`` says whether the process died meanwhile (the wait then ends at once).
+
+    The restored process holds the lease of the process it was checkpointed from in its memory; its agent
+    drops that lease rather than act on it (a lease belongs to the incarnation that took it: see the
+    agent's ``launcher.incarnation``), so nothing races this restore, and the unlock ends whatever is left.
     """
     deadline = Deadline(timeout)
     client = AgentSocketClient.for_pid(pid, socket_dir)
