@@ -60,8 +60,8 @@ def wait_answer(instance, timeout=120):
             return instance.get("/v1/generate?prompt=" + urllib.parse.quote(PROMPTS[0]), timeout=5)
         except Exception:
             if time.monotonic() > deadline:
-                raise AssertionError("%s never answered; logs:\n%s" % (instance.name, docker("logs", instance.name,
-                                                                                            check=False)))
+                logs = docker("logs", instance.name, check=False)
+                raise AssertionError("%s never answered; logs:\n%s" % (instance.name, logs))
             time.sleep(0.05)
 
 
