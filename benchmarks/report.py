@@ -25,7 +25,9 @@ CHECKPOINT = [("raw_criu_dump", "raw criu dump (bare process)"),
               ("raw_runc_checkpoint", "raw runc checkpoint"),
               ("raw_runc_checkpoint_tmpfs", "raw runc checkpoint to tmpfs"),
               ("host_checkpoint_runc_hash_after", "host_checkpoint method=runc, hash_during_checkpoint=false"),
+              ("host_checkpoint_runc_unlock_task", "host_checkpoint method=runc, engine resumed by a task after it"),
               ("host_checkpoint_runc", "host_checkpoint method=runc"),
+              ("host_checkpoint_runc_encrypted", "host_checkpoint method=runc, encryption_key"),
               ("raw_docker_checkpoint", "raw docker checkpoint create"),
               ("host_checkpoint_docker", "host_checkpoint method=docker")]
 HOST_RESTORE = [("raw_criu_restore_bare", "raw criu restore (bare)"),
@@ -90,13 +92,211 @@ def table(header, rows):
     return "\n".join(lines) + "\n"
 
 
+DOCKER_RUN = [("docker_run_runtime", "docker run --runtime (restore on create, no Ansible)"),
+              ("docker_run_runtime_cold_cache", "docker run --runtime, snapshot not in page cache")]
+GOALS = {"docker_run": 1.15, "playbook_s": 3.0, "slope": 0.7, "lock_window": 1.3, "durability": 1.2}
+GIB = 1024.0
+
+
 def ttfa_variants(result):
     variants = list(TTFA)
     for method in reversed(result.get("restore_methods", [])[1:]):
         variants.insert(3, ("snapshot_restore_%s_cold_cache" % method,
                             "snapshot_restore method=%s via ansible-playbook, snapshot not in page cache" % method))
         variants.insert(3, ("snapshot_restore_" + method, "snapshot_restore method=%s via ansible-playbook" % method))
-    return variants
+    at = [v for v, _l in variants].index("raw_docker_start_checkpoint")
+    return variants[:at] + DOCKER_RUN + variants[at:]
+
+
+def fastest_method(result):
+    methods = result.get("restore_methods", [])[1:]
+    return methods[-1] if methods else None
+
+
+def floors(result, size):
+    """The floors of a restore of this size, from what the same run measured (medians; seconds).
+
+    fixed: a trivial container of the image (docker run) + CRIU restoring a tiny process;
+    hash: the snapshot's bytes at SHA-256 on all cores; hash_cpu: on one core (core-seconds);
+    criu: the bytes through one preadv into fresh memory (CRIU's page restore, one core);
+    device: the device copy alone at this size (max(host copy, modelled DMA)); device_cpu: its host copy;
+    overlapped = fixed + max((hash_cpu + criu + device_cpu) / cores, criu + device, hash): every part at its own
+    floor and all of them overlapped as far as the cores and the order (pages before the device copy) allow;
+    serial = fixed + hash + criu + device: the same parts one after another; playbook = a one-task playbook +
+    overlapped.
+    """
+    samples = result["samples"]
+    limits = result.get("limits") or {}
+    nbytes = med(samples, "checkpoint", "host_checkpoint_runc", size, "total_bytes")
+    rates = dict((key, limit(limits, key, "median")) for key in ("sha256_all_cores", "sha256_one_core", "criu_copy"))
+    device = med(samples, "device_copy", "device_copy", size)
+    device_cpu = med(samples, "device_copy", "device_copy", size, "restore.copy_s")
+    trivial, tiny = med(samples, "fixed", "docker_run_trivial"), med(samples, "fixed", "criu_restore_tiny")
+    ansible = med(samples, "fixed", "ansible_one_task")
+    if None in (nbytes, device, device_cpu, trivial, tiny) or None in rates.values():
+        return None
+    mb = nbytes / 1e6
+    out = {"bytes": nbytes, "fixed": trivial + tiny, "hash": mb / rates["sha256_all_cores"],
+           "hash_cpu": mb / rates["sha256_one_core"], "criu": mb / rates["criu_copy"], "device": device,
+           "device_cpu": device_cpu, "ansible": ansible}
+    cores = result["machine"]["nproc"] or 1
+    out["overlapped"] = out["fixed"] + max((out["hash_cpu"] + out["criu"] + device_cpu) / cores, out["criu"] + device, out["hash"])
+    out["serial"] = out["fixed"] + out["hash"] + out["criu"] + device
+    out["playbook"] = (ansible or 0.0) + out["overlapped"]
+    return out
+
+
+def slope(points):
+    """Least-squares seconds per GiB through (size MiB, seconds) points; None with fewer than two sizes."""
+    points = [(x / GIB, y) for x, y in points if y is not None]
+    if len(points) < 2:
+        return None
+    mx = sum(x for x, _y in points) / len(points)
+    my = sum(y for _x, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _y in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
+
+
+def ratio(value, floor):
+    return "%s×" % fmt(value / floor, 2) if value is not None and floor else "–"
+
+
+def render_floors(result):
+    """The goals of issue 11: each part of a restore and of a generation against its floor, in the same run."""
+    samples = result["samples"]
+    out = []
+    method = fastest_method(result)
+    restore = "snapshot_restore" + ("_" + method if method else "")
+    size_list = sizes(samples)
+    out.append("\n## Each part against its floor, measured in the same run\n")
+    out.append("Floors are medians of this run's own measurements (see docs/benchmarks.md for each one); a ratio of 1.00× "
+               "is the floor itself. Goals (issue 11, at 2 GiB): `docker run --runtime` ≤ %.2f× the overlapped floor; "
+               "`snapshot_restore` playbook ≤ %.1f s; slope ≤ %.1f s per GiB; lock window ≤ %.1f× (device backup + raw "
+               "`runc checkpoint`); generation with fsync ≤ %.1f× an fsync'd write of the snapshot.\n\n"
+               % (GOALS["docker_run"], GOALS["playbook_s"], GOALS["slope"], GOALS["lock_window"], GOALS["durability"]))
+    rows = []
+    for size in size_list:
+        f = floors(result, size)
+        if f is None:
+            continue
+        run_s = med(samples, "ttfa", "docker_run_runtime", size)
+        play = med(samples, "ttfa", restore, size)
+        rows.append([gb(size), fmt(f["bytes"] / 1e6, 0), fmt(f["fixed"]), fmt(f["hash"]), fmt(f["criu"]), fmt(f["device"]),
+                     fmt(f["overlapped"]), fmt(f["serial"]), fmt(run_s), ratio(run_s, f["overlapped"]),
+                     fmt(play), fmt(f["playbook"]), ratio(play, f["playbook"])])
+    out.append("### Restore to the first correct answer (seconds, warm page cache)\n\n")
+    out.append(table(["state", "snapshot MB", "fixed: trivial container + tiny CRIU restore", "hash, all cores", "CRIU page copy",
+                      "device copy", "overlapped floor", "serial floor", "docker run --runtime", "÷ overlapped floor",
+                      "%s (ansible-playbook)" % restore, "one-task playbook + overlapped floor", "÷ that floor"], rows))
+
+    out.append("\n### Slope from the smallest to the largest size (seconds per GiB, least squares over the medians)\n\n")
+    rows = []
+    for variant, label in (("docker_run_runtime", "docker run --runtime"), (restore, "%s (ansible-playbook)" % restore),
+                           ("docker_run_runtime_cold_cache", "docker run --runtime, not in page cache")):
+        value = slope([(size, med(samples, "ttfa", variant, size)) for size in size_list])
+        if value is not None:
+            rows.append([label, fmt(value), "≤ %.1f" % GOALS["slope"]])
+    for key, label in (("overlapped", "overlapped floor"), ("serial", "serial floor"), ("device", "device copy alone")):
+        value = slope([(size, (floors(result, size) or {}).get(key)) for size in size_list])
+        if value is not None:
+            rows.append([label, fmt(value), ""])
+    out.append(table(["what", "s per GiB", "goal"], rows))
+    if size_list:
+        out.append("\nSizes: %s.\n" % ", ".join(gb(x) for x in size_list))
+
+    out.append("\n### The lock window during generation (seconds; the engine's own log of its transitions)\n\n")
+    out.append("From the start of the engine's lock to the end of its unlock, as its agent logged them (docker logs "
+               "timestamps). Between: from the end of the backup to the start of the resume (the host checkpoint and "
+               "what drives it), of which the first part passed before host_checkpoint's task started (Ansible between "
+               "the two tasks). Floor: this generation's device backup + raw `runc checkpoint` of the same size.\n\n")
+    rows = []
+    for variant in ("host_checkpoint_runc", "host_checkpoint_runc_unlock_task", "host_checkpoint_runc_hash_after",
+                    "host_checkpoint_runc_encrypted", "host_checkpoint_docker"):
+        for size in sizes(samples, "lock_window"):
+            window = med(samples, "lock_window", variant, size)
+            if window is None:
+                continue
+            backup = med(samples, "lock_window", variant, size, "backup_s")
+            runc = med(samples, "checkpoint", "raw_runc_checkpoint", size)
+            floor = backup + runc if backup is not None and runc is not None else None
+            rows.append([variant, gb(size), fmt(window), fmt(med(samples, "lock_window", variant, size, "lock_s")), fmt(backup),
+                         fmt(med(samples, "lock_window", variant, size, "between_s")),
+                         fmt(med(samples, "lock_window", variant, size, "to_checkpoint_s")),
+                         fmt(med(samples, "lock_window", variant, size, "restore_s")),
+                         fmt(med(samples, "lock_window", variant, size, "unlock_s")), fmt(runc), fmt(floor), ratio(window, floor),
+                         n_of(samples, "lock_window", variant, size)])
+    out.append(table(["generation", "state", "lock window", "lock", "backup", "between", "of which before host_checkpoint's task",
+                      "restore", "unlock",
+                      "raw runc checkpoint", "floor: backup + runc", "÷ floor", "n"], rows))
+
+    out.append("\n### Generation with durability (seconds)\n\n")
+    out.append("`host_checkpoint` (CRIU checkpoint, seal with every file fsync'd while it is hashed, publish) against "
+               "writing the same number of bytes to one file on the same filesystem and fsync'ing it.\n\n")
+    rows = []
+    for size in sizes(samples, "checkpoint"):
+        total = med(samples, "checkpoint", "host_checkpoint_runc", size)
+        floor = med(samples, "floor", "fsync_write", size)
+        if total is None:
+            continue
+        rows.append([gb(size), fmt((med(samples, "checkpoint", "host_checkpoint_runc", size, "total_bytes") or 0) / 1e6, 0), fmt(total),
+                     fmt(med(samples, "checkpoint", "host_checkpoint_runc", size, "stages.checkpoint")),
+                     fmt(med(samples, "checkpoint", "host_checkpoint_runc", size, "stages.seal")),
+                     fmt(med(samples, "checkpoint", "host_checkpoint_runc", size, "hashing.fsync_seconds")),
+                     fmt(floor), fmt(med(samples, "floor", "fsync_write", size, "mb_s"), 0), ratio(total, floor),
+                     fmt(med(samples, "generate", "host_checkpoint_runc", size))])
+    out.append(table(["state", "snapshot MB", "host_checkpoint", "checkpoint", "seal", "fsync (overlapped with hashing)",
+                      "fsync'd write of the same bytes", "its MB/s", "÷ floor", "generate playbook wall"], rows))
+
+    out.append("\n### The device copy (the simulated NPU's cost, not the collection's)\n\n")
+    gbps = [x for x in pick(samples, "device_copy", "device_copy", None, "restore.gbps")]
+    out.append("The simulator alone (benchmarks/device_copy.py: no CRIU, no Docker, no collection code) backing up and "
+               "restoring this size's device memory, after a device reset as deleting the pod does. Modelled: bytes / "
+               "ACL_SIM_COPY_GBPS (%s GB/s in this run; docs/simulator.md \"The cost model\"); the call takes max(host copy, "
+               "modelled). Old model: each restore into a fresh sparse shmem file. In the pipeline: the device_restore stage "
+               "of the restore-on-create runtime (agent restore + unlock over its socket).\n\n"
+               % (fmt(gbps[0], 1) if gbps else "?"))
+    rows = []
+    for size in sizes(samples, "device_copy"):
+        def dc(key, size=size, variant="device_copy"):
+            return med(samples, "device_copy", variant, size, key)
+        mapped, rss = dc("mapping_kb_after.ShmemPmdMapped"), dc("mapping_kb_after.Rss")
+        nbytes = dc("restore.bytes")
+        rows.append([gb(size), fmt((nbytes or 0) / 1e6, 0), fmt(dc("restore_s")), fmt(dc("restore.copy_s")), fmt(dc("restore.modelled_s")),
+                     fmt(nbytes / 1e9 / dc("restore_s"), 1) if nbytes and dc("restore_s") else "–",
+                     "%d %%" % round(100.0 * mapped / rss) if mapped is not None and rss else "–",
+                     fmt(dc("backup_s")), fmt(dc("backup.modelled_s")),
+                     fmt(dc("restore_s", variant="device_copy_fresh_shmem")), fmt(dc("backup_s", variant="device_copy_fresh_shmem")),
+                     fmt(med(samples, "ttfa", restore, size, "runtime.durations.device_restore")),
+                     fmt(med(samples, "ttfa", "docker_run_runtime", size, "runtime.durations.device_restore"))])
+    out.append(table(["state", "device MB", "restore", "host copy", "modelled", "GB/s", "in 2 MiB pages", "backup",
+                      "backup modelled", "restore, old model", "backup, old model", "device_restore stage (%s)" % restore,
+                      "device_restore stage (docker run --runtime)"], rows))
+
+    if result.get("encryption"):
+        enc_sizes = sizes(samples, "checkpoint")
+        rows = []
+        for size in enc_sizes:
+            if not pick(samples, "checkpoint", "host_checkpoint_runc_encrypted", size) and \
+                    not [x for x in samples if x["variant"] == "host_checkpoint_runc_encrypted" and x["size_mb"] == size]:
+                continue
+            for label, plain, encrypted, section in (
+                    ("host_checkpoint", "host_checkpoint_runc", "host_checkpoint_runc_encrypted", "checkpoint"),
+                    ("%s (ansible-playbook)" % restore, restore, restore + "_encrypted", "ttfa"),
+                    ("docker run --runtime", "docker_run_runtime", "docker_run_runtime_encrypted", "ttfa")):
+                a, b = med(samples, section, plain, size), med(samples, section, encrypted, size)
+                errors = [x.get("error") or x.get("reason") for x in samples if x["section"] == section and x["variant"] == encrypted
+                          and x["size_mb"] == size and (x.get("error") or x.get("restored") is False)]
+                rows.append([gb(size), label, fmt(a), fmt(b), ratio(b, a), "; ".join(str(e)[:160] for e in errors if e) or ""])
+        out.append("\n### Encrypted vs plain (seconds; host_checkpoint encryption_key, AES-256-GCM)\n\n")
+        out.append(table(["state", "step", "plain", "encrypted", "encrypted ÷ plain", "problems"], rows))
+
+    out.append("\n### Fixed costs (seconds, size-independent; 3 times per repetition)\n\n")
+    rows = [[label, fmt(med(samples, "fixed", key)), fmt(min(pick(samples, "fixed", key) or [0]) or None), n_of(samples, "fixed", key, None)]
+            for key, label in (("ansible_one_task", "ansible-playbook, one task with a trivial module (ping, connection local)"),
+                               ("docker_run_trivial", "docker run --detach of the workload image (sleep): create + start"),
+                               ("criu_restore_tiny", "criu restore --restore-detached of a checkpointed sleep"))]
+    out.append(table(["what", "median", "best", "n"], rows))
+    return out
 
 
 def sizes(samples, section="ttfa"):
@@ -135,6 +335,8 @@ def render(result):
                "the median shows what the load of the other users left.\n\n")
     labels = [("sha256_one_core", "SHA-256, one core (hashlib)"), ("sha256_all_cores", "SHA-256, all %s cores" % m["nproc"]),
               ("memcpy", "copy into newly allocated memory (one core, page faults included)"),
+              ("memcpy_faulted", "copy into memory already faulted in (one core)"),
+              ("criu_copy", "CRIU's page copy: one preadv of a cached file into fresh anonymous memory (one core)"),
               ("fault_in_fresh_memory", "fault-in of fresh memory (calloc of 256 MiB after a settle)")]
     rows = [[label, fmt(limit(limits, key)), fmt(limit(limits, key, "median")), limit(limits, key, "n") or "–"]
             for key, label in labels]
@@ -173,7 +375,9 @@ def render(result):
                                   for v, _l in present if v != "cold_start"])
     out.append(table(["state"] + [label for v, label in present if v != "cold_start"], rows))
 
-    for variant, label in [(v, l) for v, l in present if v.startswith("snapshot_restore")]:
+    out += render_floors(result)
+
+    for variant, label in [(v, l) for v, l in present if v.startswith("snapshot_restore") or v.startswith("docker_run_runtime")]:
         out.append("\n### Where %s's time goes (seconds, medians)\n" % label)
         rows = []
         for size in sizes(samples):
@@ -242,7 +446,8 @@ def render(result):
 
     out.append("\n## Generation as ansible runs it (seconds, medians)\n")
     rows = []
-    for variant in ("host_checkpoint_runc", "host_checkpoint_runc_hash_after", "host_checkpoint_docker", "host_checkpoint_criu"):
+    for variant in ("host_checkpoint_runc", "host_checkpoint_runc_unlock_task", "host_checkpoint_runc_hash_after",
+                    "host_checkpoint_runc_encrypted", "host_checkpoint_docker", "host_checkpoint_criu"):
         for size in sizes(samples, "generate"):
             if not pick(samples, "generate", variant, size):
                 continue
@@ -319,7 +524,8 @@ def chart(result, path):
     short = {"cold_start": "cold start (warmup %gs)" % result["args"]["warmup"], "snapshot_restore": "snapshot_restore (ansible)",
              "snapshot_restore_cold_cache": "snapshot_restore (ansible), snapshot not cached",
              "raw_docker_start_checkpoint": "raw docker start --checkpoint",
-             "raw_criu_restore_bare": "raw criu restore, bare process"}
+             "raw_criu_restore_bare": "raw criu restore, bare process", "docker_run_runtime": "docker run --runtime (no ansible)",
+             "docker_run_runtime_cold_cache": "docker run --runtime, not cached"}
     for method in result.get("restore_methods", [])[1:]:
         short["snapshot_restore_" + method] = "snapshot_restore %s (ansible)" % method
         short["snapshot_restore_%s_cold_cache" % method] = "snapshot_restore %s (ansible), not cached" % method
@@ -333,7 +539,7 @@ def chart(result, path):
                         if pick(samples, "ttfa", v)]
     parts = [("verify", "verify (module)"), ("prepare", "prepare: create container, metadata"),
              ("host", "host restore (docker start --checkpoint / runc restore)"), ("verify2", "verify again (runtime)"),
-             ("other", "docker start + runtime overhead"), ("device", "device restore (simulator memcpy)"),
+             ("other", "docker start + runtime overhead"), ("device", "device restore (simulated NPU, ACL_SIM_COPY_GBPS)"),
              ("health", "health"), ("ansible", "ansible: start + task overhead")]
     colors = dict(zip([key for key, _l in parts], ["#1f77b4", "#ff7f0e", "#2ca02c", "#17becf", "#bcbd22", "#d62728", "#9467bd", "#7f7f7f"]))
     width = 0.8 / max(1, len(restore_variants))

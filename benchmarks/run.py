@@ -3,15 +3,18 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """inferops.snapshot benchmark: cold start vs restore, verification and checkpoint speed, on this machine.
 
-    make bench                       # full run: sizes 0.25 0.5 1 2 GB, 3 runs, 30 s warmup
+    make bench                       # full run: sizes 0.25 0.5 1 2 8 GiB, 3 runs (1 at 8), 30 s warmup
     make bench BENCH_ARGS=--quick    # development: small sizes, 1 run, 3 s warmup
     .venv/bin/python benchmarks/run.py --help
 
 Everything users run goes through ansible-playbook with the collection's modules (the playbooks in
 benchmarks/playbooks); the alternatives (raw criu, raw runc, plain docker checkpoint / start
---checkpoint, sha256sum) run side by side on the same workloads in the same run. Writes
-results/<stamp>/{bench.json,results.md,chart.png} (see benchmarks/report.py) and points
-results/latest at it. Needs root, the environment of scripts/env/setup.sh and the workload image.
+--checkpoint, docker run --runtime, sha256sum) run side by side on the same workloads in the same
+run, and so do the floors each part of a restore and of a generation is compared with (SHA-256,
+CRIU's page copy, the device copy of the simulated NPU, an fsync'd write, a trivial container, a
+tiny CRIU restore, a one-task playbook). Writes results/<stamp>/{bench.json,results.md,chart.png}
+(see benchmarks/report.py) and points results/latest at it. Needs root, the environment of
+scripts/env/setup.sh and the workload image.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -20,7 +23,9 @@ import argparse
 import ctypes
 import datetime
 import hashlib
+import importlib
 import json
+import mmap
 import os
 import platform
 import re
@@ -76,8 +81,12 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore imp
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol  # noqa: E402
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import status as status_record  # noqa: E402
+
 sys.path.insert(0, HERE)
 import report  # noqa: E402  pylint: disable=import-error
+SIM_LIBRARY = os.path.join(REPO, "build", "simulator", "libascendcl.so")
+AGENT_LINE = re.compile(r"^(\S+) inferops-agent\[\d+\]: (lock|backup|restore|unlock): (\w+) -> (\w+) in ([0-9.]+)s$")
 
 
 def log(message):
@@ -224,6 +233,8 @@ class Bench:
         self.counter = 0
         self.restore_methods = []
         self.runtime_installed = False
+        self.encryption = None  # {"key_file"} when host_checkpoint has encryption_key
+        self.has_resume = False  # host_checkpoint has resume
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def record(self, section, variant, size_mb, rep, seconds, **extra):
@@ -250,6 +261,9 @@ class Bench:
         name = self.name(tag)
         device_dir = os.path.join(self.shmdir, "npu-" + name[len(self.prefix) + 1:])
         os.makedirs(device_dir, mode=0o700)
+        # The node has its NPU before the pod: the simulated device is installed (its memory allocated) now, not
+        # during the cold start's warmup or a restore (docs/simulator.md "The cost model").
+        self.sim_ctl(device_dir, "create", "0", "%dM" % (sizes_of(size_mb)[0] + 16))
         port = free_port()
         snap = os.path.join(self.workdir, "snapshots", "bench", "sample", "p0", name)
         return {"name": name, "device_dir": device_dir, "port": port, "url": "http://127.0.0.1:%d" % port,
@@ -283,12 +297,14 @@ class Bench:
             self.record("ttfa", "cold_start", w["size_mb"], rep, seconds, correct=correct, warmup_s=warmup)
         return seconds
 
+    @staticmethod
+    def sim_ctl(device_dir, *argv):
+        env = dict(os.environ, ACL_SIM_DEVICE_DIR=device_dir)
+        return run([sys.executable, os.path.join(REPO, "tests", "simulator", "aclsim_ctl.py")] + list(argv), env=env).stdout
+
     def reset_device(self, w):
-        """What deleting the pod does to the NPU (aclsim_ctl.py reset 0): its memory is gone."""
-        try:
-            os.unlink(os.path.join(w["device_dir"], "device0"))
-        except FileNotFoundError:
-            pass
+        """What deleting the pod does to the NPU (aclsim_ctl.py reset 0): its memory is wiped (the device stays)."""
+        self.sim_ctl(w["device_dir"], "reset", "0")
 
     def remove(self, w):
         docker("rm", "-f", w["name"], check=False)
@@ -319,6 +335,7 @@ class Bench:
                    ANSIBLE_RETRY_FILES_ENABLED="False")
         argv = [os.path.join(BIN, "ansible-playbook"), "-i", inventory, "-f", str(max(1, len(workloads))),
                 os.path.join(PLAYBOOKS, name + ".yml")]
+        wall_t0 = time.time()
         t0 = time.monotonic()
         proc = run(argv, check=False, env=env)
         t1 = time.monotonic()
@@ -330,7 +347,7 @@ class Bench:
         if proc.returncode != 0 or failed:
             raise RuntimeError("ansible-playbook %s failed (rc=%d): %s\n%s"
                                % (name, proc.returncode, json.dumps(failed)[:3000], proc.stdout[-3000:]))
-        return {"t0": t0, "t1": t1, "wall": t1 - t0, "records": records}
+        return {"t0": t0, "t1": t1, "wall": t1 - t0, "wall_t0": wall_t0, "records": records}
 
     # -- device control (for the raw baselines, which have no module around them) --------------------------
     def agent(self, pid, socket_dir=control.DEFAULT_AGENT_SOCKET_DIR, timeout=60):
@@ -474,9 +491,129 @@ class Bench:
             fresh = bytearray(len(buf))  # calloc: fresh pages, each faulted in (and zeroed) once
             fault = time.monotonic() - t0
             del fresh
+            faulted = bytearray(buf)  # its pages are faulted in by this first copy
+            target = memoryview(faulted)
+            t0 = time.monotonic()
+            target[:] = buf  # one memcpy (a bytearray slice assignment is not)
+            memcpy_faulted = time.monotonic() - t0
+            target.release()
+            del faulted
+            criu_copy = self.criu_copy_limit(buf)
             for key, seconds, nbytes in (("sha256_one_core", one, len(buf)), ("sha256_all_cores", every, len(buf) * len(threads)),
-                                         ("memcpy", memcpy, len(buf)), ("fault_in_fresh_memory", fault, len(buf))):
+                                         ("memcpy", memcpy, len(buf)), ("fault_in_fresh_memory", fault, len(buf)),
+                                         ("memcpy_faulted", memcpy_faulted, len(buf)), ("criu_copy", criu_copy, len(buf))):
                 self.record("limits", key, None, rep, seconds, mb_s=round(nbytes / MB / seconds, 1))
+
+    def criu_copy_limit(self, buf):
+        """CRIU's page restore at its floor: one preadv() of a pages image that is in the page cache into fresh
+        anonymous memory (what `criu restore` does for each memory area; issue 11 measured 2.4-2.5 GB/s here)."""
+        path = os.path.join(self.workdir, "limits-pages-%s.img" % uuid.uuid4().hex[:6])
+        with open(path, "wb") as handle:
+            handle.write(buf)
+        try:
+            self.read_all_file(path)
+            self.settle(warm=[path])
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                target = mmap.mmap(-1, len(buf), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                t0 = time.monotonic()
+                got = os.preadv(fd, [target], 0)
+                seconds = time.monotonic() - t0
+                target.close()
+            finally:
+                os.close(fd)
+            if got != len(buf):
+                raise RuntimeError("preadv read %d of %d bytes" % (got, len(buf)))
+            return seconds
+        finally:
+            os.unlink(path)
+
+    @staticmethod
+    def read_all_file(path):
+        buf = bytearray(4 * MIB)
+        with open(path, "rb", buffering=0) as handle:
+            while handle.readinto(buf):
+                pass
+
+    # -- fixed costs and floors, measured in the same run ---------------------------------------------------------
+    def fixed_costs(self, rep, tries=3):
+        """Size-independent floors: a one-task playbook, a trivial container of the workload image, a CRIU restore
+        of a tiny process. Parts of every restore that no optimisation of the collection removes. Measured ``tries``
+        times each per run (the report takes the median): a single start of Python or of a container is noisy."""
+        for _attempt in range(tries):
+            self.settle()
+            t0 = time.monotonic()
+            self.playbook("noop", [])
+            self.record("fixed", "ansible_one_task", None, rep, time.monotonic() - t0)
+            self.settle()
+            name = self.name("trivial")
+            t0 = time.monotonic()  # create + start, as docker run --detach of a restore (the removal is not timed)
+            docker("run", "--detach", "--name", name, "--network", "none", "--entrypoint", "/bin/sleep", IMAGE, "100000")
+            self.record("fixed", "docker_run_trivial", None, rep, time.monotonic() - t0)
+            docker("rm", "-f", name, check=False)
+            self.record("fixed", "criu_restore_tiny", None, rep, self.criu_tiny_restore())
+
+    def criu_tiny_restore(self):
+        """`criu restore --restore-detached` of a checkpointed `sleep` (CRIU's own cost, no memory to speak of)."""
+        target = os.path.join(self.workdir, "criu-tiny-%s" % uuid.uuid4().hex[:6])
+        os.makedirs(target, mode=0o700)
+        proc = subprocess.Popen(["sleep", "100000"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        self.bare.append(proc.pid)
+        restored = None
+        try:
+            run(["criu", "dump", "--tree", proc.pid, "--images-dir", target, "--log-file", "dump.log"])
+            proc.wait(timeout=30)
+            self.settle(warm=[target])
+            pidfile = os.path.join(target, "restored.pid")
+            t0 = time.monotonic()
+            run(["criu", "restore", "--images-dir", target, "--restore-detached", "--pidfile", pidfile,
+                 "--log-file", "restore.log"])
+            seconds = time.monotonic() - t0
+            with open(pidfile) as handle:
+                restored = int(handle.read().strip())
+            self.bare.append(restored)
+            return seconds
+        finally:
+            for pid in (restored, proc.pid):
+                if pid:
+                    self.kill_bare(pid)
+            shutil.rmtree(target, ignore_errors=True)
+
+    def fsync_write(self, size_mb, nbytes, rep):
+        """Writing the snapshot's bytes durably, the floor of a generation with durability: write + fsync of one file
+        of the same size, on the same filesystem, from memory (64 MiB blocks)."""
+        path = os.path.join(self.workdir, "fsync-%s.img" % uuid.uuid4().hex[:6])
+        block = os.urandom(64 * MIB)
+        self.settle()
+        t0 = time.monotonic()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            left = nbytes
+            while left > 0:
+                left -= os.write(fd, block[:min(left, len(block))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        seconds = time.monotonic() - t0
+        os.unlink(path)
+        self.record("floor", "fsync_write", size_mb, rep, seconds, bytes=nbytes, mb_s=round(nbytes / MB / seconds, 1))
+
+    def device_copy(self, size_mb, rep):
+        """The device copy as its own line: the simulated NPU's backup and restore of this size's device memory, alone
+        (benchmarks/device_copy.py), with today's model and with the old one (a fresh sparse shmem file per restore)."""
+        device_mb = sizes_of(size_mb)[0]
+        for variant, prealloc in (("device_copy", "huge"), ("device_copy_fresh_shmem", "none")):
+            device_dir = os.path.join(self.shmdir, "devcopy-%s" % uuid.uuid4().hex[:6])
+            env = dict(os.environ, ACL_SIM_DEVICE_DIR=device_dir, ACL_SIM_DEVICE_MEM_BYTES="%dM" % (device_mb + 16),
+                       ACL_SIM_DEVICE_PREALLOC=prealloc)
+            self.settle()
+            try:
+                proc = run([sys.executable, os.path.join(HERE, "device_copy.py"), SIM_LIBRARY, device_mb], env=env)
+            finally:
+                shutil.rmtree(device_dir, ignore_errors=True)
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            self.record("device_copy", variant, size_mb, rep, result["restore_s"], **result)
 
     def limit_summary(self):
         out = {}
@@ -581,33 +718,59 @@ class Bench:
     # -- the per-size sequence -------------------------------------------------------------------------------------------------
     def one_size(self, size_mb, rep):
         args = self.args
+        focus = args.focus  # only what the goals (docs/benchmarks.md "Each part against its floor") are measured with
+        docker_paths = size_mb <= args.docker_paths_max_mb and not focus  # Docker's own checkpoint path: up to this size
+        self.device_copy(size_mb, rep)  # first, while the machine's memory is free
         w = self.new_workload(size_mb, "w")
+        encrypted = None
         try:
             self.settle()
             self.cold_start(w, rep, args.warmup)
             cid = docker("inspect", "--format", "{{.Id}}", w["name"])
-            # A/B of hashing during the checkpoint (snapshot kept: the default method, measured second).
+            # A/B of hashing during the checkpoint, and of resuming the engine inside host_checkpoint vs in a task of its
+            # own after it (snapshot kept: the default generation, measured last).
+            if not focus:
+                self.settle()
+                gen = self.playbook("generate", [w], bench_hash_during_checkpoint=False, **self.resume_var(True))
+                self.record_generate(gen, w, rep, "host_checkpoint_runc_hash_after")
+                if self.has_resume:
+                    self.settle()
+                    gen = self.playbook("generate", [w], **self.resume_var(False))
+                    self.record_generate(gen, w, rep, "host_checkpoint_runc_unlock_task")
             self.settle()
-            gen = self.playbook("generate", [w], bench_hash_during_checkpoint=False)
-            self.record_generate(gen, w, rep, "host_checkpoint_runc_hash_after")
-            self.settle()
-            gen = self.playbook("generate", [w])
-            self.record_generate(gen, w, rep, "host_checkpoint_runc")
-            self.verify_variants(w, rep)
-            self.checkpoint_variants(w, cid, rep)
+            gen = self.playbook("generate", [w], **self.resume_var(True))
+            sample = self.record_generate(gen, w, rep, "host_checkpoint_runc")
+            w["record"] = container.read_container_record(w["snapshot_dir"])
+            self.fsync_write(size_mb, sample["total_bytes"], rep)
+            if self.encryption and size_mb == self.encryption_size_mb():
+                encrypted = self.encrypted_generate(w, rep)
+            if not focus:
+                self.verify_variants(w, rep)
+            self.checkpoint_variants(w, cid, rep, docker_paths, tmpfs=not focus)
             self.remove(w)
             self.reset_device(w)
             fastest = self.restore_methods[-1] if self.restore_methods else None
-            for method in [None] + self.restore_methods:
+            methods = [None] + self.restore_methods if docker_paths or not self.restore_methods else self.restore_methods
+            for method in methods:
                 self.module_restore(w, rep, method)
                 if method == fastest and not args.skip_cold_cache_restore:  # verify from storage, on the best path
                     self.module_restore(w, rep, method, cold_cache=True)
-            self.raw_docker_restore(w, rep)
+            if self.runtime_installed:
+                self.runtime_run_restore(w, rep)
+                if not args.skip_cold_cache_restore:
+                    self.runtime_run_restore(w, rep, cold_cache=True)
+            if encrypted:
+                self.encrypted_restores(w, encrypted, rep)
+            if docker_paths:
+                self.raw_docker_restore(w, rep)
         finally:
             self.remove(w)
             shutil.rmtree(w["snapshot_dir"], ignore_errors=True)
+            if encrypted:
+                shutil.rmtree(encrypted["snapshot_dir"], ignore_errors=True)
             shutil.rmtree(w["device_dir"], ignore_errors=True)
-        self.bare_process(size_mb, rep)
+        if not focus:
+            self.bare_process(size_mb, rep)
 
     def record_generate(self, gen, w, rep, variant):
         tasks = {r["action"].split(".")[-1]: r for r in gen["records"]}
@@ -615,18 +778,98 @@ class Bench:
         durations = checkpoint["result"]["durations"]
         module_totals = {name: task["result"]["durations"].get("total", sum(task["result"]["durations"].values()))
                          for name, task in tasks.items()}
-        self.record("checkpoint", variant, w["size_mb"], rep, durations["total"], stages=durations,
-                    task_wall_s=round(checkpoint["end"] - checkpoint["start"], 3), total_bytes=checkpoint["result"]["total_bytes"],
-                    hashing=checkpoint["result"].get("hashing"))
+        # host_checkpoint's start on the wall clock the engine's log is dated with (the callback times are monotonic)
+        started = gen["wall_t0"] + (checkpoint["start"] - gen["t0"])
+        window = self.lock_window(w["name"], gen["wall_t0"], started) if not w.get("pid") else None
+        sample = self.record("checkpoint", variant, w["size_mb"], rep, durations["total"], stages=durations,
+                             task_wall_s=round(checkpoint["end"] - checkpoint["start"], 3),
+                             total_bytes=checkpoint["result"]["total_bytes"], hashing=checkpoint["result"].get("hashing"))
         self.record("generate", variant, w["size_mb"], rep, gen["wall"], module_totals=module_totals,
-                    task_walls={name: round(task["end"] - task["start"], 3) for name, task in tasks.items()})
+                    task_walls={name: round(task["end"] - task["start"], 3) for name, task in tasks.items()},
+                    lock_window=window)
+        if window:
+            self.record("lock_window", variant, w["size_mb"], rep, window["window_s"], **window)
+        return sample
 
-    def checkpoint_variants(self, w, cid, rep):
+    @staticmethod
+    def lock_window(name, since, checkpoint_started=None):
+        """The engine's own account of the generation (its agent logs every transition, docker logs timestamps each
+        line): from the lock's start to the unlock's end, and the parts: lock, backup, the time between the backup and
+        the resume (the host checkpoint, and what drives it; of which ``to_checkpoint_s`` passed before
+        host_checkpoint's task started), restore, unlock."""
+        proc = run(["docker", "logs", "--timestamps", "--since", "%.3f" % (since - 1.0), name], check=False)
+        events = []
+        for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+            match = AGENT_LINE.match(line.strip())
+            if match:
+                stamp = match.group(1)
+                day, clock = stamp.rstrip("Z").split("T")
+                whole, _dot, frac = clock.partition(".")
+                moment = datetime.datetime.strptime("%sT%s" % (day, whole), "%Y-%m-%dT%H:%M:%S").replace(
+                    tzinfo=datetime.timezone.utc).timestamp() + float("0." + (frac or "0"))
+                events.append((moment, match.group(2), float(match.group(5))))
+        events.sort()
+        locks = [i for i, event in enumerate(events) if event[1] == "lock"]
+        if not locks:
+            return None
+        after = events[locks[-1]:]
+        ends = [i for i, event in enumerate(after) if event[1] == "unlock"]
+        if not ends:
+            return None
+        after = after[:ends[0] + 1]
+        by_op = {op: (moment, seconds) for moment, op, seconds in after}
+        start = by_op["lock"][0] - by_op["lock"][1]
+        end = by_op["unlock"][0]
+        resume_start = (by_op["restore"][0] - by_op["restore"][1]) if "restore" in by_op else (end - by_op["unlock"][1])
+        out = {"window_s": round(end - start, 4), "lock_s": by_op["lock"][1], "unlock_s": by_op["unlock"][1],
+               "backup_s": by_op.get("backup", (None, None))[1], "restore_s": by_op.get("restore", (None, None))[1]}
+        if "backup" in by_op:
+            out["between_s"] = round(resume_start - by_op["backup"][0], 4)
+            if checkpoint_started is not None:
+                out["to_checkpoint_s"] = round(checkpoint_started - by_op["backup"][0], 4)
+        return out
+
+    def resume_var(self, resume):
+        """Playbook vars: host_checkpoint's resume when this checkout has it (else the playbook's unlock task resumes)."""
+        return {"bench_resume": resume} if self.has_resume else {}
+
+    def encryption_size_mb(self):
+        """Encrypted vs plain is measured at 2 GiB, or at the largest size of the run below it (a quick run)."""
+        below = [size for size in self.args.sizes_mb if size <= 2048]
+        return 2048 if 2048 in self.args.sizes_mb else (max(below) if below else min(self.args.sizes_mb))
+
+    def encrypted_generate(self, w, rep):
+        """The same engine's generation with host_checkpoint's encryption_key, into its own snapshot directory."""
+        other = dict(w, snapshot_dir=w["snapshot_dir"] + "-enc", identity=dict(w["identity"]))
+        other["identity"]["pod"] = os.path.basename(other["snapshot_dir"])
+        self.settle()
+        try:
+            gen = self.playbook("generate", [other], bench_encryption_key=self.encryption["key_file"], **self.resume_var(True))
+        except RuntimeError as exc:
+            self.record("checkpoint", "host_checkpoint_runc_encrypted", w["size_mb"], rep, None, error=str(exc)[:2000])
+            return None
+        self.record_generate(gen, w, rep, "host_checkpoint_runc_encrypted")
+        return other
+
+    def encrypted_restores(self, w, encrypted, rep):
+        enc = dict(encrypted, record=w["record"])
+        for method in self.restore_methods or [None]:
+            self.module_restore(enc, rep, method, tag="_encrypted", bench_encryption_keys=[self.encryption["key_file"]])
+        if self.runtime_installed:
+            self.runtime_run_restore(enc, rep, tag="_encrypted")
+
+    def checkpoint_variants(self, w, cid, rep, docker_paths=True, tmpfs=True):
         """Raw runc checkpoint (disk and tmpfs), plain docker checkpoint create, and host_checkpoint method=docker."""
         pid = int(docker("inspect", "--format", "{{.State.Pid}}", w["name"]))
         self.backup(pid)
+        # The tmpfs variant holds the images in RAM beside the engine and its device: only where they fit easily.
+        with open("/proc/meminfo") as handle:
+            mem_mb = int(handle.readline().split()[1]) / 1024.0
+        targets = [("raw_runc_checkpoint", self.workdir)]
+        if tmpfs and w["size_mb"] * (2 + DEVICE_SHARE) < 0.6 * mem_mb:
+            targets.append(("raw_runc_checkpoint_tmpfs", self.shmdir))
         try:
-            for variant, parent in (("raw_runc_checkpoint", self.workdir), ("raw_runc_checkpoint_tmpfs", self.shmdir)):
+            for variant, parent in targets:
                 target = os.path.join(parent, "runc-%s" % uuid.uuid4().hex[:6])
                 work = os.path.join(parent, "runc-work-%s" % uuid.uuid4().hex[:6])
                 os.makedirs(target, mode=0o700)
@@ -639,7 +882,7 @@ class Bench:
                 self.record("checkpoint", variant, w["size_mb"], rep, seconds, total_bytes=self.snapshot_bytes(target))
                 shutil.rmtree(target)
                 shutil.rmtree(work)
-            if not self.args.skip_docker_checkpoint:
+            if not self.args.skip_docker_checkpoint and docker_paths:
                 target = os.path.join(self.workdir, "docker-cp")
                 store_before = self.content_store_mb()
                 self.settle()
@@ -653,7 +896,7 @@ class Bench:
                 shutil.rmtree(target)
         finally:
             self.resume(pid)
-        if not self.args.skip_docker_checkpoint and rep == 0:
+        if not self.args.skip_docker_checkpoint and docker_paths and rep == 0:
             other = dict(w, snapshot_dir=w["snapshot_dir"] + "-docker", identity=dict(w["identity"]))
             other["identity"]["pod"] = os.path.basename(other["snapshot_dir"])
             self.settle()
@@ -661,18 +904,28 @@ class Bench:
             self.record_generate(gen, w, rep, "host_checkpoint_docker")
             shutil.rmtree(other["snapshot_dir"], ignore_errors=True)
 
-    def module_restore(self, w, rep, method, cold_cache=False):
+    def module_restore(self, w, rep, method, cold_cache=False, tag="", **extra):
         """snapshot_restore through ansible-playbook; the snapshot in the page cache (just taken) or not (restored later)."""
-        variant = "snapshot_restore" + ("_" + method if method else "") + ("_cold_cache" if cold_cache else "")
+        variant = "snapshot_restore" + ("_" + method if method else "") + tag + ("_cold_cache" if cold_cache else "")
         self.settle(warm=() if cold_cache else [w["snapshot_dir"]])
         wall_t0 = time.time()
         t0 = time.monotonic()
         poll = FirstAnswer(w["url"], None, t0, 1800)
         poll.start()
-        extra = {"bench_restore_method": method} if method else {}
+        if method:
+            extra["bench_restore_method"] = method
         if method == "runtime":
             extra["bench_runtime_name"] = self.prefix
-        result = self.playbook("restore", [w], **extra)
+        try:
+            result = self.playbook("restore", [w], **extra)
+        except RuntimeError as exc:
+            if not tag:
+                raise
+            poll.stop.set()
+            self.record("ttfa", variant, w["size_mb"], rep, None, correct=False, restored=False, error=str(exc)[:2000])
+            self.remove(w)
+            self.reset_device(w)
+            return
         seconds, answer = poll.result(60)
         task = result["records"][0]
         restored = task["result"].get("restored") is True and self.was_restored(w, wall_t0)
@@ -684,6 +937,31 @@ class Bench:
                     placement=task["result"].get("placement"), verify=task["result"].get("verify"),
                     runtime=task["result"].get("runtime_record"))
         self.record("host_restore", variant, w["size_mb"], rep, durations.get("host_restore"))
+        self.remove(w)
+        self.reset_device(w)
+
+    def runtime_run_restore(self, w, rep, cold_cache=False, tag=""):
+        """`docker run --runtime <restore-on-create runtime>` with INFEROPS_RESTORE_FROM, no Ansible: the restore path
+        at its shortest (the runtime verifies, runs `runc restore`, writes the metadata, restores the device, all
+        inside the container's create); to the first correct answer."""
+        variant = "docker_run_runtime" + tag + ("_cold_cache" if cold_cache else "")
+        snap = w["snapshot_dir"]
+        identity = "/".join(w["identity"][k] for k in ("namespace", "service", "instance", "pod"))
+        env = {layout.ENV_RESTORE_FROM: snap, "INFEROPS_RESTORE_IDENTITY": identity}
+        argv = ["run", "--detach", "--runtime", self.prefix] + container.create_args(w["record"], w["name"], env)
+        self.settle(warm=() if cold_cache else [snap])
+        wall_t0 = time.time()
+        t0 = time.monotonic()
+        poll = FirstAnswer(w["url"], None, t0, 1800)
+        poll.start()
+        docker(*argv)
+        run_s = time.monotonic() - t0
+        seconds, answer = poll.result(120)
+        restored = self.was_restored(w, wall_t0)
+        last = (status_record.read(snap) or {}).get("last_restore") or {}
+        self.record("ttfa", variant, w["size_mb"], rep, seconds, restored=restored, correct=self.check_answers(w, answer) and restored,
+                    docker_run_s=round(run_s, 3), runtime=last, reason=last.get("reason"),
+                    stages={"host_restore": round(run_s, 3)})
         self.remove(w)
         self.reset_device(w)
 
@@ -893,6 +1171,8 @@ class Bench:
         """Install or remove the runtime with the role, as users do (it reloads dockerd with SIGHUP, no restart)."""
         os.makedirs(os.path.join(self.workdir, "snapshots"), mode=0o700, exist_ok=True)
         extra = dict(self.node_vars(), snapshot_node_state=state)
+        if self.encryption:
+            extra["snapshot_node_encryption_keys"] = [self.encryption["key_file"]]
         if state == "absent":
             extra["snapshot_node_force_remove"] = True
         vars_file = os.path.join(self.workdir, "node-vars-%s.json" % state)
@@ -906,15 +1186,40 @@ class Bench:
         self.runtime_installed = state == "present"
 
     # -- driver -------------------------------------------------------------------------------------------------------------------------
-    def detect_restore_methods(self):
-        """Extra snapshot_restore methods (e.g. issue 5's restore-on-create runtime) when the module offers them."""
-        proc = run([os.path.join(BIN, "ansible-doc"), "-j", "inferops.snapshot.snapshot_restore"], check=False,
+    @staticmethod
+    def module_options(module):
+        """The options of a module of this checkout: its argument spec, else what ansible-doc documents; {} when
+        neither can be read."""
+        try:
+            imported = importlib.import_module("ansible_collections.inferops.snapshot.plugins.modules." + module)
+            if isinstance(getattr(imported, "ARGUMENT_SPEC", None), dict):
+                return imported.ARGUMENT_SPEC
+        except Exception:  # pylint: disable=broad-except  # any failure: ask ansible-doc
+            pass
+        proc = run([os.path.join(BIN, "ansible-doc"), "-j", "inferops.snapshot." + module], check=False,
                    env=dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS))
         try:
-            doc = json.loads(proc.stdout)["inferops.snapshot.snapshot_restore"]["doc"]
-        except (ValueError, KeyError):
-            return []
-        option = doc.get("options", {}).get("method") or {}
+            return json.loads(proc.stdout)["inferops.snapshot." + module]["doc"].get("options") or {}
+        except (ValueError, KeyError, AttributeError):
+            return {}
+
+    def detect_encryption(self):
+        """Encrypted vs plain, when host_checkpoint has encryption_key and snapshot_restore encryption_keys: a 256-bit
+        key (hex) in a root-only 0600 file outside the snapshot store, given to the modules and to the node's runtime."""
+        if "encryption_key" not in self.module_options("host_checkpoint") or \
+                "encryption_keys" not in self.module_options("snapshot_restore"):
+            return None
+        keys = os.path.join(self.workdir, "keys")
+        os.makedirs(keys, mode=0o700, exist_ok=True)
+        path = os.path.join(keys, "bench.key")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(os.urandom(32).hex() + "\n")
+        return {"key_file": path}
+
+    def detect_restore_methods(self):
+        """Extra snapshot_restore methods (e.g. issue 5's restore-on-create runtime) when the module offers them."""
+        option = self.module_options("snapshot_restore").get("method") or {}
         default = option.get("default")
         return [choice for choice in option.get("choices") or [] if choice != default]
 
@@ -940,15 +1245,26 @@ class Bench:
                   "args": vars(args), "load_at_start": load_average(), "machine": machine_info(self.workdir),
                   "image": IMAGE, "device_share": DEVICE_SHARE}
         self.restore_methods = [] if args.no_extra_methods else self.detect_restore_methods()
+        self.encryption = None if args.no_encryption else self.detect_encryption()
+        # host_checkpoint's resume (issue 11 item 5: the engine unlocked right after the checkpoint), as the roles use it
+        self.has_resume = "resume" in self.module_options("host_checkpoint")
+        result["resume"] = self.has_resume
         result["restore_methods"] = ["default"] + self.restore_methods
+        result["encryption"] = bool(self.encryption)
+        result["docker_paths_max_mb"] = args.docker_paths_max_mb
+        result["simulator"] = {"copy_gbps": os.environ.get("ACL_SIM_COPY_GBPS") or "25 (default)",
+                               "device_prealloc": os.environ.get("ACL_SIM_DEVICE_PREALLOC") or "huge (default)"}
         log("machine: %s" % json.dumps(result["machine"]))
-        log("load at start: %s; extra restore methods: %s" % (result["load_at_start"], self.restore_methods or "none"))
+        log("load at start: %s; extra restore methods: %s; host_checkpoint resume: %s; encrypted variant: %s" % (
+            result["load_at_start"], self.restore_methods or "none", self.has_resume,
+            "at %s MiB" % self.encryption_size_mb() if self.encryption else "no (host_checkpoint has no encryption_key)"))
         try:
             if "runtime" in self.restore_methods:
                 log("installing the restore-on-create runtime %s with the snapshot_node role" % self.prefix)
                 self.node("present")
             for rep in range(args.runs):
                 self.limits(rep)
+                self.fixed_costs(rep)
                 for size_mb in args.sizes_mb:
                     if rep >= args.runs_largest and size_mb == max(args.sizes_mb):
                         continue
@@ -980,10 +1296,20 @@ def become_subreaper():
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="development run: sizes 0.0625 0.125 GB, 1 run, 3 s warmup")
-    parser.add_argument("--sizes", type=float, nargs="+", help="state sizes in GB (device + host memory); default 0.25 0.5 1 2")
+    parser.add_argument("--quick", action="store_true", help="development run: sizes 0.0625 0.125 GiB, 1 run, 3 s warmup")
+    parser.add_argument("--sizes", type=float, nargs="+", help="state sizes in GiB (device + host memory); default 0.25 0.5 1 2 8")
     parser.add_argument("--runs", type=int, help="runs per size (medians are reported); default 3")
-    parser.add_argument("--runs-largest", type=int, help="runs at the largest size; default = --runs")
+    parser.add_argument("--runs-largest", type=int, help="runs at the largest size; default = --runs, 1 when it is above 4 GiB")
+    parser.add_argument("--docker-paths-max", type=float, default=2.0,
+                        help="largest size (GiB) at which Docker's own checkpoint path (docker checkpoint create, host_checkpoint "
+                             "method=docker, snapshot_restore method=docker, docker start --checkpoint) is measured; it is "
+                             "linear and slower than the cold start from about 2 GiB on (default 2)")
+    parser.add_argument("--no-encryption", action="store_true", help="leave out the encrypted variant even when the modules have it")
+    parser.add_argument("--focus", action="store_true",
+                        help="only what the floors and goals need: limits, fixed costs, device copy, cold start, one generation "
+                             "(lock window, durability), raw runc checkpoint, the fastest snapshot_restore method and docker run "
+                             "--runtime (warm and cold cache), the encrypted variant; no verification variants, no Docker "
+                             "checkpoint path, no bare process, no orchestration")
     parser.add_argument("--warmup", type=float, help="WORKLOAD_WARMUP_SECONDS of the cold start; default 30")
     parser.add_argument("--hosts", type=int, nargs="+", help="inventory sizes for the orchestration overhead; default 1 4")
     parser.add_argument("--orchestration-size", type=float, default=0.25, help="state size (GB) per host there")
@@ -999,14 +1325,18 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     quick = args.quick
-    args.sizes = args.sizes or ([0.0625, 0.125] if quick else [0.25, 0.5, 1, 2])
+    args.sizes = args.sizes or ([0.0625, 0.125] if quick else [0.25, 0.5, 1, 2, 8])
     args.sizes_mb = [int(round(s * 1024)) for s in args.sizes]
     args.runs = args.runs or (1 if quick else 3)
-    args.runs_largest = args.runs if args.runs_largest is None else args.runs_largest
+    if args.runs_largest is None:
+        args.runs_largest = 1 if max(args.sizes_mb) > 4096 else args.runs
+    args.docker_paths_max_mb = int(round(args.docker_paths_max * 1024))
     args.warmup = args.warmup if args.warmup is not None else (3.0 if quick else 30.0)
     args.hosts = args.hosts or ([1, 2] if quick else [1, 4])
     args.orchestration_size_mb = int(round((0.0625 if quick and args.orchestration_size == 0.25 else args.orchestration_size) * 1024))
     args.orchestration_runs = args.runs if args.orchestration_runs is None else args.orchestration_runs
+    if args.focus:
+        args.orchestration_runs = 0
     return args
 
 
@@ -1021,7 +1351,7 @@ def main(argv=None):
     bench = Bench(args)
     result = bench.main()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = os.path.join(os.path.abspath(args.out), stamp + ("-quick" if args.quick else ""))
+    out = os.path.join(os.path.abspath(args.out), stamp + ("-quick" if args.quick else "") + ("-focus" if args.focus else ""))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "bench.json"), "w") as handle:
         json.dump(result, handle, indent=1, sort_keys=True)
