@@ -248,7 +248,7 @@ def render_floors(result):
                       "fsync'd write of the same bytes", "its MB/s", "÷ floor", "generate playbook wall"], rows))
 
     out.append("\n### The device copy (the simulated NPU's cost, not the collection's)\n\n")
-    gbps = [x for x in pick(samples, "device_copy", "device_copy", None, "restore.gbps")]
+    gbps = list(pick(samples, "device_copy", "device_copy", None, "restore.gbps"))
     out.append("The simulator alone (benchmarks/device_copy.py: no CRIU, no Docker, no collection code) backing up and "
                "restoring this size's device memory, after a device reset as deleting the pod does. Modelled: bytes / "
                "ACL_SIM_COPY_GBPS (%s GB/s in this run; docs/simulator.md \"The cost model\"); the call takes max(host copy, "

@@ -673,7 +673,7 @@ def test_version_meminfo_and_defaults(sim):
         RESULT["allocated"] = st.st_blocks * 512
         RESULT["gbps"] = last_copy()["gbps"]
     ''', env={"ACL_SIM_DEVICE_MEM_BYTES": None, "ACL_SIM_VERSION": "9.2.1", "ACL_SIM_DEVICE_COUNT": "4",
-             "ACL_SIM_DEVICE_PREALLOC": "none"})
+              "ACL_SIM_DEVICE_PREALLOC": "none"})
     assert r["version"] == "9.2.1"
     assert r["total"] == 1 << 30 and r["hbm"] == 1 << 30 and r["size"] == 1 << 30
     assert r["allocated"] < 16 << 20  # ACL_SIM_DEVICE_PREALLOC=none: a sparse file
