@@ -254,6 +254,35 @@ def env_template_hint(npu_root, ident):
             "- name: %s\n  value: %s" % (NPU_PATH_ENV, path))
 
 
+def restore_template_env(host_root, service, instance, source_instance=None, source_stem=None):
+    """The env entries with which a pod template carries its own restore request (docs/fleet.md): the node's
+    restore-on-create runtime then restores a recreated pod from ``<host_root>/<namespace>/<service>/<instance>/
+    <pod>`` without any Ansible run -- or starts it normally when there is no valid snapshot there (first start,
+    another node, another image). The kubelet expands ``$(VAR)`` from the entries before it.
+
+    ``source_instance`` (with the source pods' name ``source_stem``, e.g. ``qwen-p0-``): a clone -- pod k of this
+    instance restores from pod k of the source instance, k from the StatefulSet's pod-index label.
+    """
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    root = host_root.rstrip("/")
+    pod = "$(POD_NAME)"
+    own = "$(POD_NAMESPACE)/%s/%s/$(POD_NAME)" % (service, instance)
+    if source_instance:
+        if not source_stem:
+            raise ParameterError("source_stem: give the source pods' name without the ordinal (e.g. %s-%s-)"
+                                 % (service, source_instance), field="source_stem")
+        env.append({"name": "POD_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.labels['%s']" % layout.K8S_POD_INDEX_LABEL}}})
+        instance, pod = source_instance, source_stem + "$(POD_INDEX)"
+    source = "$(POD_NAMESPACE)/%s/%s/%s" % (service, instance, pod)
+    env.append({"name": layout.ENV_RESTORE_FROM, "value": "%s/%s" % (root, source)})
+    env.append({"name": layout.ENV_RESTORE_IDENTITY, "value": own})
+    if source_instance:
+        env.append({"name": layout.ENV_RESTORE_SOURCE, "value": source})
+    return env
+
+
 # -- generation ---------------------------------------------------------------------------------------
 def generation_annotations(ident, npu_path, host_path, config):
     return {A_ENABLED: "true", A_IDENTITY: identity_string(ident), A_NPU_PATH: npu_path, A_HOST_PATH: host_path,

@@ -214,3 +214,22 @@ def test_the_runtime_accepts_exactly_the_declared_source_of_the_same_service(nod
     entry = status.read(snap)["last_restore"]
     assert entry["outcome"] == "cold" and entry.get("source") == source, entry
     assert fleet.read(snap) == []  # a cold start leaves nothing in the record of restores
+
+
+# -- Kubernetes: the template carries the request ---------------------------------------------------
+def test_the_template_env_expands_to_the_pods_own_snapshot_and_identity_as_the_kubelet_resolves_it():
+    from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+    pod = {"metadata": {"name": "qwen-p1-2", "namespace": "inference",
+                        "labels": {"apps.kubernetes.io/pod-index": "2"}}, "spec": {}}
+    own, _unresolved = svc.resolve_env(pod, {"env": svc.restore_template_env("/mnt/snap/", "qwen", "p1")})
+    assert own["INFEROPS_RESTORE_FROM"] == "/mnt/snap/inference/qwen/p1/qwen-p1-2"
+    assert own["INFEROPS_RESTORE_IDENTITY"] == "inference/qwen/p1/qwen-p1-2" and "INFEROPS_RESTORE_SOURCE" not in own
+    clone, _unresolved = svc.resolve_env(pod, {"env": svc.restore_template_env("/mnt/snap", "qwen", "p1", "p0", "qwen-p0-")})
+    assert clone["INFEROPS_RESTORE_FROM"] == "/mnt/snap/inference/qwen/p0/qwen-p0-2"
+    assert clone["INFEROPS_RESTORE_SOURCE"] == "inference/qwen/p0/qwen-p0-2"
+    assert clone["INFEROPS_RESTORE_IDENTITY"] == "inference/qwen/p1/qwen-p1-2"
+    request = rr.restore_request({"process": {"env": ["%s=%s" % kv for kv in clone.items()]}}, dict(rr.DEFAULTS))
+    assert request["identity"] == dict(CLONE, namespace="inference", service="qwen", pod="qwen-p1-2")
+    assert fleet.clone_reason(request["identity"], request["source"]) is None
+    with pytest.raises(ParameterError, match="source_stem"):
+        svc.restore_template_env("/mnt/snap", "qwen", "p1", "p0")

@@ -1,0 +1,151 @@
+"""Restore on recreation without a scheduled job (issue 12, item 3), on the Kubernetes API emulator, the simulated
+kubelet and the real dockerd + CRIU + the simulated NPU.
+
+The pod template carries its own restore request (``_k8s_service.restore_template_env``: INFEROPS_RESTORE_FROM
+and INFEROPS_RESTORE_IDENTITY built with the kubelet's $(VAR) expansion from the pod's own name and
+namespace) and no scheduling gate. The node's restore-on-create runtime then decides alone, when the kubelet
+creates the container: no snapshot there (the first deployment) is a normal start; after a generation, a
+deleted and recreated pod comes back from its snapshot with no Ansible run in between. The figure printed is
+pod deleted -> first correct answer, the StatefulSet controller's part (wait until the old pod is gone,
+create the new one) included."""
+
+import time
+import urllib.parse
+import uuid
+
+import pytest
+
+from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, write_inventory, write_kubeconfig
+from _runtime_helpers import installed_runtime
+from conftest import free_port, http_get, reset_device
+
+from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
+
+NODE = "node-a"
+RUNTIME_CLASS = "inferops-restore"
+PROMPTS = ["what is an NPU?", "no job in the way", "数据"]
+REQUEST_ENV = ("POD_NAME", "POD_NAMESPACE", "INFEROPS_RESTORE_FROM", "INFEROPS_RESTORE_CHECKSUM",
+               "INFEROPS_RESTORE_IDENTITY")
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def runtime(docker_env, tmp_path_factory):
+    with installed_runtime(tmp_path_factory.mktemp("fleet-k8s-node")) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_env, runtime, tmp_path_factory):
+    base = tmp_path_factory.mktemp("fleet-k8s")
+    server = ApiServer()
+    kubelet = Kubelet(server.url, NODE, base / "kubelet", "fleetk8s-" + uuid.uuid4().hex[:6],
+                      runtime_classes={RUNTIME_CLASS: runtime.name})
+    kubeconfig = write_kubeconfig(base / "kubeconfig", server.url)
+    namespace = "nojob"
+    state = {"base": base, "api": Api(server.url, namespace), "kubelet": kubelet, "namespace": namespace,
+             "inventory": write_inventory(base / "inventory.json", NODE, kubeconfig), "image": docker_env,
+             "npu_root": base / "npu-snapshots", "host_root": runtime.roots / "host-nojob", "ports": {}, "devices": {}}
+    for root in (state["npu_root"], state["host_root"]):
+        root.mkdir(mode=0o700)
+    yield state
+    kubelet.stop()
+    server.stop()
+    assert kubelet.errors == [], "the kubelet simulation failed:\n" + "\n".join(kubelet.errors)
+
+
+def template(cluster, pod, instance="p0"):
+    """The pod as its StatefulSet's template makes it: the restore request in its env, no scheduling gate."""
+    if pod not in cluster["ports"]:
+        cluster["ports"][pod] = free_port()
+        cluster["devices"][pod] = cluster["base"] / ("npu-device-" + pod)
+        cluster["devices"][pod].mkdir(mode=0o700)
+    manifest = workload_pod(pod, cluster["namespace"], "qwen", instance, cluster["image"], cluster["ports"][pod],
+                            cluster["devices"][pod], cluster["npu_root"], runtime_class=RUNTIME_CLASS)
+    container = manifest["spec"]["containers"][0]
+    npu_path = "%s/$(POD_NAMESPACE)/qwen/%s/$(POD_NAME)" % (cluster["npu_root"], instance)
+    container["env"] = [item for item in container["env"] if item["name"] not in REQUEST_ENV] + \
+        svc.restore_template_env(str(cluster["host_root"]), "qwen", instance) + \
+        [{"name": "VLLM_NPU_SNAPSHOT_PATH", "value": npu_path}]
+    return manifest
+
+
+def first_answer(cluster, pod, since, timeout=120):
+    """Seconds from ``since`` (monotonic) until the pod's engine serves a correct answer."""
+    url = "http://127.0.0.1:%d/v1/generate?prompt=%s" % (cluster["ports"][pod], urllib.parse.quote(PROMPTS[0]))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            code, _body = http_get(url, timeout=2)
+            if code == 200:
+                return time.monotonic() - since
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("pod %s never answered" % pod)
+
+
+def answers(cluster, pod):
+    base = "http://127.0.0.1:%d" % cluster["ports"][pod]
+    return [http_get(base + "/v1/generate?prompt=" + urllib.parse.quote(p), timeout=30)[1]["answer"] for p in PROMPTS]
+
+
+def info(cluster, pod):
+    return http_get("http://127.0.0.1:%d/v1/info" % cluster["ports"][pod])[1]
+
+
+def container_id(cluster, pod):
+    def reported():
+        statuses = ((cluster["api"].pod(pod) or {}).get("status") or {}).get("containerStatuses") or [{}]
+        return statuses[0].get("containerID")
+    return cluster["api"].wait(reported, "the container of %s reported" % pod).split("://", 1)[1]
+
+
+def wait_ready(cluster, pod, timeout=120):
+    def ready():
+        conditions = ((cluster["api"].pod(pod) or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    cluster["api"].wait(ready, "pod %s Ready" % pod, timeout)
+
+
+def test_a_recreated_pod_is_restored_by_the_node_alone_with_no_ansible_run(cluster, runtime):
+    api, pod = cluster["api"], "qwen-p0-0"
+    snapshot_dir = svc.snapshot_path(str(cluster["host_root"]), {"namespace": cluster["namespace"], "service": "qwen",
+                                                                 "instance": "p0", "pod": pod})
+    # first deployment: the request names a snapshot that is not there yet -- a normal start, nothing waits
+    api.create(template(cluster, pod))
+    wait_ready(cluster, pod)
+    first = runtime.log_records(container_id(cluster, pod))[-1]
+    assert first["outcome"] == "cold" and first["reason"].startswith("missing: "), first
+    # (with VLLM_NPU_SNAPSHOT_PATH its engine took its device snapshot after the warmup and waits for the generation)
+
+    rc, output = run_playbook("k8s_generate.yml", cluster["inventory"], {
+        "k8s_snapshot_namespace": cluster["namespace"], "k8s_snapshot_service": "qwen",
+        "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": {
+            "enabled": True, "npuSnapshotPath": str(cluster["npu_root"]), "hostSnapshotPath": str(cluster["host_root"])}})
+    assert rc == 0, output[-4000:]
+    assert status.read(snapshot_dir)["status"] == "completed"
+    warmed = info(cluster, pod)
+    expected = answers(cluster, pod)
+
+    # the pod is lost; its controller recreates it from the same template -- and nothing else runs
+    deleted = time.monotonic()
+    api.delete(pod)
+    cluster["kubelet"].wait_removed(cluster["namespace"], pod)
+    reset_device(cluster["devices"][pod])  # what the deletion does to its NPU
+    api.create(template(cluster, pod))
+    seconds = first_answer(cluster, pod, deleted)
+    cid = container_id(cluster, pod)
+    record = runtime.log_records(cid)[-1]
+    assert record["outcome"] == "restored" and record["reason"] is None, record
+    assert record["verify"]["identity_checked"], record["verify"]
+    now = info(cluster, pod)
+    assert now["started_at"] == warmed["started_at"] and now["snapshot_state"] == "RUNNING", now
+    assert answers(cluster, pod) == expected
+    assert now["metadata"]["restored"] is True and now["metadata"]["env"]["POD_UID"] == api.pod(pod)["metadata"]["uid"]
+    assert now["metadata"]["identity"]["pod"] == pod
+    entry = status.read(snapshot_dir)["last_restore"]
+    assert entry["container"] == cid and entry["outcome"] == "restored", entry
+    print("\nno-job restore: pod deleted -> first correct answer in %.2f s (runtime stages %s)"
+          % (seconds, record["durations"]))
