@@ -1,0 +1,181 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""gated_pods: an ansible-rulebook event source for pods held by the snapshot-restore scheduling gate.
+
+Where a pod must wait for a decision before it is scheduled (node-local snapshots: the restore role pins
+the pod to the node that holds its snapshot), the restore role must run within seconds of the pod's
+creation, and a pod must never stay gated because nothing ran. This source polls the pods of one
+namespace (every ``interval`` seconds, one list call) and puts
+
+- ``{"inferops_gated_pod": {namespace, name, uid, service, instance, gated_for}}`` once per pod
+  incarnation (uid) that carries the gate: the rulebook runs ``inferops.snapshot.k8s_restore`` for its
+  service (extensions/eda/rulebooks/restore_gated_pods.yml);
+- ``{"inferops_gate_released": {..., "reason": ...}}`` when a pod is still gated ``release_after`` seconds
+  after its creation: the source removes the gate itself (a merge patch with the pod's uid as the
+  precondition), so the pod starts -- normally, or restored by the node's runtime when its template
+  carries its own restore request (docs/fleet.md). Fail open: a broken rulebook, a failing playbook, a
+  stopped controller cost a pod at most ``release_after`` seconds, never its start.
+
+Arguments:
+  namespace:      the namespace to watch (required)
+  service:        only pods with the service label of this value (default: every pod with the gate)
+  gate:           the scheduling gate (default inferops.org/snapshot-restore)
+  service_label:  default inferops.org/service; instance_label: default inferops.org/instance
+  interval:       seconds between polls (default 1)
+  release_after:  seconds after which a pod still gated is released (default 60; 0: never)
+  kubeconfig, context: as kubernetes.core (else K8S_AUTH_KUBECONFIG, ~/.kube/config, in-cluster)
+  host, api_key, validate_certs, ca_cert: a direct connection instead
+
+Examples:
+  sources:
+    - inferops.snapshot.gated_pods:
+        namespace: inference
+        service: qwen
+        release_after: 60
+
+Needs the ``kubernetes`` Python package (the collection's requirements/runtime.txt). RBAC: list and
+patch on pods in the namespace (docs/kubernetes.md's Role has both).
+"""
+
+import asyncio
+import datetime
+import json
+import os
+import time
+
+try:  # the collection's one home of these names, when the collection is importable
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout as _layout
+    GATE, SERVICE_LABEL, INSTANCE_LABEL = _layout.K8S_RESTORE_GATE, _layout.K8S_SERVICE_LABEL, _layout.K8S_INSTANCE_LABEL
+except ImportError:  # ansible-rulebook loads a source by its path: the same values as core/layout.py
+    GATE, SERVICE_LABEL, INSTANCE_LABEL = ("inferops.org/snapshot-restore", "inferops.org/service",
+                                           "inferops.org/instance")
+
+MERGE = "application/merge-patch+json"
+ARGUMENTS = ("namespace", "service", "gate", "service_label", "instance_label", "interval", "release_after",
+             "kubeconfig", "context", "host", "api_key", "validate_certs", "ca_cert")
+
+
+class ArgumentError(ValueError):
+    pass
+
+
+def check_args(args):
+    """The arguments with their defaults; ArgumentError naming the field before anything is contacted."""
+    args = dict(args or {})
+    if not args.get("namespace"):
+        raise ArgumentError("namespace: give the namespace whose gated pods to watch")
+    unknown = sorted(set(args) - set(ARGUMENTS))
+    if unknown:
+        raise ArgumentError("unknown argument(s) %s; known: %s" % (", ".join(unknown), ", ".join(ARGUMENTS)))
+    for name, default, low in (("interval", 1.0, 0.05), ("release_after", 60.0, 0.0)):
+        try:
+            args[name] = float(args.get(name, default))
+        except (TypeError, ValueError):
+            raise ArgumentError("%s: %r is not a number of seconds" % (name, args.get(name)))
+        if args[name] < low:
+            raise ArgumentError("%s: must be at least %s seconds" % (name, low))
+    args.setdefault("gate", GATE)
+    args.setdefault("service_label", SERVICE_LABEL)
+    args.setdefault("instance_label", INSTANCE_LABEL)
+    return args
+
+
+def api_client(args):
+    import kubernetes  # here, so that the argument check needs nothing installed
+    if args.get("host"):
+        configuration = kubernetes.client.Configuration()
+        configuration.host = args["host"]
+        if args.get("api_key"):
+            configuration.api_key = {"authorization": "Bearer " + args["api_key"]}
+        configuration.verify_ssl = bool(args.get("validate_certs", True))
+        if args.get("ca_cert"):
+            configuration.ssl_ca_cert = args["ca_cert"]
+        return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
+    path = args.get("kubeconfig") or os.environ.get("K8S_AUTH_KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if os.path.exists(path):
+        return kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(path, context=args.get("context")))
+    kubernetes.config.load_incluster_config()
+    return kubernetes.client.CoreV1Api()
+
+
+def _created(pod):
+    text = (pod.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def gated(pod, gate):
+    return any(item.get("name") == gate for item in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def describe(pod, args, now):
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    created = _created(pod)
+    return {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
+            "service": labels.get(args["service_label"]), "instance": labels.get(args["instance_label"]),
+            "gated_for": round(now - created, 1) if created is not None else None}
+
+
+def list_gated(core, args):
+    selector = "%s=%s" % (args["service_label"], args["service"]) if args.get("service") else None
+    response = core.list_namespaced_pod(args["namespace"], label_selector=selector, _preload_content=False)
+    return [pod for pod in json.loads(response.data).get("items") or [] if gated(pod, args["gate"])]
+
+
+def release(core, pod, gate):
+    """Remove ``gate`` from this very pod (its uid is the precondition: a recreated pod is not touched)."""
+    meta = pod["metadata"]
+    gates = [item for item in pod["spec"].get("schedulingGates") or [] if item.get("name") != gate]
+    core.patch_namespaced_pod(meta["name"], meta["namespace"],
+                              {"metadata": {"uid": meta["uid"]}, "spec": {"schedulingGates": gates or None}},
+                              _content_type=MERGE, _preload_content=False)
+
+
+async def main(queue, args):
+    """ansible-rulebook's entry point: poll, put events, release pods past their deadline; runs until cancelled."""
+    args = check_args(args)
+    loop = asyncio.get_running_loop()
+    core = await loop.run_in_executor(None, api_client, args)
+    seen, released = set(), set()
+    while True:
+        try:
+            pods = await loop.run_in_executor(None, list_gated, core, args)
+        except Exception as exc:  # the API is away for a moment: say so, go on polling
+            await queue.put({"inferops_gated_pods_error": {"namespace": args["namespace"], "error": str(exc)[:500]}})
+            pods = []
+        now = time.time()
+        current = set()
+        for pod in pods:
+            info = describe(pod, args, now)
+            current.add(info["uid"])
+            if info["uid"] not in seen:
+                seen.add(info["uid"])
+                await queue.put({"inferops_gated_pod": info})
+            if args["release_after"] and info["gated_for"] is not None and info["gated_for"] >= args["release_after"] \
+                    and info["uid"] not in released:
+                try:
+                    await loop.run_in_executor(None, release, core, pod, args["gate"])
+                except Exception as exc:  # gone or recreated meanwhile (404, 409): the next poll sees what is there
+                    await queue.put({"inferops_gated_pods_error": dict(info, error=str(exc)[:500])})
+                    continue
+                released.add(info["uid"])
+                await queue.put({"inferops_gate_released": dict(info, reason=(
+                    "still gated %.0f s after its creation (release_after=%.0f s): released for a start without "
+                    "the restore role's decision" % (info["gated_for"], args["release_after"])))})
+        seen &= current | released
+        released &= current
+        await asyncio.sleep(args["interval"])
+
+
+if __name__ == "__main__":  # a quick look without ansible-rulebook: python gated_pods.py NAMESPACE [SERVICE]
+    import sys
+
+    class PrintQueue:
+        async def put(self, event):
+            print(json.dumps(event, sort_keys=True), flush=True)
+
+    asyncio.run(main(PrintQueue(), {"namespace": sys.argv[1], "service": (sys.argv[2:] or [None])[0]}))
