@@ -63,9 +63,35 @@ options:
     choices: [docker, criu]
     default: docker
   snapshot_dir:
-    description: The published snapshot of this pod.
+    description:
+      - The published snapshot of this pod. Required unless O(source) is given.
+      - With O(source), leave it out (or give the source's snapshot, which is then checked).
     type: path
-    required: true
+  source:
+    description:
+      - Restore a snapshot of another instance of the same service (a clone, for a scale-out) instead of the pod's
+        own. Pod k of the new instance restores from pod k of the source instance (the pods' names end in their
+        ordinal). The identity check then accepts exactly that source, and only of the same namespace and
+        service as O(identity); every other check (image, arguments, mounts, devices, versions) applies.
+      - Only with O(method=runtime), into an existing O(container) created for the clone with the restore-on-create
+        runtime, a device and a network namespace of its own, and the env C(INFEROPS_RESTORE_FROM) (the source's
+        snapshot), C(INFEROPS_RESTORE_IDENTITY) (O(identity)) and C(INFEROPS_RESTORE_SOURCE) (the source's
+        identity); the module says what is missing. The runtime writes the clone's identity, its source and a fresh
+        C(restore_nonce) into its metadata file, and never restores one snapshot onto one device twice at once.
+    type: dict
+    suboptions:
+      instance:
+        description: The source instance, or V(newest) for the instance whose matching pod has the newest completed
+          snapshot below O(source.root) (never the clone's own instance).
+        type: str
+        default: newest
+      pod:
+        description: The source pod. Default is the source instance's pod with the ordinal of O(identity.pod).
+        type: str
+      root:
+        description: The snapshot root, C(<root>/<namespace>/<service>/<instance>/<pod>).
+        type: path
+        default: /var/lib/inferops/snapshots
   container:
     description: Name of the recreated container. Required with O(engine=docker); not used with O(engine=criu).
     type: str
@@ -198,6 +224,14 @@ EXAMPLES = r"""
     method: runtime
     health_url: http://127.0.0.1:8000/health
 
+- name: Scale out -- pod 0 of instance p1 starts from the newest completed snapshot of pod 0 of another instance
+  inferops.snapshot.snapshot_restore:
+    identity: {namespace: default, service: qwen, instance: p1, pod: qwen-p1-0}
+    source: {instance: newest, root: /var/lib/inferops/snapshots}
+    container: qwen-p1-0      # created for the clone: --runtime inferops-restore, its own device and network
+    method: runtime
+  register: clone
+
 - name: Bring a bare engine process back (checkpointed with host_checkpoint engine=criu), or start it normally
   inferops.snapshot.snapshot_restore:
     engine: criu
@@ -210,6 +244,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+source:
+  description: A clone's source, the identity whose snapshot was restored (see O(source)).
+  returned: with O(source)
+  type: dict
+  sample: {namespace: default, service: qwen, instance: p0, pod: qwen-p0-0}
 restored:
   description: Whether the container (or process) came back from the snapshot (false means a normal cold start).
   returned: always
@@ -276,7 +315,9 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore imp
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],
-    snapshot_dir=dict(type="path", required=True),
+    snapshot_dir=dict(type="path"),
+    source=dict(type="dict", options=dict(instance=dict(type="str", default="newest"), pod=dict(type="str"),
+                                          root=dict(type="path", default=layout.DEFAULT_SNAPSHOT_ROOT))),
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
     engine=dict(type="str", default="docker", choices=["docker", "criu"]),
     container=dict(type="str"),

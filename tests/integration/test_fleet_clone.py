@@ -174,3 +174,29 @@ def test_a_clone_request_for_another_service_starts_cold(node, source):
     record = node.log_records(docker("inspect", "--format", "{{.Id}}", foreign.name))[-1]
     assert record["outcome"] == "cold" and record["reason"].startswith("clone_refused: "), record
     foreign.remove()
+
+
+def test_the_module_clones_the_newest_snapshot_of_the_service_into_a_container_made_for_it(node, source):
+    device = source["base"] / "npu-module"
+    device.mkdir(mode=0o700)
+    reset_device(device)
+    clone, target = source["clone"]("p4", device)
+    args = {"identity": target, "source": {"instance": "newest", "root": str(node.roots)}, "container": clone.name,
+            "method": "runtime", "runtime_name": node.name, "timeout": 60}
+    # bad input is refused naming the field, before anything is created
+    refused = run_module("snapshot_restore", dict(args, method="docker"))
+    assert refused["failed"] and refused["msg"].startswith("source: a clone is restored by the node's"), refused
+    missing = run_module("snapshot_restore", args)
+    assert missing["failed"] and missing["msg"].startswith("container: a clone needs a container of its own"), missing
+    assert "INFEROPS_RESTORE_SOURCE=" + layout.identity_string(source["ident"]) in missing["msg"], missing["msg"]
+    foreign = run_module("snapshot_restore", dict(args, identity=dict(target, service="other")))
+    assert foreign["failed"] and foreign["msg"].startswith("source: no other instance of fleet/other"), foreign
+    clone.create()
+    result = run_module("snapshot_restore", args)
+    assert not result["failed"] and result["restored"] is True, result
+    assert result["source"] == source["ident"] and result["snapshot_dir"] == source["snapshot_dir"], result
+    wait_answer(clone)
+    assert clone.answers() == source["expected"] and source["src"].answers() == source["expected"]
+    assert clone.get("/v1/info")["metadata"]["identity"] == target
+    again = run_module("snapshot_restore", args)
+    assert not again["failed"] and again["changed"] is False, again  # it runs: left alone

@@ -12,14 +12,16 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
+
 try:
     from urllib.parse import urlparse
 except ImportError:  # pragma: no cover
     from urlparse import urlparse
 
 from .. import container as container_record
-from .. import encryption, health, layout, paths, schema, signature
-from ..clients.docker import DockerCli
+from .. import encryption, fleet, health, layout, paths, schema, signature
+from ..clients.docker import DockerCli, env_dict
 from ..clock import Stopwatch
 from ..errors import ParameterError
 from . import bare, pipeline, verify
@@ -48,7 +50,40 @@ def check_options(params):
     if not metadata_path.startswith("/") or metadata_path.endswith("/") or ".." in metadata_path.split("/"):
         raise ParameterError("metadata_path: give an absolute file path (without '..') inside the container")
     schema.validate("manifest", params["identity"], "identity", definition="identity")
+    if params.get("source"):
+        return clone_source(params)
+    if not params["snapshot_dir"]:
+        raise ParameterError("snapshot_dir: give the pod's snapshot (or source, to clone another instance's)",
+                             field="snapshot_dir")
     return paths.validate_snapshot_dir(params["snapshot_dir"])
+
+
+def clone_source(params):
+    """A clone (fleet.py): the source's snapshot dir, with ``params['source_identity']`` set. Clones are restored by
+    the node's runtime into a container the operator made for them (its own device, its own network namespace),
+    which carries the request: anything else is refused here, naming the field, before anything is done."""
+    wanted = params["source"]
+    if params["engine"] != "docker" or params["method"] != "runtime":
+        raise ParameterError("source: a clone is restored by the node's restore-on-create runtime: give engine=docker "
+                             "and method=runtime (the runtime writes the clone's identity and nonce into its metadata "
+                             "file and keeps two restores of one snapshot off one device)", field="source")
+    identity = params["identity"]
+    source, snapshot_dir = fleet.choose_source(wanted["root"], identity, wanted.get("instance"), wanted.get("pod"))
+    refused = fleet.clone_reason(identity, source)
+    if refused:
+        raise ParameterError(refused, field="source")
+    if params["snapshot_dir"] and os.path.normpath(params["snapshot_dir"]) != snapshot_dir:
+        raise ParameterError("snapshot_dir: %s is not the source's snapshot %s; leave snapshot_dir out with source"
+                             % (params["snapshot_dir"], snapshot_dir), field="snapshot_dir")
+    params["source_identity"] = source
+    return paths.validate_snapshot_dir(snapshot_dir, field="source")
+
+
+def clone_request_problems(env, snapshot_dir, identity, source):
+    """What the clone's container lacks for the runtime to restore it as the clone (names of the env entries)."""
+    wanted = {layout.ENV_RESTORE_FROM: snapshot_dir, layout.ENV_RESTORE_IDENTITY: layout.identity_string(identity),
+              layout.ENV_RESTORE_SOURCE: layout.identity_string(source)}
+    return ["%s=%s" % (key, value) for key, value in sorted(wanted.items()) if env.get(key) != value]
 
 
 def restore(params, check_mode=False, warn=lambda text: None):
@@ -117,7 +152,20 @@ def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
     """method=runtime: verify what can be verified without reading the files, then hand over."""
     job = RuntimeHandover(docker, params["container"], params["env"], params["runtime_name"], params["metadata_path"],
                           params["device_restore"])
+    source = params.get("source_identity")
     base = dict(snapshot_dir=snapshot_dir, container=params["container"])
+    if source is not None:
+        base["source"] = source
+        lacking = ["the container"] if not job.container_id else clone_request_problems(
+            env_dict((docker.inspect_container(job.container_id).get("Config") or {}).get("Env")),
+            snapshot_dir, params["identity"], source)
+        if lacking:
+            raise ParameterError(
+                "container: a clone needs a container of its own, created with --runtime %s, its own device and its "
+                "own network namespace (a clone on the source's device or port would break both), and the env %s; "
+                "it lacks %s" % (params["runtime_name"], " ".join(clone_request_problems({}, snapshot_dir,
+                                                                                         params["identity"], source)),
+                                 ", ".join(lacking)), field="container")
     if job.container_id and docker.is_running(job.container_id):
         return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
                     verify=None, container_id=job.container_id, created=False, durations={})
@@ -127,7 +175,8 @@ def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
         # The runtime hashes every file right before it restores; hashing here too would read the whole
         # snapshot twice. Check mode hashes, to predict truthfully.
         verdict = verify.for_restore(snapshot_dir, "docker", verify.expectations(
-            params["identity"], image, params["criu_version"], params["runtime_version"]), params["min_size"],
+            params["identity"], image, params["criu_version"], params["runtime_version"], source=source),
+            params["min_size"],
             params["workers"], hash_files=check_mode, trusted=trusted_keys(params),
             world_now=lambda recorded: docker_world_now(docker, job.container_id, recorded))
         recorded_manifest = verdict.pop("manifest")
