@@ -78,6 +78,12 @@ def images_dir(snapshot_dir_):
     return os.path.join(snapshot_dir_, IMAGES_DIR)
 
 
+def is_page_image(relpath):
+    """A CRIU pages image: process memory that CRIU copies into the restored tasks and never interprets."""
+    directory, name = os.path.split(relpath)
+    return directory == IMAGES_DIR and name.startswith("pages-") and name.endswith(".img")
+
+
 # -- what the engine reads ---------------------------------------------------------------------------
 ENV_NPU_SNAPSHOT_PATH = "VLLM_NPU_SNAPSHOT_PATH"   # the engine takes the device snapshot itself after warmup
 ENV_METADATA_FILE = "INFEROPS_METADATA_FILE"       # where it reads its new environment after a restore

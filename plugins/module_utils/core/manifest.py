@@ -206,7 +206,7 @@ def load_manifest(directory):
         return json.load(handle)
 
 
-def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None):
+def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None, defer=None):
     """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
 
     ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
@@ -219,6 +219,12 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     (listing, sizes, manifest, identity, versions): for a caller whose next step hands the
     snapshot to a component that hashes every file right before it uses them, so that no file is
     read twice. ``details["checksums"]`` says which was done.
+
+    ``defer`` (relpath -> bool): files whose content is checked later, by ``verify_deferred``, while the
+    caller already uses them in a way that runs nothing of theirs (CRIU copying page images into tasks it
+    leaves stopped). Everything else, and their listing and size, is checked now; ``details["deferred"]``
+    is what ``verify_deferred`` needs (None when nothing was deferred). Until it has passed, the verdict
+    covers everything but those files' bytes.
     """
     expect = expect or {}
     reasons = []
@@ -277,12 +283,26 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
         else:
             chunked[rel] = chunk_bytes
     whole = [rel for rel in to_hash if rel not in hashes and rel not in chunked]
+    details["deferred"] = None
+    if defer is not None and hash_files:
+        later = [rel for rel in whole + sorted(chunked) if rel != MANIFEST and defer(rel)]
+        if later:
+            details["deferred"] = {"whole": [rel for rel in later if rel in whole],
+                                   "chunked": dict((rel, (chunked[rel], plan[rel]["chunks"])) for rel in later
+                                                   if rel in chunked),
+                                   "listed": dict((rel, listed[rel]) for rel in later)}
+            for rel in later:  # taken as listed for now; the size is checked against the manifest below
+                hashes[rel] = (os.lstat(os.path.join(directory, rel)).st_size, listed[rel])
+            whole = [rel for rel in whole if rel not in hashes]
+            chunked = dict((rel, size) for rel, size in chunked.items() if rel not in hashes)
     whole_hashes, chunk_hashes, stats = hash_tree(directory, whole, chunked, workers=workers, progress=progress)
     hashes.update(whole_hashes)
     for rel in chunked:
         good = [digest for _length, digest in chunk_hashes[rel]] == plan[rel]["chunks"]
         hashes[rel] = (plan[rel]["size"], listed[rel] if good else None)
     stats["chunked_files"] = len(chunked)
+    if details["deferred"]:
+        stats["deferred_files"] = len(details["deferred"]["listed"])
     details["hashing"] = stats
     details["files"] = len(hashes)
     details["bytes"] = sum(size for size, _digest in hashes.values())
@@ -304,6 +324,22 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     if details["bytes"] < min_size:
         reasons.append("too_small: %d bytes in total, below the minimum of %d" % (details["bytes"], min_size))
     return not reasons, reasons, details
+
+
+def verify_deferred(directory, deferred, workers=None, progress=None):
+    """The content check ``verify(defer=...)`` left for later: (reasons, stats); [] when every byte is as listed."""
+    chunked = dict((rel, entry[0]) for rel, entry in deferred["chunked"].items())
+    whole_hashes, chunk_hashes, stats = hash_tree(directory, deferred["whole"], chunked, workers=workers,
+                                                  progress=progress)
+    reasons = []
+    for rel in sorted(deferred["listed"]):
+        if rel in chunked:
+            good = [digest for _length, digest in chunk_hashes.get(rel, [])] == deferred["chunked"][rel][1]
+        else:
+            good = (whole_hashes.get(rel) or (None, None))[1] == deferred["listed"][rel]
+        if not good:
+            reasons.append("checksum_mismatch: %s" % rel)
+    return reasons, stats
 
 
 def _compare(manifest, hashes, expect, already_reported):

@@ -75,6 +75,18 @@ def descendants(pid, tree=None):
     return found
 
 
+def tree_states(pid):
+    """The distinct states (R, S, T, ...) of ``pid`` and every process below it, sorted."""
+    return sorted(set((stat_fields(member) or ["?"])[0] for member in descendants(pid)))
+
+
+def continue_tree(pid):
+    """SIGCONT to ``pid`` and every process below it (tasks CRIU left stopped); returns the pids."""
+    pids = descendants(pid)
+    kill_quietly(pids, signal.SIGCONT)
+    return pids
+
+
 def kill_quietly(pids, sig=signal.SIGKILL):
     for pid in pids:
         try:

@@ -153,12 +153,14 @@ class CriuCli:
         finally:
             remove_work_dir(work)
 
-    def restore_detached(self, images_dir, timeout, name="bare"):
-        """Restore a bare process tree from ``images_dir`` (with its recorded pids); return the restored root pid."""
+    def restore_detached(self, images_dir, timeout, name="bare", leave_stopped=False):
+        """Restore a bare process tree from ``images_dir`` (with its recorded pids); return the restored root pid.
+        ``leave_stopped``: the tasks stay stopped until they get SIGCONT (proc.continue_tree)."""
         work = tempfile.mkdtemp(prefix="inferops-restore-")
         pidfile = os.path.join(work, "restored.pid")
         argv = self._argv(["restore", "--images-dir", images_dir, "--work-dir", work, "--restore-detached",
-                           "--pidfile", pidfile, "--log-file", "restore.log", "-v4"] + list(PROCESS_OPTIONS))
+                           "--pidfile", pidfile, "--log-file", "restore.log", "-v4"] + list(PROCESS_OPTIONS)
+                          + (["--leave-stopped"] if leave_stopped else []))
         try:
             self.runner.run(argv, timeout=timeout, what="criu restore")
             with open(pidfile) as handle:

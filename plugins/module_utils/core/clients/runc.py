@@ -12,13 +12,14 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 
-from .. import layout
+from .. import layout, paths
 from ..errors import ParameterError, SnapshotError
 from . import criu as criu_client
 from . import runner as runner_mod
@@ -68,6 +69,53 @@ def check_criu_config(path=layout.RUNC_CRIU_CONFIG):
             "running process and are closed in the restored one (the snapshot_prereqs role and scripts/env/setup.sh "
             "write it). See docs/troubleshooting.md" % (path, ", ".join("'%s'" % o for o in missing)),
             runc_criu_config=path)
+
+
+CRIU_CONFIG_ANNOTATION = "org.criu.config"  # runc passes this file to CRIU instead of /etc/criu/runc.conf
+
+
+class StoppedRestore:
+    """``runc restore`` with the restored tasks left stopped (CRIU's leave-stopped), for one container.
+
+    runc 1.1 has no option for it, but passes CRIU the configuration file its bundle's annotation names
+    (and CRIU ignores one it cannot open). ``enter`` writes, in the runtime's private state directory, a
+    file with the options the host's configuration has (tcp-close, ...) plus leave-stopped, and names it
+    in the bundle's config.json; ``leave`` puts config.json back as it was and turns the file into a link
+    to the host's own configuration: the restored container keeps the annotation in runc's state, so its
+    next checkpoint reads the host's options through the link, never leave-stopped.
+    """
+
+    def __init__(self, bundle, conf_path):
+        self.config_json = os.path.join(bundle, "config.json")
+        self.conf_path = conf_path
+        self.original = None
+        self.source = None
+
+    def enter(self, spec):
+        configured = (spec.get("annotations") or {}).get(CRIU_CONFIG_ANNOTATION)
+        self.source = layout.RUNC_CRIU_CONFIG if configured is None else configured  # "": none at all
+        options = []
+        if self.source:
+            try:
+                with open(self.source) as handle:
+                    options = [line.rstrip("\n") for line in handle if line.strip() != "leave-stopped"]
+            except (IOError, OSError):
+                pass
+        paths.write_file_atomic(self.conf_path, ("\n".join(options + ["leave-stopped"]) + "\n").encode("utf-8"))
+        with open(self.config_json, "rb") as handle:
+            self.original = handle.read()
+        changed = dict(spec, annotations=dict(spec.get("annotations") or {}, **{CRIU_CONFIG_ANNOTATION: self.conf_path}))
+        paths.write_file_atomic(self.config_json, json.dumps(changed).encode("utf-8"),
+                                os.stat(self.config_json).st_mode & 0o777)
+
+    def leave(self):
+        if self.original is not None:
+            paths.write_file_atomic(self.config_json, self.original, os.stat(self.config_json).st_mode & 0o777)
+            self.original = None
+        if os.path.lexists(self.conf_path):
+            os.unlink(self.conf_path)
+        if self.source:
+            os.symlink(self.source, self.conf_path)
 
 
 class RuncCli:

@@ -388,7 +388,7 @@ def _umount_lazy(point):
 def _verify_summary(attempt):
     verdict = attempt.verdict or {}
     return {"valid": verdict.get("valid"), "bytes": verdict.get("bytes"), "files": verdict.get("files"),
-            "throughput_mb_s": verdict.get("throughput_mb_s")}
+            "throughput_mb_s": verdict.get("throughput_mb_s"), "overlapped": verdict.get("overlapped")}
 
 
 def main(argv, config_path=None):

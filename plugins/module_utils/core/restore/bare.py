@@ -81,6 +81,7 @@ def start_detached(argv, env, log_path=None):
 class BareProcess(Driver):
     path = ENGINE
     engine = ENGINE
+    can_leave_stopped = True
 
     def __init__(self, cold_start, cold_start_log=None, criu=None, **wishes):
         super(BareProcess, self).__init__(**wishes)
@@ -108,7 +109,7 @@ class BareProcess(Driver):
 
     def host_restore(self, attempt):
         pid = self.criu.restore_detached(attempt.images_dir, attempt.remaining(1.0),
-                                         name=self.identity["pod"])
+                                         name=self.identity["pod"], leave_stopped=attempt.leave_stopped)
         attempt.pid_start_time = proc.start_time(pid)
         return pid
 

@@ -19,6 +19,7 @@ import subprocess
 
 from .. import fleet, layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
+from ..clients.runc import StoppedRestore
 from ..clients.docker import env_dict
 from ..container import read_container_record
 from ..errors import SnapshotError
@@ -57,6 +58,7 @@ def restored_process_paths(request, recorded_env, config):
 class OnCreate(Driver):
     path = "runtime"
     engine = "docker"
+    can_leave_stopped = True   # through runc's CRIU configuration file (clients/runc.StoppedRestore)
 
     def __init__(self, runtime, spec, bundle, create, request, docker, criu_version):
         super(OnCreate, self).__init__(identity=request["identity"], criu_version=criu_version,
@@ -161,14 +163,21 @@ class OnCreate(Driver):
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
         argv = runtime.runc.restore_argv(container_id, self.bundle, attempt.images_dir, work,
                                          pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"])
-        process = runtime.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
+        stopped = StoppedRestore(self.bundle, os.path.join(state, "criu.conf")) if attempt.leave_stopped else None
+        if stopped:
+            stopped.enter(self.spec)
         try:
-            rc = process.wait(timeout=attempt.remaining())
-        except subprocess.TimeoutExpired:
-            self.stop_restore(process)
-            kept, _cause = self.keep_log(work)
-            raise Fallback("timeout: runc restore did not finish within %.0f s and was stopped (CRIU log: %s)"
-                           % (attempt.timeout, kept))
+            process = runtime.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
+            try:
+                rc = process.wait(timeout=attempt.remaining())
+            except subprocess.TimeoutExpired:
+                self.stop_restore(process)
+                kept, _cause = self.keep_log(work)
+                raise Fallback("timeout: runc restore did not finish within %.0f s and was stopped (CRIU log: %s)"
+                               % (attempt.timeout, kept))
+        finally:
+            if stopped:
+                stopped.leave()
         if rc != 0:
             kept, cause = self.keep_log(work)
             raise Fallback("criu_failed: runc restore exited %d%s (CRIU log: %s)"

@@ -6,7 +6,7 @@
 Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the node's restore-on-create
 runtime, a bare process -- runs these stages on one stopwatch:
 
-    locate, verify -> check -> prepare -> host_restore -> metadata -> device_restore -> canary -> restored
+    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> device_restore -> canary
                  any failure, at any stage: undo what was started -> cold_start, with the reason
 
 and records the attempt in the snapshot's status record. A driver supplies only what differs
@@ -14,6 +14,12 @@ between paths (how to find the snapshot, what to expect of it, how to put the pr
 to start it cold). Every guarantee lives here once: a snapshot that does not verify is never
 restored; a failure, an unexpected error included, ends in a cold start with its reason, never in a
 half-restored process; the outcome says ``restored`` only after the device state is back too.
+
+Overlap without trusting early: a driver that can leave the restored tasks stopped (CRIU's leave-stopped)
+has the CRIU page images -- process memory, which CRIU copies into the tasks and never interprets --
+hashed while CRIU restores; everything CRIU parses (the other images, the manifest, the signature) is
+verified before it starts. The tasks run only after ``verify_pages`` has passed (``release``); a page
+image that does not match kills them unrun and the engine starts cold.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -22,9 +28,10 @@ __metaclass__ = type
 
 import os
 import tempfile
+import threading
 import traceback
 
-from .. import canary, device, encryption, layout, paths, status
+from .. import canary, device, encryption, layout, manifest, paths, proc, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import verify
@@ -45,7 +52,7 @@ class Attempt:
     """What one restore knows as it goes; drivers read and fill it."""
 
     def __init__(self, requested, timeout, device_restore=True, check_mode=False, hash_files=True, min_size=0,
-                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None):
+                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None, overlap=True):
         self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
         self.snapshot_dir = None
         self.watch = Stopwatch()
@@ -61,6 +68,8 @@ class Attempt:
         self.keys = keys or {}         # {key id: key}: what an encrypted snapshot may be decrypted with
         self.decrypt_dir = decrypt_dir or DECRYPT_DIR
         self.plain_dir = None          # the private plaintext of an encrypted snapshot, while it is restored
+        self.overlap = overlap         # hash the page images while CRIU restores into stopped tasks (when it can)
+        self.leave_stopped = False     # the host restore leaves the tasks stopped, for release() after the verdict
         self.verdict = None
         self.manifest = None
         self.pid = None
@@ -94,6 +103,7 @@ class Driver:
 
     path = None
     engine = "docker"
+    can_leave_stopped = False  # host_restore honours attempt.leave_stopped, and release() lets the tasks run
 
     def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
                  runtime_version=None):
@@ -131,6 +141,10 @@ class Driver:
         """Bring the process back from the CRIU images; return its host pid."""
         raise NotImplementedError
 
+    def release(self, attempt):
+        """Let the tasks a leave-stopped host restore left stopped run (the whole snapshot is verified)."""
+        proc.continue_tree(attempt.pid)
+
     def after_host_restore(self, attempt):
         """What needs the restored process but must come before its device state (its metadata file)."""
 
@@ -142,7 +156,6 @@ class Driver:
         return self.socket_dir
 
     def alive(self, attempt):
-        from .. import proc
         return proc.alive(attempt.pid)
 
     def undo(self, attempt):
@@ -165,16 +178,23 @@ def run(driver, attempt):
     """
     watch = attempt.watch
     stage = Stage(watch)
+    pages = None
     try:
         with stage("verify"):
             attempt.snapshot_dir = driver.locate(attempt)
             expect = dict(driver.expectations(attempt), checksum=attempt.checksum)
+            defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
+                else None
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
                                                  attempt.workers, attempt.hash_files, trusted=attempt.trusted,
-                                                 world_now=driver.world_now)
+                                                 world_now=driver.world_now, defer=defer)
+            deferred = attempt.verdict.pop("deferred", None)
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
+            if deferred:
+                pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers).start()
+                attempt.leave_stopped = True
         if attempt.manifest.get("encryption"):
             with stage("decrypt"):
                 decrypt(attempt)
@@ -188,6 +208,16 @@ def run(driver, attempt):
         attempt.started = True
         with stage("host_restore"):
             attempt.pid = driver.host_restore(attempt)
+        if pages is not None:
+            with stage("verify_pages"):  # nothing restored has run yet: the verdict decides whether it ever does
+                wrong = pages.result(attempt.remaining())
+                attempt.verdict["overlapped"] = {"files": len(pages.deferred["listed"]), "hashing": pages.stats,
+                                                 "task_states_at_verdict": proc.tree_states(attempt.pid),
+                                                 "released": not wrong}
+                if wrong:
+                    attempt.verdict.update(valid=False, reasons=wrong)
+                    raise Fallback("; ".join(wrong))
+                driver.release(attempt)
         with stage("metadata"):
             driver.after_host_restore(attempt)
         if attempt.device_restore and attempt.manifest.get("device"):
@@ -203,6 +233,12 @@ def run(driver, attempt):
         attempt.restored = True
     except Exception as exc:  # every failure, a bug included, is a cold start with its reason
         attempt.reason = _reason(exc, stage.current)
+        if pages is not None and "overlapped" not in attempt.verdict:
+            # failed before the page images' verdict: a corrupt snapshot is said first, as a serial check would
+            wrong = pages.result(attempt.remaining(1.0))
+            if wrong:
+                attempt.verdict.update(valid=False, reasons=wrong)
+                attempt.reason = "; ".join(wrong + [attempt.reason])
         attempt.manifest = attempt.manifest or (attempt.verdict or {}).pop("manifest", None)
         if attempt.check_mode:
             return attempt
@@ -220,6 +256,35 @@ def run(driver, attempt):
         if not attempt.check_mode:
             _record(driver, attempt)
     return attempt
+
+
+class PageCheck:
+    """The deferred content check of the page images (manifest.verify_deferred), in a thread of its own."""
+
+    def __init__(self, directory, deferred, workers=None):
+        self.directory, self.deferred, self.workers = directory, deferred, workers
+        self.reasons = None
+        self.stats = None
+        self._thread = threading.Thread(target=self._run, name="inferops-verify-pages")
+        self._thread.daemon = True  # a restore that failed meanwhile does not wait for it
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        try:
+            self.reasons, self.stats = manifest.verify_deferred(self.directory, self.deferred, self.workers)
+        except Exception as exc:  # unreadable now: not verified, so never released
+            self.reasons = ["unreadable: the page images could not be hashed: %s: %s" % (type(exc).__name__, exc)]
+
+    def result(self, timeout):
+        """The reasons the page images do not match ([] when every byte does); a check still running at the
+        deadline is a reason too."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return ["timeout: the page images were still being hashed when the restore's deadline came"]
+        return self.reasons
 
 
 def decrypt(attempt):

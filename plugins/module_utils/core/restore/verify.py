@@ -52,17 +52,18 @@ def engine_reason(recorded, engine):
 
 
 def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
-                world_now=None):
+                world_now=None, defer=None):
     """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest}; never raises for a
     bad snapshot. ``trusted``: the public keys a signature must come from (signature.py). ``world_now``:
     (manifest) -> (process facts of what would run, or None for a bare process; runc version): the world
     the process would come back into, compared with the one it was taken in (world.py).
 
     ``hash_files=False`` checks everything but the content of the files (for a caller that hands the
-    snapshot to the node's runtime, which hashes every file right before it restores).
+    snapshot to the node's runtime, which hashes every file right before it restores). ``defer``: see
+    manifest.verify; the verdict's ``deferred`` is then what ``manifest.verify_deferred`` must still pass.
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
-                                              hash_files=hash_files, trusted=trusted)
+                                              hash_files=hash_files, trusted=trusted, defer=defer)
     recorded = details["manifest"]
     mismatch = engine_reason(recorded, engine)
     if mismatch:
@@ -77,7 +78,7 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
     return {"valid": not reasons, "reasons": reasons, "authenticated": details["authenticated"],
             "key_id": details["key_id"], "fingerprint": details["fingerprint"],
             "bytes": details["bytes"], "files": details["files"],
-            "checksums": details.get("checksums"),
+            "checksums": details.get("checksums"), "deferred": details.get("deferred"),
             "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
             "manifest": recorded}
 
