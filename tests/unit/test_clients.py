@@ -1,6 +1,7 @@
 """The clients of Docker, runc and CRIU, with the process boundary (the Runner) stubbed, and the Runner
 itself on real processes."""
 
+import json
 import os
 import sys
 
@@ -179,3 +180,38 @@ def test_work_dir_with_a_mount_below_is_never_removed(tmp_path):
     info.write_text("36 35 98:0 / /elsewhere rw - ext4 /dev/x rw\n")
     assert criu.mounts_below(str(work), str(info)) == []
     assert criu.remove_work_dir(str(work)) is True and not work.exists()
+
+
+@pytest.mark.parametrize("configured", [None, "custom", ""])
+def test_a_stopped_restore_adds_leave_stopped_for_one_restore_only(tmp_path, monkeypatch, configured):
+    """runc 1.1 has no leave-stopped: it goes through the bundle's CRIU config annotation, with the host's own
+    options kept, and afterwards the bundle is as it was and the file leads to the host's configuration."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc import StoppedRestore
+    host_conf = tmp_path / "runc.conf"
+    host_conf.write_text("tcp-close\nskip-in-flight\n")
+    monkeypatch.setattr(layout, "RUNC_CRIU_CONFIG", str(host_conf))
+    custom = tmp_path / "custom.conf"
+    custom.write_text("tcp-established\n")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    spec = {"ociVersion": "1.0.2", "process": {"args": ["x"]}}
+    if configured is not None:
+        spec["annotations"] = {"org.criu.config": str(custom) if configured else ""}
+    original = json.dumps(spec, indent=1).encode()
+    (bundle / "config.json").write_bytes(original)
+    conf = tmp_path / "state" / "criu.conf"
+    conf.parent.mkdir()
+    stopped = StoppedRestore(str(bundle), str(conf))
+    stopped.enter(spec)
+    during = json.loads((bundle / "config.json").read_text())
+    assert during["annotations"]["org.criu.config"] == str(conf) and during["process"] == spec["process"]
+    expected = {None: ["tcp-close", "skip-in-flight"], "custom": ["tcp-established"], "": []}[configured]
+    assert conf.read_text().split() == expected + ["leave-stopped"]
+    assert oct(conf.stat().st_mode & 0o777) == "0o600"
+    stopped.leave()
+    assert (bundle / "config.json").read_bytes() == original
+    if configured == "":
+        assert not os.path.lexists(str(conf))  # CRIU ignores a file it cannot open: no options, as configured
+    else:
+        assert os.readlink(str(conf)) == str(custom if configured else host_conf)

@@ -174,3 +174,36 @@ def test_sizes_only_verification_leaves_content_to_the_next_reader(tmp_path):
     valid, reasons, _details = manifest_utils.verify(str(make_snapshot(tmp_path / "again")), expect={"identity": other},
                                                      hash_files=False)
     assert not valid and reasons[0].startswith("identity_mismatch"), reasons
+
+
+@pytest.mark.parametrize("damage, found_now, found_later", [
+    (None, [], []),
+    ("flip pages", [], ["checksum_mismatch: host/pages-1.img"]),  # content: only the deferred check sees it
+    ("truncate pages", ["manifest_mismatch: host/pages-1.img differs from the manifest's record"], None),  # a size
+    ("flip other", ["checksum_mismatch: host/pages-0.img"], None),  # not deferred: checked at once
+])
+def test_deferred_files_are_sized_now_and_hashed_later(tmp_path, damage, found_now, found_later):
+    final = make_snapshot(tmp_path)
+    pages = final / "host" / "pages-1.img"
+    if damage == "flip pages" or damage == "flip other":
+        target = pages if damage == "flip pages" else final / "host" / "pages-0.img"
+        data = bytearray(target.read_bytes())
+        data[100] ^= 0x01
+        target.write_bytes(bytes(data))
+    elif damage == "truncate pages":
+        pages.write_bytes(pages.read_bytes()[:-1])
+    valid, reasons, details = manifest_utils.verify(str(final), defer=lambda rel: rel == "host/pages-1.img")
+    assert reasons == found_now and valid is (not found_now)
+    if found_later is None:
+        return
+    assert sorted(details["deferred"]["listed"]) == ["host/pages-1.img"]
+    assert details["hashing"]["bytes"] < 70000, "the deferred file was not read now"
+    later, stats = manifest_utils.verify_deferred(str(final), details["deferred"])
+    assert later == found_later and stats["bytes"] == 70000
+
+
+def test_is_page_image_names_only_crius_page_images():
+    assert layout.is_page_image("host/criu/pages-1.img")
+    assert not layout.is_page_image("host/criu/pagemap-1.img")
+    assert not layout.is_page_image("host/criu/sub/pages-1.img")
+    assert not layout.is_page_image("device/pages-1.img")
