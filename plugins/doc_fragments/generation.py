@@ -21,7 +21,8 @@ options:
   generation_lease:
     description:
       - Seconds the claim of O(generation_id) lasts from this task on; a claim whose holder was killed lapses then,
-        so a later generation can take the pod.
+        so a later generation can take the pod. A long task (M(inferops.snapshot.host_checkpoint)) renews it while
+        it works, so the lease need only cover the gaps between the generation's tasks.
     type: float
-    default: 600
+    default: 180
 """

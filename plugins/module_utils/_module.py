@@ -50,7 +50,7 @@ def _kubernetes():
 
 
 # Matches plugins/doc_fragments/generation.py.
-GENERATION_ARGS = dict(generation_id=dict(type="str"), generation_lease=dict(type="float", default=600.0))
+GENERATION_ARGS = dict(generation_id=dict(type="str"), generation_lease=dict(type="float", default=180.0))
 
 # Matches plugins/doc_fragments/trust.py.
 TRUST_ARGS = dict(trusted_keys=dict(type="list", elements="str", default=[], no_log=False))

@@ -2,6 +2,7 @@
 holder is gone, and protects what the holder wrote from another run's cleanup."""
 
 import os
+import time
 
 import pytest
 
@@ -55,3 +56,23 @@ def test_another_runs_cleanup_removes_nothing_of_the_holders(tmp_path):
     own = run_module("snapshot_status", {"snapshot_dir": snap, "identity": IDENTITY, "status": "failed",
                                          "reason": "run-a failed", "generation_id": "run-a"})
     assert own["changed"] is True and staging in own["removed"] and not os.path.exists(staging)
+
+
+def test_a_long_task_keeps_its_short_claim_alive_and_learns_when_it_lost_it(tmp_path):
+    snap = str(tmp_path / "ns" / "svc" / "p0" / "pod-a")
+    claim.take(snap, "gen-1", lease=0.3)
+    keeper = claim.Keeper(snap, "gen-1", lease=0.3).start()
+    try:
+        time.sleep(0.8)  # past two leases: alive only because it was renewed
+        assert claim.live_other(snap, "gen-2")["id"] == "gen-1"
+        keeper.check()
+    finally:
+        keeper.stop()
+    time.sleep(0.4)
+    claim.take(snap, "gen-2", lease=60)  # lapsed once nobody renews it: another generation may take the pod
+    lost = claim.Keeper(snap, "gen-1", lease=0.3).start()
+    time.sleep(0.3)
+    lost.stop()
+    with pytest.raises(ParameterError, match="lost its claim on the pod.*gen-2"):
+        lost.check()
+    assert claim.DEFAULT_LEASE <= 180, "a killed controller blocks the next generation for minutes at most"

@@ -19,6 +19,7 @@ __metaclass__ = type
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 
@@ -26,7 +27,10 @@ from . import layout, paths
 from .errors import ParameterError
 from .status import locked
 
-DEFAULT_LEASE = 600.0
+# Long enough for the gaps between a generation's tasks and for a slow controller; short enough that a
+# generation whose controller was killed (an AWX job cancelled) blocks the next one for minutes at most.
+# A task that works longer than the lease renews it while it works (Keeper).
+DEFAULT_LEASE = 180.0
 
 
 def new_id():
@@ -99,3 +103,38 @@ def release(snapshot_dir, generation_id):
             os.unlink(layout.claim_path(snapshot_dir))
             return True
     return False
+
+
+class Keeper:
+    """Renews ``generation_id``'s claim every ``lease / 3`` s from a thread while one long task works, so that
+    the lease need only cover the gaps between tasks. A renewal refused (another generation took a lapsed
+    claim) is kept in ``lost``; the task checks it before it publishes anything."""
+
+    def __init__(self, snapshot_dir, generation_id, lease=DEFAULT_LEASE):
+        self.snapshot_dir, self.generation_id, self.lease = snapshot_dir, generation_id, float(lease)
+        self.lost = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inferops-claim-keeper")
+        self._thread.daemon = True
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.lease / 3.0):
+            try:
+                take(self.snapshot_dir, self.generation_id, self.lease)
+            except ParameterError as exc:
+                self.lost = exc.msg
+                return
+            except (IOError, OSError):
+                continue  # the next renewal may get through
+
+    def check(self):
+        if self.lost:
+            raise ParameterError("this generation lost its claim on the pod while it worked: %s" % self.lost)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(5.0)

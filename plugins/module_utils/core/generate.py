@@ -78,6 +78,7 @@ class Checkpointer:
         self.agent = None
         self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
         self.keeper = None
+        self.claim_keeper = None  # renews the generation's claim on the pod while this runs
         self.docker = DockerCli(params["docker_cli"])
         self.criu = CriuCli()
         self.runc = RuncCli(global_args=["--root", params["runc_root"]])
@@ -254,10 +255,13 @@ class Checkpointer:
     def run(self):
         """The whole generation of the host part, under the generation's claim; returns the module's result."""
         generation = self.params.get("generation_id") or claim.new_id()
-        claim.take(self.snapshot_dir, generation, self.params.get("generation_lease") or claim.DEFAULT_LEASE)
+        lease = self.params.get("generation_lease") or claim.DEFAULT_LEASE
+        claim.take(self.snapshot_dir, generation, lease)
+        self.claim_keeper = claim.Keeper(self.snapshot_dir, generation, lease).start()
         try:
             return self._run()
         finally:  # the generation's later steps (verify, unlock) need no claim: the snapshot is published
+            self.claim_keeper.stop()
             claim.release(self.snapshot_dir, generation)
 
     def _run(self):
@@ -283,6 +287,8 @@ class Checkpointer:
                                                           progress=self.progress.bytes_done, known=known,
                                                           signing_key=self.signing_key)
             self.remaining("publishing")
+            if self.claim_keeper:  # never publish over a generation that took the pod meanwhile
+                self.claim_keeper.check()
             with self.watch.stage("publish"):
                 seal.publish(self.staging_dir, self.snapshot_dir)
             self.progress.final("published %d bytes" % document["total_bytes"])
