@@ -31,7 +31,7 @@ options:
   endpoint_paths:
     description:
       - For an HTTP O(endpoint), the path of each operation. Keys are C(state), C(lock), C(backup),
-        C(restore), C(unlock); missing keys default to C(/snapshot/<operation>).
+        C(restore), C(unlock), C(renew); missing keys default to C(/snapshot/<operation>).
     type: dict
   agent_socket_dir:
     description:
