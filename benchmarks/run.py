@@ -88,6 +88,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core import stat
 sys.path.insert(0, HERE)
 import report  # noqa: E402  pylint: disable=import-error
 SIM_LIBRARY = os.path.join(REPO, "build", "simulator", "libascendcl.so")
+SIM_KNOBS = ("ACL_SIM_COPY_GBPS", "ACL_SIM_DEVICE_PREALLOC")
 AGENT_LINE = re.compile(r"^(\S+) inferops-agent\[\d+\]: (lock|backup|restore|unlock): (\w+) -> (\w+) in ([0-9.]+)s$")
 
 
@@ -255,9 +256,13 @@ class Bench:
     # -- workloads --------------------------------------------------------------------------------------
     def workload_env(self, size_mb, port, device_dir, warmup):
         device_mb, host_mb = sizes_of(size_mb)
-        return {"ACL_SIM_DEVICE_DIR": device_dir, "ACL_SIM_DEVICE_MEM_BYTES": "%dM" % (device_mb + 16),
-                "WORKLOAD_PORT": str(port), "WORKLOAD_WARMUP_SECONDS": str(warmup),
-                "WORKLOAD_DEVICE_MB": str(device_mb), "WORKLOAD_HOST_MB": str(host_mb)}
+        env = {"ACL_SIM_DEVICE_DIR": device_dir, "ACL_SIM_DEVICE_MEM_BYTES": "%dM" % (device_mb + 16),
+               "WORKLOAD_PORT": str(port), "WORKLOAD_WARMUP_SECONDS": str(warmup),
+               "WORKLOAD_DEVICE_MB": str(device_mb), "WORKLOAD_HOST_MB": str(host_mb)}
+        for knob in SIM_KNOBS:  # the simulated NPU's cost model, as the bench was given it (docs/simulator.md)
+            if os.environ.get(knob):
+                env[knob] = os.environ[knob]
+        return env
 
     def new_workload(self, size_mb, tag):
         name = self.name(tag)
@@ -608,7 +613,7 @@ class Bench:
         for variant, prealloc in (("device_copy", "huge"), ("device_copy_fresh_shmem", "none")):
             device_dir = os.path.join(self.shmdir, "devcopy-%s" % uuid.uuid4().hex[:6])
             env = dict(os.environ, ACL_SIM_DEVICE_DIR=device_dir, ACL_SIM_DEVICE_MEM_BYTES="%dM" % (device_mb + 16),
-                       ACL_SIM_DEVICE_PREALLOC=prealloc)
+                       ACL_SIM_DEVICE_PREALLOC=prealloc if prealloc == "none" else os.environ.get("ACL_SIM_DEVICE_PREALLOC") or prealloc)
             self.settle()
             try:
                 proc = run([sys.executable, os.path.join(HERE, "device_copy.py"), SIM_LIBRARY, device_mb], env=env)
