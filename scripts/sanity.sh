@@ -51,7 +51,8 @@ PY
 found=() missing=()
 for version in "${claimed[@]}"; do
     [[ $version == "$controller" || ${SANITY_CONTROLLER_ONLY:-0} == 1 ]] && continue
-    if command -v "python$version" >/dev/null; then
+    # (a pyenv shim is on PATH for every version, but only runs the ones pyenv is set to)
+    if "python$version" -c '' 2>/dev/null; then
         found+=("$version")
         continue
     fi
@@ -64,16 +65,22 @@ for version in "${claimed[@]}"; do
     fi
 done
 
+failed=()
 echo "[sanity] $label: every test on the controller's Python $controller"
-"$bin/ansible-test" sanity --python "$controller" --color no "$@"
+"$bin/ansible-test" sanity --python "$controller" --color no "$@" || failed+=("$controller")
 for version in "${found[@]}"; do
     echo "[sanity] $label: target tests (compile, import) on Python $version"
-    "$bin/ansible-test" sanity --python "$version" --test compile --test import --color no "$@"
+    "$bin/ansible-test" sanity --python "$version" --test compile --test import --color no "$@" || failed+=("$version")
 done
-echo "[sanity] $label: passed on Python $controller${found[*]:+ ${found[*]}} (claimed: ${claimed[*]})"
+if ((${#failed[@]})); then
+    echo "[sanity] $label: FAILED on Python ${failed[*]} (claimed: ${claimed[*]})" >&2
+else
+    echo "[sanity] $label: passed on Python $controller${found[*]:+ ${found[*]}} (claimed: ${claimed[*]})"
+fi
 if ((${#missing[@]})); then
     echo "[sanity] $label: claimed but not on this machine, not tested: ${missing[*]}"
 fi
 if [[ ${SANITY_CONTROLLER_ONLY:-0} == 1 ]]; then
     echo "[sanity] $label: the other claimed Pythons were not asked for (SANITY_CONTROLLER_ONLY=1)"
 fi
+((${#failed[@]} == 0))
