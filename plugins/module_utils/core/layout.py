@@ -84,6 +84,35 @@ def is_page_image(relpath):
     return directory == IMAGES_DIR and name.startswith("pages-") and name.endswith(".img")
 
 
+# -- the node's cache of verified snapshots (stage.py): <stage_dir>/<fingerprint>/ ------------------------
+STAGE_CONTENT = "snapshot"            # <entry>/snapshot/: the copy, as published (dirs 0700, files 0600)
+STAGE_VERDICT = "verdict.json"        # <entry>/verdict.json: what was verified, bound to the copy's files' stat
+STAGE_PARTIAL_INFIX = ".partial."     # <stage_dir>/.<fingerprint>.partial.<pid>: a copy being made and verified
+STAGE_DROP_INFIX = ".drop."           # <stage_dir>/.<fingerprint>.drop.<pid>: an entry being removed
+STAGE_DEFAULT_KEEP = 4                # entries kept (oldest verified first out, never one in use)
+STAGE_DEFAULT_MAX_BYTES = 64 * 1024 ** 3
+
+
+def stage_entry(stage_dir, fingerprint):
+    return os.path.join(stage_dir, fingerprint)
+
+
+def stage_content(entry_dir):
+    return os.path.join(entry_dir, STAGE_CONTENT)
+
+
+def stage_verdict(entry_dir):
+    return os.path.join(entry_dir, STAGE_VERDICT)
+
+
+def stage_partial(stage_dir, fingerprint, pid):
+    return os.path.join(stage_dir, ".%s%s%d" % (fingerprint, STAGE_PARTIAL_INFIX, pid))
+
+
+def stage_dropped(stage_dir, fingerprint, pid):
+    return os.path.join(stage_dir, ".%s%s%d" % (fingerprint, STAGE_DROP_INFIX, pid))
+
+
 # -- what the engine reads ---------------------------------------------------------------------------
 ENV_NPU_SNAPSHOT_PATH = "VLLM_NPU_SNAPSHOT_PATH"   # the engine takes the device snapshot itself after warmup
 ENV_METADATA_FILE = "INFEROPS_METADATA_FILE"       # where it reads its new environment after a restore
@@ -142,6 +171,7 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "trusted_keys": [],                           # public keys (PEM files); when set, only signed snapshots restore
     "encryption_keys": [],                        # key files an encrypted snapshot may be decrypted with
     "decrypt_dir": "/dev/shm",                    # tmpfs: where its plaintext lives while CRIU reads it
+    "stage_dir": None,                            # the node's cache of verified snapshots (stage.py); None: off
 }
 
 # The simulated NPU (tests/simulator): its device memory lives in files below this directory, which a container

@@ -116,6 +116,23 @@ def _check_components(normal, root, field, original, depth=0):
                                   % (field, current, stat.S_IMODE(st.st_mode)), path=original)
 
 
+def private_reason(st, what):
+    """Why ``st`` (an lstat) is not an entry of a tree that is ours alone -- a real directory 0700 or a regular
+    file 0600, owned by root (or the user running this); None when it is."""
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISDIR(st.st_mode):
+        wanted = DIR_MODE
+    elif stat.S_ISREG(st.st_mode):
+        wanted = FILE_MODE
+    else:
+        return "%s is not a regular file or a directory" % what
+    if not _trusted_owner(st.st_uid):
+        return "%s is owned by uid %d, not root" % (what, st.st_uid)
+    if mode != wanted:
+        return "%s has mode %o, not %o" % (what, mode, wanted)
+    return None
+
+
 def _trusted_dir(st):
     return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or bool(st.st_mode & stat.S_ISVTX)
 

@@ -309,7 +309,8 @@ class Runtime:
             request["problems"] = request["problems"] + ["keys_unavailable: %s" % exc.msg]
         attempt = pipeline.Attempt(request["snapshot"], request["timeout"], device_restore=request["device"],
                                    min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"],
-                                   keys=keys, decrypt_dir=self.config["decrypt_dir"])
+                                   keys=keys, decrypt_dir=self.config["decrypt_dir"],
+                                   stage_dir=self.config.get("stage_dir"))
         pipeline.run(driver, attempt)
         record = {"event": "restore", "ts": utc_now(), "pid": os.getpid(), "container": container_id,
                   "name": driver.docker.get("name"), "snapshot": request["snapshot"], "policy": request["policy"],
@@ -388,7 +389,9 @@ def _umount_lazy(point):
 def _verify_summary(attempt):
     verdict = attempt.verdict or {}
     return {"valid": verdict.get("valid"), "bytes": verdict.get("bytes"), "files": verdict.get("files"),
-            "throughput_mb_s": verdict.get("throughput_mb_s"), "overlapped": verdict.get("overlapped")}
+            "throughput_mb_s": verdict.get("throughput_mb_s"), "overlapped": verdict.get("overlapped"),
+            "hashed_bytes": verdict.get("hashed_bytes"), "checksums": verdict.get("checksums"),
+            "staged": verdict.get("staged"), "staged_miss": verdict.get("staged_miss")}
 
 
 def main(argv, config_path=None):

@@ -62,6 +62,7 @@ def docker_world_now(docker, container_id, recorded):
 class DockerCheckpoint(Driver):
     path = "docker"
     engine = "docker"
+    can_use_staged = False  # place_checkpoint hard-links the images: that would change the staged copy's ctime
 
     def __init__(self, docker, container, **wishes):
         super(DockerCheckpoint, self).__init__(**wishes)

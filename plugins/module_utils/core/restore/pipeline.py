@@ -20,6 +20,13 @@ has the CRIU page images -- process memory, which CRIU copies into the tasks and
 hashed while CRIU restores; everything CRIU parses (the other images, the manifest, the signature) is
 verified before it starts. The tasks run only after ``verify_pages`` has passed (``release``); a page
 image that does not match kills them unrun and the engine starts cold.
+
+Staged ahead (stage.py): with a node cache (``stage_dir``) holding a verified copy of the requested
+snapshot -- found by its fingerprint, every file still the one verified (inode, size, mtime, ctime) --
+verify checks the requested snapshot as always but for its files' content (signature, checksum list,
+manifest, identity, world; its checksum list must still hash to the copy's fingerprint), and the
+restore reads the copy, which nothing can have changed since it was hashed. A copy that is no longer
+exactly what was verified is not used: the snapshot is verified in full, as without a cache.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -31,7 +38,7 @@ import tempfile
 import threading
 import traceback
 
-from .. import canary, device, encryption, layout, manifest, paths, proc, status
+from .. import canary, device, encryption, layout, manifest, paths, proc, stage as staged_cache, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import verify
@@ -52,7 +59,7 @@ class Attempt:
     """What one restore knows as it goes; drivers read and fill it."""
 
     def __init__(self, requested, timeout, device_restore=True, check_mode=False, hash_files=True, min_size=0,
-                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None, overlap=True):
+                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None, overlap=True, stage_dir=None):
         self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
         self.snapshot_dir = None
         self.watch = Stopwatch()
@@ -70,6 +77,8 @@ class Attempt:
         self.plain_dir = None          # the private plaintext of an encrypted snapshot, while it is restored
         self.overlap = overlap         # hash the page images while CRIU restores into stopped tasks (when it can)
         self.leave_stopped = False     # the host restore leaves the tasks stopped, for release() after the verdict
+        self.stage_dir = stage_dir     # the node's cache of verified snapshots (stage.py), or None
+        self.staged = None             # the verified copy restored from (stage.Entry, held until the end), or None
         self.verdict = None
         self.manifest = None
         self.pid = None
@@ -85,9 +94,15 @@ class Attempt:
         return self.deadline.remaining(floor)
 
     @property
+    def stored_dir(self):
+        """Where the snapshot's files as stored are read from: its verified staged copy, or the snapshot."""
+        return self.staged.dir if self.staged else self.snapshot_dir
+
+    @property
     def content_dir(self):
-        """Where the snapshot's files are read from: the snapshot, or the plaintext of an encrypted one."""
-        return self.plain_dir or self.snapshot_dir
+        """Where the snapshot's files are read from: the snapshot (or its staged copy), or the plaintext of an
+        encrypted one."""
+        return self.plain_dir or self.stored_dir
 
     @property
     def images_dir(self):
@@ -104,6 +119,7 @@ class Driver:
     path = None
     engine = "docker"
     can_leave_stopped = False  # host_restore honours attempt.leave_stopped, and release() lets the tasks run
+    can_use_staged = True      # host_restore only reads the images (a link to them would change the copy's ctime)
 
     def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
                  runtime_version=None):
@@ -183,12 +199,22 @@ def run(driver, attempt):
         with stage("verify"):
             attempt.snapshot_dir = driver.locate(attempt)
             expect = dict(driver.expectations(attempt), checksum=attempt.checksum)
+            staged_why = _find_staged(driver, attempt)
             defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
-                else None
+                and not attempt.staged else None
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
-                                                 attempt.workers, attempt.hash_files, trusted=attempt.trusted,
-                                                 world_now=driver.world_now, defer=defer)
+                                                 attempt.workers, attempt.hash_files and not attempt.staged,
+                                                 trusted=attempt.trusted, world_now=driver.world_now, defer=defer)
             deferred = attempt.verdict.pop("deferred", None)
+            if attempt.staged:
+                attempt.verdict.update(checksums="staged", staged=attempt.staged.summary())
+                if attempt.verdict["fingerprint"] != attempt.staged.fingerprint:  # regenerated since the lookup
+                    attempt.verdict.update(valid=False, reasons=["checksum_mismatch: the snapshot is %s now, its staged "
+                                                                 "copy %s" % (attempt.verdict["fingerprint"],
+                                                                              attempt.staged.fingerprint)])
+            elif staged_why:
+                attempt.verdict["staged"] = None
+                attempt.verdict["staged_miss"] = staged_why
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
@@ -249,6 +275,8 @@ def run(driver, attempt):
             driver.cold_start(attempt)
         attempt.failed = False
     finally:
+        if attempt.staged:  # CRIU has read the copy: retention may remove it again
+            attempt.staged.release()
         if attempt.plain_dir:  # CRIU has read the images: the plaintext goes, whatever happened
             paths.remove_tree(attempt.plain_dir)
             attempt.plain_dir = None
@@ -256,6 +284,15 @@ def run(driver, attempt):
         if not attempt.check_mode:
             _record(driver, attempt)
     return attempt
+
+
+def _find_staged(driver, attempt):
+    """Sets ``attempt.staged`` to the cache's verified copy of the snapshot, when there is one that may be used;
+    returns why not (None without a cache)."""
+    if not attempt.stage_dir or not attempt.hash_files or not driver.can_use_staged:
+        return None
+    attempt.staged, why = staged_cache.find(attempt.stage_dir, attempt.snapshot_dir, drop=not attempt.check_mode)
+    return why
 
 
 class PageCheck:
@@ -298,7 +335,7 @@ def decrypt(attempt):
         os.makedirs(attempt.decrypt_dir, 0o700)
     attempt.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=attempt.decrypt_dir)  # 0700, ours alone
     try:
-        encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.snapshot_dir,
+        encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,
                                 attempt.plain_dir, described["files"], attempt.workers)
     except encryption.DecryptError as exc:
         raise Fallback(exc.msg)

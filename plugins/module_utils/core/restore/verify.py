@@ -80,6 +80,7 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
             "bytes": details["bytes"], "files": details["files"],
             "checksums": details.get("checksums"), "deferred": details.get("deferred"),
             "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
+            "hashed_bytes": hashing.get("bytes", 0),
             "manifest": recorded}
 
 
