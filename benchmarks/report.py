@@ -100,6 +100,10 @@ GIB = 1024.0
 
 def ttfa_variants(result):
     variants = list(TTFA)
+    default = result.get("restore_default")
+    if default:
+        variants = [(v, label.replace("snapshot_restore ", "snapshot_restore (default method %s) " % default, 1)
+                     if v.startswith("snapshot_restore") else label) for v, label in variants]
     for method in reversed(result.get("restore_methods", [])[1:]):
         variants.insert(3, ("snapshot_restore_%s_cold_cache" % method,
                             "snapshot_restore method=%s via ansible-playbook, snapshot not in page cache" % method))
@@ -109,8 +113,10 @@ def ttfa_variants(result):
 
 
 def fastest_method(result):
+    if "fastest_method" in result:
+        return result["fastest_method"]
     methods = result.get("restore_methods", [])[1:]
-    return methods[-1] if methods else None
+    return "runtime" if "runtime" in methods else (methods[-1] if methods else None)
 
 
 def floors(result, size):
@@ -568,7 +574,8 @@ def chart(result, path):
         for x, total in zip(xs, bottom):
             ax.annotate("%.1f" % total, (x, total), ha="center", va="bottom", fontsize=7)
         for x in xs:
-            ax.annotate("docker" if variant == "snapshot_restore" else variant.split("_")[-1], (x, 0), ha="center", va="top",
+            ax.annotate(result.get("restore_default", "docker") if variant == "snapshot_restore" else variant.split("_")[-1], (x, 0),
+                        ha="center", va="top",
                         fontsize=6, xytext=(0, -1), textcoords="offset points")
     ax.set_xticks(range(len(size_list)))
     ax.set_xticklabels(["\n" + g for g in groups])
