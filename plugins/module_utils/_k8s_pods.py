@@ -50,6 +50,7 @@ class PodChanger:
     def prepare(self, state, config):
         wanted_status = {svc.A_STATUS: svc.STATUS_PENDING, svc.A_REASON: None, svc.A_CHECKSUM: None}
         plans, blocked = [], []
+        device = svc.wants_npu_env(self.params)
         raw = {svc.name(pod): pod for pod in self.raw_pods()}
         for info in state["pods"]:
             pod = raw[info["name"]]
@@ -65,9 +66,15 @@ class PodChanger:
                 blocked.append("%s (owned by %s)" % (info["name"], info["controller"]))
             else:
                 wanted.update(wanted_status)
-                manifest = svc.recreation_manifest(pod, index, svc.with_env(container, svc.NPU_PATH_ENV, info["npu_path"]),
-                                                   wanted)
+                manifest = svc.recreation_manifest(
+                    pod, index, svc.with_env(container, svc.NPU_PATH_ENV, info["npu_path"] if device else None), wanted)
                 plans.append(("recreate", pod, changes, manifest))
+        if blocked and not device:
+            raise ParameterError(
+                "pods %s carry the env %s and belong to a controller: in the host-only mode (device=false) their engine "
+                "would lock itself for a device snapshot after its warmup and wait for a resume that never comes. "
+                "Remove %s from the engine container of the pod template of instance %s"
+                % (", ".join(blocked), svc.NPU_PATH_ENV, svc.NPU_PATH_ENV, state["instance"]), blocked=blocked)
         if blocked:
             first = state["pods"][0]
             raise ParameterError(
@@ -83,15 +90,18 @@ class PodChanger:
                 if not self.module.check_mode:
                     self.client.patch_pod(self.namespace, svc.name(pod), {"metadata": {"annotations": changes}})
             else:
-                self.note_diff(pod, changes, env_before=None, env_after="<npu path>")
-                self.actions.append({"pod": svc.name(pod), "action": "recreated",
-                                     "reason": "env %s added (a running pod's env cannot change)" % svc.NPU_PATH_ENV})
+                self.note_diff(pod, changes, env_before=None if device else "<npu path>",
+                               env_after="<npu path>" if device else None)
+                self.actions.append({"pod": svc.name(pod), "action": "recreated", "reason": (
+                    "env %s %s (a running pod's env cannot change)"
+                    % (svc.NPU_PATH_ENV, "added" if device else "removed: host-only snapshots"))})
                 if not self.module.check_mode:
                     self.recreate(pod, manifest)
 
     # -- released -----------------------------------------------------------------------------------
     def release(self, state, enabled, config):
         decisions = []
+        device = svc.wants_npu_env(self.params)
         raw = {svc.name(pod): pod for pod in self.raw_pods()}
         for info in state["gated"]:
             pod = raw[info["name"]]
@@ -109,6 +119,8 @@ class PodChanger:
                           # the fingerprint the generation recorded: the node's runtime restores only that snapshot
                           svc.RESTORE_CHECKSUM_ANNOTATION: (state["record"].get(info["name"]) or {}).get("checksum")
                           if restore_from else None,
+                          # host-only snapshots (device=false): the node's runtime restores no device state
+                          svc.RESTORE_DEVICE_ANNOTATION: "false" if restore_from and not device else None,
                           svc.A_RESTORE: svc.RESTORE_PENDING if restore_from else svc.RESTORE_COLD,
                           svc.A_RESTORE_REASON: reason}
                 if restore_from:

@@ -45,6 +45,10 @@ A_METADATA = layout.K8S_METADATA
 RESTORE_FROM_ANNOTATION = layout.ANNOTATION_RESTORE_FROM
 RESTORE_CHECKSUM_ANNOTATION = layout.ANNOTATION_RESTORE_CHECKSUM
 RESTORE_FROM_ENV = layout.ENV_RESTORE_FROM
+RESTORE_IDENTITY_ENV = layout.ENV_RESTORE_IDENTITY
+# the request's device restore switch (host-only snapshots: the runtime must not look for a device part)
+RESTORE_DEVICE_ANNOTATION, RESTORE_DEVICE_ENV = [(annotation, env) for key, annotation, env in layout.RESTORE_REQUEST_KEYS
+                                                 if key == "device"][0]
 NPU_PATH_ENV = layout.ENV_NPU_SNAPSHOT_PATH
 
 STATUS_PENDING, STATUS_GENERATING, STATUS_COMPLETED, STATUS_FAILED = "pending", "generating", "completed", "failed"
@@ -401,6 +405,14 @@ SERVICE_ARGS = dict(
     service_label=dict(type="str", default=SERVICE_LABEL),
     instance_label=dict(type="str", default=INSTANCE_LABEL),
 )
+# Each module that takes it adds and documents it (host-only mode); params without it mean device snapshots on.
+DEVICE_ARG = dict(type="bool", default=True)
+
+
+def wants_npu_env(params):
+    """Device snapshots on: the engine needs VLLM_NPU_SNAPSHOT_PATH. Host only: it must not have it (an engine with
+    it locks itself after its warmup and waits for a resume that a host-only generation never sends)."""
+    return params.get("device", True) is not False
 
 
 def describe(pod, params, config):
@@ -422,8 +434,30 @@ def describe(pod, params, config):
         info["npu_path"] = snapshot_path(config["npuSnapshotPath"], ident)
         info["host_path"] = snapshot_path(config["hostSnapshotPath"], ident)
         env, _unresolved = resolve_env(pod, container)
-        info["env_ok"] = env.get(NPU_PATH_ENV) == info["npu_path"]
+        info["env_ok"] = (env.get(NPU_PATH_ENV) == info["npu_path"] if wants_npu_env(params)
+                          else NPU_PATH_ENV not in env)
     return info
+
+
+def requested(pod, params):
+    """A running pod that carries its own restore request (its template's INFEROPS_RESTORE_FROM, docs/fleet.md, or
+    the marker a release left) and whose outcome no annotation records yet: what the node's record must tell.
+    None otherwise."""
+    ann = annotations(pod)
+    if gated(pod) or ann.get(A_RESTORE) not in (None, RESTORE_PENDING):
+        return None
+    _index, container = engine_container(pod, params["container"])
+    runtime, cid = container_id(pod, container.get("name"))
+    node = pod.get("spec", {}).get("nodeName")
+    env, _unresolved = resolve_env(pod, container)
+    snapshot_dir = env.get(RESTORE_FROM_ENV) or ann.get(RESTORE_FROM_ANNOTATION)
+    if not (cid and node and snapshot_dir and snapshot_dir.startswith("/")):
+        return None
+    return {"name": name(pod), "uid": pod["metadata"].get("uid"), "node": node, "container_id": cid,
+            "container_runtime": runtime, "restore_from": snapshot_dir.rstrip("/"),
+            "status_path": layout.status_path(snapshot_dir.rstrip("/")),
+            "request_identity": env.get(RESTORE_IDENTITY_ENV),
+            "identity": identity(pod, params["service"], params["instance_label"])}
 
 
 def read_service(client, params):
@@ -442,6 +476,7 @@ def read_service(client, params):
             if entry and entry.get("status") == STATUS_COMPLETED and entry.get("node"):
                 candidates.append({"name": pod["name"], "node": entry["node"], "host_path": pod["host_path"],
                                    "identity": pod["identity"], "image": pod["image"]})
+    waiting = [entry for entry in (requested(pod, params) for members in instances.values() for pod in members) if entry]
     completed = bool(chosen) and all(
         pod["snapshot"]["status"] == STATUS_COMPLETED and pod["env_ok"]
         and (record.get(pod["name"]) or {}).get("status") == STATUS_COMPLETED
@@ -449,4 +484,4 @@ def read_service(client, params):
     return dict(enabled=enabled, disabled_reason=why, config=config,
                 instances=[{"name": key, "pods": [name(p) for p in value]} for key, value in instances.items()],
                 unlabelled=unlabelled, instance=instance, pods=chosen, gated=gated_pods, record=record,
-                candidates=candidates, completed=completed)
+                candidates=candidates, completed=completed, requested=waiting)

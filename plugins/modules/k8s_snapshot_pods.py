@@ -56,6 +56,15 @@ attributes:
     support: full
     details: Prepared pods, released pods and reverted pods are left alone the second time.
 options:
+  device:
+    description:
+      - Whether the service's snapshots take the device (NPU) state. V(false) is the host-only mode - O(state=prepared)
+        makes sure the pods do B(not) carry C(VLLM_NPU_SNAPSHOT_PATH) (a bare pod that does is created again without it),
+        and O(state=released) annotates a pod it marks for restore C(org.inferops.restore-device=false), which the
+        node's restore-on-create runtime reads (through the env C(INFEROPS_RESTORE_DEVICE) on Docker nodes), so that it
+        restores no device state.
+    type: bool
+    default: true
   state:
     description: C(prepared), C(released) or C(reverted), as described above.
     type: str
@@ -136,6 +145,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 
 ARGUMENT_SPEC = dict(k8s.AUTH_ARGS, **svc.SERVICE_ARGS)
 ARGUMENT_SPEC.update(
+    device=svc.DEVICE_ARG,
     state=dict(type="str", required=True, choices=["prepared", "released", "reverted"]),
     verified=dict(type="dict", default={}),
     pods=dict(type="list", elements="str"),

@@ -40,6 +40,13 @@ attributes:
   idempotent:
     support: full
 options:
+  device:
+    description:
+      - Whether the service's snapshots take the device (NPU) state. With V(true) a pod of the chosen instance is ready
+        for its snapshot (RV(pods[].env_ok)) when it carries C(VLLM_NPU_SNAPSHOT_PATH) with its own NPU path; with V(false)
+        (host only - CPU engines, accelerators without a snapshot API) when it does not carry it at all.
+    type: bool
+    default: true
   wait_for:
     description:
       - C(none) reads once. C(running) waits until each pod has a container id in its status (its container was created
@@ -119,7 +126,8 @@ pods:
   description:
     - The chosen instance's pods. Each has C(name), C(uid), C(node), C(phase), C(ready), C(gated), C(controller)
       (C(Kind/name) or null), C(container), C(container_id) and C(container_runtime) (from C(docker://<id>)),
-      C(image), C(identity), C(npu_path), C(host_path), C(env_ok) (it carries C(VLLM_NPU_SNAPSHOT_PATH) with its path),
+      C(image), C(identity), C(npu_path), C(host_path), C(env_ok) (it carries C(VLLM_NPU_SNAPSHOT_PATH) with its path;
+      with O(device=false), it does not carry it),
       C(snapshot) (C(status), C(reason), C(checksum) from its annotations) and C(restore) (C(status), C(reason)).
   returned: always
   type: list
@@ -143,6 +151,18 @@ completed:
   description: Every pod of the chosen instance is annotated C(completed) and recorded so with the same checksum.
   returned: always
   type: bool
+requested:
+  description:
+    - Running pods of the service (any instance) that carry their own restore request - C(INFEROPS_RESTORE_FROM) in
+      their engine container's env, as a template does (docs/fleet.md), or the marker of a release - and whose
+      C(snapshot.inferops.org/restore) annotation does not say what happened yet (absent or C(pending)). The node's
+      record of the restore (C(status_path), its C(last_restore) and C(restores) entries for this C(container_id))
+      tells; the k8s_snapshot role reads it and annotates the pod.
+    - Each has C(name), C(uid), C(node), C(container_id), C(container_runtime), C(restore_from), C(status_path),
+      C(request_identity) (the env C(INFEROPS_RESTORE_IDENTITY), or null) and C(identity).
+  returned: always
+  type: list
+  elements: dict
 waited:
   description: With O(wait_for), the last observed state of each awaited pod (phase, ready, node, containerID, state).
   returned: when O(wait_for) is not C(none)
@@ -165,6 +185,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors impo
 
 ARGUMENT_SPEC = dict(k8s.AUTH_ARGS, **svc.SERVICE_ARGS)
 ARGUMENT_SPEC.update(
+    device=svc.DEVICE_ARG,
     wait_for=dict(type="str", default="none", choices=["none", "running", "ready"]),
     wait_pods=dict(type="list", elements="str"),
     wait_timeout=dict(type="float", default=300.0),
