@@ -174,6 +174,10 @@ options:
   method:
     description:
       - How the host part is restored.
+      - V(auto) takes V(runtime), the fast path, when dockerd has the restore-on-create runtime O(runtime_name) and
+        its snapshot roots hold O(snapshot_dir) (or an existing O(container) was created with it), and V(docker)
+        otherwise; RV(method) and RV(method_reason) say which and why. V(docker) is slower than a cold start from
+        about 2 GiB of state on (docs/benchmarks.md).
       - V(docker) places the CRIU images in the container's C(checkpoints/) directory below the daemon's data
         root (C(docker info) C(DockerRootDir)) and runs C(docker start --checkpoint); it needs dockerd's
         experimental mode, and starts the container cold with that reason without it.
@@ -184,8 +188,17 @@ options:
         C(snapshot_node_snapshot_roots). An existing O(container) must have been created that way.
       - Only for O(engine=docker).
     type: str
-    choices: [docker, runtime]
-    default: docker
+    choices: [auto, docker, runtime]
+    default: auto
+  stage_dir:
+    description:
+      - The node's cache of verified snapshots (module M(inferops.snapshot.snapshot_stage)). When it holds a copy of
+        the snapshot that is still exactly the one verified (every file's inode, size, mtime and ctime), the restore
+        reads the copy and skips hashing the content; the snapshot's checksum list, signature, manifest, identity
+        and world are still checked. Any other copy is dropped and the snapshot verified in full.
+      - Used by O(engine=criu). O(method=runtime) uses the node runtime's own cache (C(snapshot_node_stage_dir));
+        O(method=docker) never uses one, since Docker hard-links the images, which changes the copy.
+    type: path
   runtime_name:
     description: Name of the restore-on-create runtime in dockerd (the role's C(snapshot_node_runtime_name)), for O(method=runtime).
     type: str
@@ -244,6 +257,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+method:
+  description: The method O(method=auto) chose (C(runtime) or C(docker)).
+  returned: with O(method=auto) and O(engine=docker)
+  type: str
+  sample: runtime
+method_reason:
+  description: Why O(method=auto) chose it (the runtime is missing, its snapshot roots do not hold the snapshot, ...).
+  returned: with O(method=auto) and O(engine=docker)
+  type: str
 source:
   description: A clone's source, the identity whose snapshot was restored (see O(source)).
   returned: with O(source)
@@ -333,8 +355,9 @@ ARGUMENT_SPEC = dict(
     agent_socket_dir=dict(type="path", default=layout.DEFAULT_AGENT_SOCKET_DIR),
     docker_cli=dict(type="str", default="docker"),
     workers=dict(type="int"),
-    method=dict(type="str", default="docker", choices=["docker", "runtime"]),
+    method=dict(type="str", default="auto", choices=["auto", "docker", "runtime"]),
     runtime_name=dict(type="str", default="inferops-restore"),
+    stage_dir=dict(type="path"),
     cold_start=dict(type="list", elements="str"),
     cold_start_log=dict(type="path"),
     encryption_keys=dict(type="list", elements="str", default=[], no_log=True),

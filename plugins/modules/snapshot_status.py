@@ -20,7 +20,8 @@ description:
   - Without O(status) the module only reads the record.
   - O(status=failed) with O(clean=true) removes everything this pod's generation wrote, so that a restore
     can never pick up half a snapshot - the published snapshot, its C(.partial) staging sibling and
-    O(extra_paths) (for example the pod's device snapshot path) - and keeps the record with the reason.
+    O(extra_paths) (for example the pod's device snapshot path) and, with the snapshot, its record of restores -
+    and keeps the record with the reason. With O(generation_id) it also releases that generation's claim on the pod.
   - O(status=completed) requires a published snapshot; the checksum defaults to the SHA-256 of its
     C(checksum.sha256).
 author:
@@ -198,6 +199,10 @@ def main_logic(module):
 
     for path in to_remove:
         paths.remove_tree(path)
+    if to_remove and not os.path.lexists(snapshot_dir) and os.path.isfile(layout.restores_path(snapshot_dir)):
+        os.unlink(layout.restores_path(snapshot_dir))  # the record of restores of a snapshot that is gone
+    if wanted == "failed" and params["generation_id"]:
+        claim.release(snapshot_dir, params["generation_id"])  # this generation is over: the pod is free again
     if same:
         new_record = record
     else:

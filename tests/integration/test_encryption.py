@@ -150,7 +150,7 @@ def test_without_the_key_or_with_a_changed_ciphertext_it_starts_cold(encrypted, 
     try:
         if case == "docker path":
             WorkloadContainer(name, e["image"], e["device_dir"], e["port"], SECRET_TOKEN=SECRET).create()
-            result = run_module("snapshot_restore", {"snapshot_dir": snap, "identity": identity(e["pod"]),
+            result = run_module("snapshot_restore", {"method": "docker", "snapshot_dir": snap, "identity": identity(e["pod"]),
                                                      "container": name, "encryption_keys": keys,
                                                      "health_url": "http://127.0.0.1:%d/health" % e["port"]})
             assert result["restored"] is False and result["reason"].startswith(reason), result

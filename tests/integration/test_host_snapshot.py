@@ -158,7 +158,7 @@ def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
     copies_before = containerd_leak.list_copies(containerd_tmp)
     started = time.monotonic()
     result = run_module("snapshot_restore", {
-        "snapshot_dir": snap, "identity": identity(w["pod"]), "container": w["pod"],
+        "method": "docker", "snapshot_dir": snap, "identity": identity(w["pod"]), "container": w["pod"],
         "env": {"POD_IP": "10.1.2.3", "RESTORED_BY": "test"},
         "health_url": w["container"].url + "/health", "health_timeout": 60})
     answers = [w["container"].generate(p) for p in PROMPTS]
@@ -200,7 +200,7 @@ def cold_fallback(w, snapshot_dir, pod_identity, containers, image=None):
     c = containers(w["pod"] + "-" + uuid.uuid4().hex[:4], image or w["image"], w["device_dir"], free_port())
     c.create()
     reset_device(w["device_dir"])
-    result = run_module("snapshot_restore", {"snapshot_dir": snapshot_dir, "identity": pod_identity,
+    result = run_module("snapshot_restore", {"method": "docker", "snapshot_dir": snapshot_dir, "identity": pod_identity,
                                              "container": c.name, "health_url": c.url + "/health",
                                              "health_timeout": 120})
     assert result.get("failed") is False and result["restored"] is False, result

@@ -20,10 +20,11 @@ llama_problems_pending.py (not collected).
 import os
 import time
 
-from _llama_helpers import (assert_cold_start, cold_reference, generate, identity, llama_engines, llama_image,
-                            llama_model, llama_node, posix_locks, process_start_ticks, recreate, restore_env,
-                            snapshot_dir, take_snapshot, unique_name, write_model)
-from conftest import run_module
+from _llama_helpers import (SERVICE, LlamaEngine, assert_cold_start, cold_reference, generate, identity, llama_engines,
+                            llama_image, llama_model, llama_node, posix_locks, process_start_ticks, recreate,
+                            restore_env, snapshot_dir, take_snapshot, unique_name, write_model)
+from _roles_helpers import local_inventory, run_playbook
+from conftest import docker, run_module
 
 FIXTURES = (llama_engines, llama_image, llama_model, llama_node)  # pytest finds the imported fixtures here
 
@@ -234,3 +235,49 @@ def test_generation_replaces_a_stale_snapshot_and_force_regenerates(
     engine.remove()  # its sockets: the restored copy listens where it did
     restored, record = recreate(llama_node, llama_engines, g)
     assert record["outcome"] == "restored", record
+
+
+def test_the_roles_in_host_only_mode_generate_restore_and_force_with_a_canary(
+        llama_image, llama_model, llama_node, llama_engines, tmp_path):
+    """Issue 14 item 6: the roles for a CPU engine (no NPU, no device part), as an operator runs them: generate.yml
+    with snapshot_generate_device=false and a canary, restore.yml with snapshot_restore_device=false and the default
+    method (auto: this node's restore-on-create runtime holds the snapshot root), and a forced regeneration."""
+    pod = unique_name("r")
+    original = llama_engines(llama_image, llama_model, name=pod).run()
+    original.wait_ready()
+    cold = original.probes(2)
+    expected = original.completions(PROMPTS)
+    inventory = local_inventory(
+        snapshot_config={"enabled": True, "hostSnapshotPath": str(llama_node.roots),
+                         "npuSnapshotPath": str(tmp_path / "npu"), "timeoutSeconds": 120},
+        snapshot_service={"namespace": "default", "name": SERVICE},
+        snapshot_instances=[{"name": "p0", "pods": [{"name": pod, "container": pod,
+                                                     "readiness_url": original.url + "/v1/models"}]}],
+        snapshot_generate_device=False, snapshot_restore_device=False, snapshot_restore_runtime_name=llama_node.name,
+        snapshot_generate_canary={"url": original.url + "/v1/completions", "compare": "json:choices.0.text",
+                                  "body": {"prompt": "canary", "max_tokens": 8, "temperature": 0.0}})
+    first = run_playbook(tmp_path / "runs", "generate.yml", inventory)
+    assert first.rc == 0, first
+    result = first.facts["npu-host"]["snapshot_generate_results"][0]
+    assert result["status"] == "completed" and result["device"] is None, result
+    snap = snapshot_dir(llama_node.roots, pod)
+    assert os.path.isfile(os.path.join(snap, "canary.json")) and not os.path.exists(os.path.join(snap, "device"))
+    after = original.probes(2)
+    assert not set(after) & set(cold)
+
+    forced = run_playbook(tmp_path / "runs", "generate.yml", inventory, extra_vars=[{"snapshot_generate_force": True}])
+    assert forced.rc == 0 and forced.facts["npu-host"]["snapshot_generate_results"][0]["status"] == "completed", forced
+    assert forced.facts["npu-host"]["snapshot_generate_results"][0]["checksum"] != result["checksum"]
+    after = original.probes(2)  # the state the forced snapshot holds is followed by these
+    original.remove()
+
+    restored = run_playbook(tmp_path / "runs", "restore.yml", inventory)
+    assert restored.rc == 0, restored
+    entry = restored.facts["npu-host"]["snapshot_restore_results"][0]
+    assert entry["restored"] is True and entry["method"] == "runtime", entry
+    record = llama_node.log_records(docker("inspect", "--format", "{{.Id}}", pod))[-1]
+    assert record["outcome"] == "restored" and record["device_actions"] is None, record  # host only, by the runtime
+    engine = LlamaEngine(**original.config(name=pod))
+    assert engine.completions(PROMPTS) == expected
+    assert engine.probes(2) != cold, "a fresh process: the restore did not bring the checkpointed one back"
+    docker("rm", "-f", pod)

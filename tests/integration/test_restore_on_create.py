@@ -451,6 +451,12 @@ def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
                                               "container": "%s-none" % warm["pod"], "method": "runtime",
                                               "runtime_name": "no-such-runtime-%s" % uuid.uuid4().hex[:4]})
     assert missing["failed"] and "snapshot_node" in missing["msg"], missing
+    # the default, method=auto: the fast path when this node's runtime can restore the snapshot, docker when not
+    for runtime_name, method in ((node.name, "runtime"), ("no-such-runtime-%s" % uuid.uuid4().hex[:4], "docker")):
+        auto = run_module("snapshot_restore", {"snapshot_dir": warm["snapshot_dir"], "identity": identity(warm["pod"]),
+                                               "container": "%s-auto" % warm["pod"], "runtime_name": runtime_name},
+                          check=True)
+        assert auto["method"] == method and auto["restored"] is True, auto
 
 
 def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_catches_corruption(node, warm):

@@ -67,7 +67,7 @@ def signed(docker_env, tmp_path_factory):
 
 
 def restore(s, snap, name, **extra):
-    args = {"snapshot_dir": snap, "identity": identity(s["pod"]), "container": name,
+    args = {"method": "docker", "snapshot_dir": snap, "identity": identity(s["pod"]), "container": name,
             "health_url": "http://127.0.0.1:%d/health" % s["container"].port, "health_timeout": 60,
             "trusted_keys": s["trusted"], "env": {"POD_IP": "10.1.1.1"}}
     args.update(extra)

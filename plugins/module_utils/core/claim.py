@@ -106,35 +106,47 @@ def release(snapshot_dir, generation_id):
 
 
 class Keeper:
-    """Renews ``generation_id``'s claim every ``lease / 3`` s from a thread while one long task works, so that
-    the lease need only cover the gaps between tasks. A renewal refused (another generation took a lapsed
+    """Renews ``generation_id``'s claim every ``lease / 3`` s from a timer thread while one long task works, so
+    that the lease need only cover the gaps between tasks. A renewal refused (another generation took a lapsed
     claim) is kept in ``lost``; the task checks it before it publishes anything."""
 
     def __init__(self, snapshot_dir, generation_id, lease=DEFAULT_LEASE):
         self.snapshot_dir, self.generation_id, self.lease = snapshot_dir, generation_id, float(lease)
         self.lost = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="inferops-claim-keeper")
-        self._thread.daemon = True
+        self._lock = threading.Lock()
+        self._timer = None
+        self._stopped = False
 
     def start(self):
-        self._thread.start()
+        with self._lock:
+            self._schedule()
         return self
 
-    def _run(self):
-        while not self._stop.wait(self.lease / 3.0):
+    def _schedule(self):
+        self._timer = threading.Timer(self.lease / 3.0, self._renew)
+        self._timer.name = "inferops-claim-keeper"
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _renew(self):
+        with self._lock:
+            if self._stopped:
+                return
             try:
                 take(self.snapshot_dir, self.generation_id, self.lease)
             except ParameterError as exc:
                 self.lost = exc.msg
                 return
             except (IOError, OSError):
-                continue  # the next renewal may get through
+                pass  # the next renewal may get through
+            self._schedule()
 
     def check(self):
         if self.lost:
             raise ParameterError("this generation lost its claim on the pod while it worked: %s" % self.lost)
 
     def stop(self):
-        self._stop.set()
-        self._thread.join(5.0)
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()

@@ -19,7 +19,7 @@ import tempfile
 import threading
 
 from . import container as container_record
-from . import claim, device, encryption, layout, manifest, paths, seal, signature, status, world
+from . import claim, device, encryption, fleet, layout, manifest, paths, seal, signature, status, world
 from .agent import protocol
 from .clients.control import AgentSocketClient, LeaseKeeper
 from .clients.criu import CriuCli
@@ -309,10 +309,27 @@ class Checkpointer:
             self.keeper.stop()
         self.watch.total()
         status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"])
+        self.hold_devices()
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                     files=len(document["files"]), versions=self.versions, hashing=hashing,
                     signed_by=hashing.get("key_id"),
                     manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
+
+
+    def hold_devices(self):
+        """The engine that was snapshotted runs on its devices from this snapshot's state: enter it in the record of
+        restores (fleet.py), so that a clone is never restored onto the device of the process it was taken from."""
+        if self.info is None:
+            return
+        try:
+            entry = fleet.begin(self.snapshot_dir, fleet.docker_device_keys(self.info), 0, identity=self.identity,
+                                pid=self.pid)
+            fleet.running(self.snapshot_dir, entry, self.pid)
+        except fleet.Busy as exc:
+            if (exc.holder or {}).get("pid") != self.pid:  # another live process holds it: say so, keep the snapshot
+                self.progress.note("the record of restores says: %s" % exc.reason, force=True)
+        except (IOError, OSError) as exc:  # informative: the snapshot is completed either way
+            self.progress.note("cannot enter the engine in the record of restores: %s" % exc, force=True)
 
 
 def host_checkpoint(params, check_mode=False, log=None):

@@ -13,10 +13,39 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
+import os
+import shlex
+
 from .. import container as container_record
 from .. import layout, metadata, status
 from ..clients.docker import env_dict
 from ..errors import ParameterError
+
+
+def runtime_settings(registered):
+    """The node settings (runtime.json) of a restore-on-create runtime, from what dockerd knows of it ({"path"}):
+    its wrapper (the snapshot_node role's template) names the directory they live in on its ``LIB=`` line.
+    None when they cannot be read."""
+    try:
+        with open(registered["path"]) as handle:
+            for line in handle:
+                if line.startswith("LIB="):
+                    lib = shlex.split(line[len("LIB="):])[0]
+                    with open(os.path.join(lib, "runtime.json")) as settings:
+                        found = json.load(settings)
+                    return found if isinstance(found, dict) else None
+    except (IOError, OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return None
+
+
+def covers(settings, snapshot_dir):
+    """Whether ``snapshot_dir`` lies below one of the runtime's snapshot roots (it restores nothing elsewhere)."""
+    roots = settings.get("snapshot_roots") or []
+    roots = [roots] if isinstance(roots, str) else roots
+    target = os.path.normpath(snapshot_dir)
+    return any(target.startswith(os.path.normpath(root).rstrip("/") + "/") for root in roots if isinstance(root, str))
 
 
 class RuntimeHandover:

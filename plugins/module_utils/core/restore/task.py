@@ -20,13 +20,13 @@ except ImportError:  # pragma: no cover
     from urlparse import urlparse
 
 from .. import container as container_record
-from .. import encryption, fleet, health, layout, paths, schema, signature
+from .. import encryption, fleet, health, layout, paths, schema, signature, stage
 from ..clients.docker import DockerCli, env_dict
 from ..clock import Stopwatch
 from ..errors import ParameterError
 from . import bare, pipeline, verify
 from .checkpoint import DockerCheckpoint, docker_world_now
-from .handover import RuntimeHandover
+from .handover import RuntimeHandover, covers, runtime_settings
 
 
 def check_options(params):
@@ -50,6 +50,8 @@ def check_options(params):
     if not metadata_path.startswith("/") or metadata_path.endswith("/") or ".." in metadata_path.split("/"):
         raise ParameterError("metadata_path: give an absolute file path (without '..') inside the container")
     schema.validate("manifest", params["identity"], "identity", definition="identity")
+    if params.get("stage_dir"):
+        stage.check_root(params["stage_dir"])
     if params.get("source"):
         return clone_source(params)
     if not params["snapshot_dir"]:
@@ -63,6 +65,8 @@ def clone_source(params):
     the node's runtime into a container the operator made for them (its own device, its own network namespace),
     which carries the request: anything else is refused here, naming the field, before anything is done."""
     wanted = params["source"]
+    if params["method"] == "auto":
+        params["method"] = "runtime"
     if params["engine"] != "docker" or params["method"] != "runtime":
         raise ParameterError("source: a clone is restored by the node's restore-on-create runtime: give engine=docker "
                              "and method=runtime (the runtime writes the clone's identity and nonce into its metadata "
@@ -94,8 +98,43 @@ def restore(params, check_mode=False, warn=lambda text: None):
     if params["engine"] == bare.ENGINE:
         return _bare(params, snapshot_dir, check_mode, warn)
     docker = DockerCli(params["docker_cli"])
+    chosen = {}
+    if params["method"] == "auto":
+        method, why = choose_method(params, snapshot_dir, docker)
+        params = dict(params, method=method)
+        chosen = dict(method=method, method_reason=why)
     if params["method"] == "runtime":
-        return _via_runtime(params, snapshot_dir, docker, check_mode, warn)
+        return dict(_via_runtime(params, snapshot_dir, docker, check_mode, warn), **chosen)
+    return dict(_via_docker(params, snapshot_dir, docker, check_mode, warn), **chosen)
+
+
+DOCKER = "docker"    # snapshot_restore's methods
+RUNTIME = "runtime"
+
+
+def choose_method(params, snapshot_dir, docker):
+    """method=auto: (method, why). The node's restore-on-create runtime is the fast path; ``docker start
+    --checkpoint`` copies every image through containerd and is slower than a cold start from about 2 GiB."""
+    name = params["runtime_name"]
+    existing = docker.container_id(params["container"])
+    if existing:
+        runtime = (docker.inspect_container(existing).get("HostConfig") or {}).get("Runtime")
+        if runtime == name:
+            return RUNTIME, "container %s exists, created with the runtime %s" % (params["container"], name)
+        return DOCKER, "container %s exists, created with the runtime %s, not %s" % (params["container"], runtime, name)
+    known = docker.runtimes()
+    if name not in known:
+        return DOCKER, ("dockerd has no runtime %s; the snapshot_node role installs it (the fast path)" % name)
+    settings = runtime_settings(known[name])
+    if settings is None:
+        return DOCKER, "the settings of the runtime %s (runtime.json) cannot be read" % name
+    if not covers(settings, snapshot_dir):
+        return DOCKER, ("the snapshot is below none of the runtime %s's snapshot roots (%s; snapshot_node_snapshot_roots)"
+                          % (name, settings.get("snapshot_roots") or "none"))
+    return RUNTIME, "the restore-on-create runtime %s is installed and its snapshot roots hold the snapshot" % name
+
+
+def _via_docker(params, snapshot_dir, docker, check_mode, warn):
     driver = DockerCheckpoint(docker, params["container"], **_wishes(params))
     base = dict(snapshot_dir=snapshot_dir, container=params["container"])
     if driver.container_id and docker.is_running(driver.container_id):
@@ -120,7 +159,8 @@ def _attempt(params, snapshot_dir, check_mode, hash_files=True):
     return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
                             check_mode=check_mode, hash_files=hash_files, min_size=params["min_size"],
                             workers=params["workers"], trusted=trusted_keys(params),
-                            keys=encryption.load_keys(params.get("encryption_keys") or []))
+                            keys=encryption.load_keys(params.get("encryption_keys") or []),
+                            stage_dir=params.get("stage_dir"))
 
 
 def trusted_keys(params):
