@@ -240,6 +240,8 @@ def run(driver, attempt):
                 attempt.verdict["overlapped"] = {"files": len(pages.deferred["listed"]), "hashing": pages.stats,
                                                  "task_states_at_verdict": proc.tree_states(attempt.pid),
                                                  "released": not wrong}
+                attempt.verdict["hashed_bytes"] = (attempt.verdict.get("hashed_bytes") or 0) + \
+                    (pages.stats or {}).get("bytes", 0)
                 if wrong:
                     attempt.verdict.update(valid=False, reasons=wrong)
                     raise Fallback("; ".join(wrong))
