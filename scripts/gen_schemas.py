@@ -22,13 +22,23 @@ import json
 '''
 
 
+def _without_prose(node):
+    if isinstance(node, dict):
+        return dict((key, _without_prose(value)) for key, value in node.items()
+                    if not (key in ("description", "$comment") and isinstance(value, str)))
+    if isinstance(node, list):
+        return [_without_prose(value) for value in node]
+    return node
+
+
 def render():
     schemas = {}
     for name in sorted(os.listdir(os.path.join(ROOT, "schemas"))):
         if name.endswith(".schema.json"):
             with open(os.path.join(ROOT, "schemas", name)) as handle:
                 schemas[name[: -len(".schema.json")]] = json.load(handle)
-    text = json.dumps(schemas, indent=1, sort_keys=True, ensure_ascii=True)
+    # The prose stays in schemas/*.schema.json: validation never needs it, and it makes lines too long to read.
+    text = json.dumps(_without_prose(schemas), indent=1, sort_keys=True, ensure_ascii=True)
     assert "\'\'\'" not in text
     return HEADER + "SCHEMAS = json.loads(r\'\'\'\n" + text + "\n\'\'\')\n"
 

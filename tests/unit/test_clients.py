@@ -131,8 +131,8 @@ def test_runc_argv_carries_the_callers_global_options_and_criu():
     assert argv[argv.index("restore"):] == ["restore", "--detach", "--image-path", "/snap/host/criu", "--work-path", "/w",
                                             "--bundle", "/b", "--pid-file", "/b/pid", "--file-locks",
                                             "--console-socket", "/s", "--no-pivot", "c"]
-    assert RuncCli("/usr/bin/runc", ["--criu", "/own"], criu="/opt/criu").argv("x") == ["/usr/bin/runc", "--criu",
-                                                                                      "/own", "x"]
+    argv = RuncCli("/usr/bin/runc", ["--criu", "/own"], criu="/opt/criu").argv("x")
+    assert argv == ["/usr/bin/runc", "--criu", "/own", "x"]
 
 
 def test_a_failed_checkpoint_keeps_criu_log_and_names_its_first_error(tmp_path):

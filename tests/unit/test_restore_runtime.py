@@ -103,8 +103,8 @@ def test_the_restored_process_reads_the_paths_of_its_old_environment():
     request = rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/s", "INFEROPS_METADATA_FILE": "/new/m.json"}), CONFIG)
     old = {"INFEROPS_METADATA_FILE": "/old/m.json", "INFEROPS_AGENT_SOCKET_DIR": "/old/agent"}
     assert on_create.restored_process_paths(request, old, CONFIG) == ("/old/m.json", "/old/agent")
-    assert on_create.restored_process_paths(request, {}, CONFIG) == ("/run/inferops-snapshot/metadata.json",
-                                                              "/run/inferops-snapshot")
+    found = on_create.restored_process_paths(request, {}, CONFIG)
+    assert found == ("/run/inferops-snapshot/metadata.json", "/run/inferops-snapshot")
     annotated = rr.restore_request(spec(annotations={"org.inferops.restore-from": "/s",
                                                      "org.inferops.metadata-file": "/a/m.json"}), CONFIG)
     assert on_create.restored_process_paths(annotated, old, CONFIG)[0] == "/a/m.json"

@@ -283,9 +283,9 @@ class Checkpointer:
             with self.watch.stage("seal"):
                 known = self.follower.finish() if self.follower else {}
                 self.follower = None
-                document, fingerprint, hashing = seal.seal(self.staging_dir, self.fields(), workers=params["workers"],
-                                                          progress=self.progress.bytes_done, known=known,
-                                                          signing_key=self.signing_key)
+                document, fingerprint, hashing = seal.seal(
+                    self.staging_dir, self.fields(), workers=params["workers"], progress=self.progress.bytes_done,
+                    known=known, signing_key=self.signing_key)
             self.remaining("publishing")
             if self.claim_keeper:  # never publish over a generation that took the pod meanwhile
                 self.claim_keeper.check()
@@ -314,7 +314,6 @@ class Checkpointer:
                     files=len(document["files"]), versions=self.versions, hashing=hashing,
                     signed_by=hashing.get("key_id"),
                     manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
-
 
     def hold_devices(self):
         """The engine that was snapshotted runs on its devices from this snapshot's state: enter it in the record of

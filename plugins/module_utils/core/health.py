@@ -54,6 +54,6 @@ def wait_serving(url, timeout, status=200, gone=None, interval=0.2, progress=Non
     except SnapshotTimeout as exc:
         if "elapsed" not in exc.result:  # the process exited: its own message
             raise
-        raise SnapshotTimeout("%s did not answer %d within %.0f s (last: %s)" % (url, status, timeout,
-                                                                                exc.result.get("last_state")),
-                              last_state=exc.result.get("last_state"), elapsed=exc.result.get("elapsed"))
+        last = exc.result.get("last_state")
+        raise SnapshotTimeout("%s did not answer %d within %.0f s (last: %s)" % (url, status, timeout, last),
+                              last_state=last, elapsed=exc.result.get("elapsed"))

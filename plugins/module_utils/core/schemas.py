@@ -13,7 +13,6 @@ SCHEMAS = json.loads(r'''
   "$defs": {
    "canary": {
     "additionalProperties": false,
-    "description": "canary.json: one request the warmed-up engine answered, asked again after a restore (core/canary.py).",
     "properties": {
      "answer": {
       "additionalProperties": false,
@@ -148,7 +147,6 @@ SCHEMAS = json.loads(r'''
    },
    "fingerprint": {
     "additionalProperties": false,
-    "description": "A file's size, the SHA-256 of blocks sampled over it, and its identity on the host (core/world.py).",
     "properties": {
      "dev": {
       "minimum": 0,
@@ -228,7 +226,6 @@ SCHEMAS = json.loads(r'''
    },
    "world": {
     "additionalProperties": false,
-    "description": "The world the snapshot was taken in; every restore compares it before anything is restored (core/world.py).",
     "properties": {
      "files": {
       "additionalProperties": {
@@ -237,7 +234,6 @@ SCHEMAS = json.loads(r'''
        },
        "type": "object"
       },
-      "description": "read-only mount destination -> {path below it ('.' for a mounted file) -> fingerprint}",
       "type": "object"
      },
      "host": {
@@ -272,7 +268,6 @@ SCHEMAS = json.loads(r'''
       "additionalProperties": {
        "$ref": "#/$defs/fingerprint"
       },
-      "description": "a bare process's open and mapped files: host path -> fingerprint",
       "type": "object"
      },
      "process": {
@@ -340,7 +335,6 @@ SCHEMAS = json.loads(r'''
   "$id": "inferops.snapshot:manifest:v1",
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "additionalProperties": false,
-  "description": "manifest.json of a published snapshot, and device.json of its device part.",
   "properties": {
    "created_at": {
     "format": "date-time",
@@ -361,7 +355,6 @@ SCHEMAS = json.loads(r'''
    },
    "encryption": {
     "additionalProperties": false,
-    "description": "Which files are stored encrypted, how, and with which key (by id); core/encryption.py.",
     "properties": {
      "algorithm": {
       "const": "aes-256-gcm-chunked"
@@ -506,7 +499,6 @@ SCHEMAS = json.loads(r'''
  "metadata": {
   "$defs": {
    "identity": {
-    "$comment": "the same as manifest.schema.json#/$defs/identity",
     "additionalProperties": false,
     "properties": {
      "instance": {
@@ -534,7 +526,6 @@ SCHEMAS = json.loads(r'''
   "$id": "inferops.snapshot:metadata:v1",
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "additionalProperties": false,
-  "description": "What an engine reads after it was started from a snapshot (or cold, where a restore was asked for): its new environment, since a restored process keeps the one it was checkpointed with. One writer: plugins/module_utils/core/metadata.py; the Kubernetes restore role puts the same document in the pod annotation snapshot.inferops.org/metadata.",
   "properties": {
    "container": {
     "type": [
@@ -561,7 +552,6 @@ SCHEMAS = json.loads(r'''
     "type": "object"
    },
    "identity": {
-    "description": "who this process is now: namespace/service/instance/pod of the new container or pod",
     "oneOf": [
      {
       "$ref": "#/$defs/identity"
@@ -597,14 +587,12 @@ SCHEMAS = json.loads(r'''
     ]
    },
    "reason": {
-    "description": "why the snapshot was not used (null when it was)",
     "type": [
      "string",
      "null"
     ]
    },
    "restore_nonce": {
-    "description": "fresh random bytes of this very restore: what an engine re-seeds its random generators and prefixes its request ids with, so that two processes restored from one snapshot never share them",
     "pattern": "^[0-9a-f]{32}$",
     "type": "string"
    },
@@ -612,7 +600,6 @@ SCHEMAS = json.loads(r'''
     "type": "boolean"
    },
    "restored": {
-    "description": "true: this process came back from the snapshot; false: it was started normally",
     "type": "boolean"
    },
    "schema_version": {
@@ -625,7 +612,6 @@ SCHEMAS = json.loads(r'''
     ]
    },
    "source": {
-    "description": "a clone: the identity whose snapshot this process came back from (another instance of the same service); null or absent when it is its own",
     "oneOf": [
      {
       "$ref": "#/$defs/identity"
@@ -673,7 +659,6 @@ SCHEMAS = json.loads(r'''
   "$id": "inferops.snapshot:snapshot-config:v1",
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "additionalProperties": false,
-  "description": "A service's snapshot configuration, in the shape of the seed design's snapshotConfig.",
   "if": {
    "properties": {
     "enabled": {
@@ -683,12 +668,10 @@ SCHEMAS = json.loads(r'''
   },
   "properties": {
    "enabled": {
-    "description": "Snapshot generation and restore on or off. Off means nothing changes.",
     "type": "boolean"
    },
    "endpoint": {
     "additionalProperties": false,
-    "description": "The control endpoint inside the inference process. Default: the inferops agent's unix socket.",
     "properties": {
      "paths": {
       "additionalProperties": false,
@@ -725,14 +708,12 @@ SCHEMAS = json.loads(r'''
    },
    "engine": {
     "default": "docker",
-    "description": "How the host part is taken: docker (container) or criu (bare process).",
     "enum": [
      "docker",
      "criu"
     ]
    },
    "hostSnapshotPath": {
-    "description": "Absolute root of host (container/CRIU) snapshots; each pod gets a subdirectory named by its identity.",
     "not": {
      "pattern": "(^|/)\\.\\.(/|$)"
     },
@@ -741,12 +722,10 @@ SCHEMAS = json.loads(r'''
    },
    "minSizeBytes": {
     "default": 1024,
-    "description": "Verification rejects a snapshot whose files add up to less than this.",
     "minimum": 0,
     "type": "integer"
    },
    "npuSnapshotPath": {
-    "description": "Absolute root of device (NPU) snapshots; each pod gets a subdirectory named by its identity. Injected as VLLM_NPU_SNAPSHOT_PATH.",
     "not": {
      "pattern": "(^|/)\\.\\.(/|$)"
     },
@@ -755,7 +734,6 @@ SCHEMAS = json.loads(r'''
    },
    "timeoutSeconds": {
     "default": 300,
-    "description": "Generation must complete within this many seconds, or it is cleaned up and marked failed.",
     "maximum": 86400,
     "minimum": 1,
     "type": "integer"
@@ -776,7 +754,6 @@ SCHEMAS = json.loads(r'''
  "status": {
   "$defs": {
    "identity": {
-    "$comment": "the same as manifest.schema.json#/$defs/identity (a unit test keeps them equal)",
     "additionalProperties": false,
     "properties": {
      "instance": {
@@ -806,7 +783,6 @@ SCHEMAS = json.loads(r'''
    },
    "restore": {
     "additionalProperties": false,
-    "description": "One restore attempt from this snapshot, by any path (module, node runtime, bare process).",
     "properties": {
      "at": {
       "format": "date-time",
@@ -835,7 +811,6 @@ SCHEMAS = json.loads(r'''
       "type": "object"
      },
      "identity": {
-      "description": "the identity the process was restored into (a clone's differs from the snapshot's)",
       "oneOf": [
        {
         "$ref": "#/$defs/identity"
@@ -855,7 +830,6 @@ SCHEMAS = json.loads(r'''
       "type": "string"
      },
      "outcome": {
-      "description": "failed: the snapshot could not be used and the cold start failed too",
       "enum": [
        "restored",
        "cold",
@@ -863,7 +837,6 @@ SCHEMAS = json.loads(r'''
       ]
      },
      "path": {
-      "description": "docker start --checkpoint, the node's restore-on-create runtime, or a bare process",
       "enum": [
        "docker",
        "runtime",
@@ -897,7 +870,6 @@ SCHEMAS = json.loads(r'''
       ]
      },
      "source": {
-      "description": "a clone: the source identity the request declared (null: the snapshot's own pod)",
       "oneOf": [
        {
         "$ref": "#/$defs/identity"
@@ -925,7 +897,6 @@ SCHEMAS = json.loads(r'''
     "updated_at"
    ]
   },
-  "description": "The record beside a snapshot, .<pod>.status.json: where its generation stands and what was restored from it. One writer: plugins/module_utils/core/status.py.",
   "properties": {
    "checksum": {
     "pattern": "^[0-9a-f]{64}$",

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import layout, manifest, paths, schema, signature
 from .manifest import CHUNK, CHUNK_INDEX, hash_tree
 
+
 def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, known=None):
     """Hashes for sealing a snapshot: every file whole (for checksum.sha256), and, when the snapshot has a
     host part, per-chunk digests of every file larger than ``chunk_bytes``, written to the chunk index

@@ -224,14 +224,14 @@ def compare(recorded, current_process, criu_version=None, runc_version=None):
             reasons.append("args_mismatch: the snapshot's process runs %r, the new one would run %r"
                            % (was.get("args"), current_process.get("args")))
         if was.get("cwd", "/") != current_process.get("cwd", "/"):
-            reasons.append("cwd_mismatch: working dir %r in the snapshot, %r now" % (was.get("cwd"),
-                                                                                 current_process.get("cwd")))
+            reasons.append("cwd_mismatch: working dir %r in the snapshot, %r now"
+                           % (was.get("cwd"), current_process.get("cwd")))
         if "user" in was and not _user_matches(was["user"], current_process):
             reasons.append("user_mismatch: user %r in the snapshot, %r now" % (
                 was["user"], current_process.get("user", "%s:%s" % (current_process.get("uid"), current_process.get("gid")))))
         if (was.get("devices") or []) != (current_process.get("devices") or []):
-            reasons.append("devices_mismatch: devices %s in the snapshot, %s now" % (was.get("devices"),
-                                                                                    current_process.get("devices")))
+            reasons.append("devices_mismatch: devices %s in the snapshot, %s now"
+                           % (was.get("devices"), current_process.get("devices")))
         reasons.extend(_mount_reasons(was.get("mounts") or [], current_process.get("mounts") or []))
         sources = dict((m["destination"], m["source"]) for m in current_process.get("mounts") or [])
     else:

@@ -361,8 +361,8 @@ def _reason(exc, stage):
         return exc.reason
     if isinstance(exc, SnapshotError):
         return "%s_failed: %s" % (stage, exc.msg)
-    return "internal_error: %s failed with %s: %s (%s)" % (stage, type(exc).__name__, exc,
-                                                         traceback.format_exc(limit=-1).strip()[-300:])
+    where = traceback.format_exc(limit=-1).strip()[-300:]
+    return "internal_error: %s failed with %s: %s (%s)" % (stage, type(exc).__name__, exc, where)
 
 
 def _record(driver, attempt):

@@ -130,7 +130,7 @@ def choose_method(params, snapshot_dir, docker):
         return DOCKER, "the settings of the runtime %s (runtime.json) cannot be read" % name
     if not covers(settings, snapshot_dir):
         return DOCKER, ("the snapshot is below none of the runtime %s's snapshot roots (%s; snapshot_node_snapshot_roots)"
-                          % (name, settings.get("snapshot_roots") or "none"))
+                        % (name, settings.get("snapshot_roots") or "none"))
     return RUNTIME, "the restore-on-create runtime %s is installed and its snapshot roots hold the snapshot" % name
 
 
