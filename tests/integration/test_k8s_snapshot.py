@@ -257,7 +257,8 @@ def test_recreated_pod_is_restored_by_the_runtime_with_its_new_environment(gener
     assert ann.get("org.inferops.restore-from") == snapshot_dir, (ann.get("snapshot.inferops.org/restore"),
                                                                   ann.get("snapshot.inferops.org/restore-reason"))
     # the pod names the very snapshot the generation published: its manifest checksum, which the runtime compares
-    assert ann["org.inferops.restore-checksum"] == manifest.fingerprint(snapshot_dir) is not None, ann
+    published = manifest.fingerprint(snapshot_dir)
+    assert published and ann["org.inferops.restore-checksum"] == published, ann
     assert ann["snapshot.inferops.org/restore"] == "restored", ann
     assert "snapshot.inferops.org/restore-reason" not in ann
     spec = api.pod(pod)["spec"]
