@@ -17,7 +17,7 @@ options:
         trusts. When given, a snapshot is usable only with a valid C(signature.json) by one of them; an unsigned
         snapshot, a wrong signature or one by another key is refused with the reason (C(unsigned:),
         C(signature_invalid:), C(signature_untrusted:)). Several keys may be trusted at once, for key rotation.
-      - Without it nothing is authenticated (RV(authenticated=false)); the checksums prove the snapshot is
+      - Without it nothing is authenticated (the result says C(authenticated) is false); the checksums prove the snapshot is
         complete and unchanged since it was sealed, not who sealed it. See docs/security.md.
       - Needs the Python library C(cryptography) on the target.
     type: list

@@ -244,7 +244,7 @@ hashing:
   returned: success
   type: dict
 criu_error:
-  description: The first C(Error) line of CRIU's log when the checkpoint failed (the cause; also in RV(msg)).
+  description: The first C(Error) line of CRIU's log when the checkpoint failed (the cause; also in the task's message).
   returned: failure
   type: str
 criu_log:

@@ -43,7 +43,7 @@ options:
   device:
     description:
       - Whether the service's snapshots take the device (NPU) state. With V(true) a pod of the chosen instance is ready
-        for its snapshot (RV(pods[].env_ok)) when it carries C(VLLM_NPU_SNAPSHOT_PATH) with its own NPU path; with V(false)
+        for its snapshot (C(env_ok) of each of RV(pods)) when it carries C(VLLM_NPU_SNAPSHOT_PATH) with its own NPU path; with V(false)
         (host only - CPU engines, accelerators without a snapshot API) when it does not carry it at all.
     type: bool
     default: true

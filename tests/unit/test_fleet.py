@@ -82,7 +82,7 @@ def test_the_newest_completed_snapshot_of_the_service_is_chosen_never_the_clone_
 
 def test_every_restore_gets_its_own_nonce_in_the_metadata_document():
     docs = [metadata.document({}, True, "/s", "restore-on-create runtime", identity=CLONE, source=SOURCE,
-                              restore_nonce=fleet.new_nonce()) for _ in range(2)]
+                              restore_nonce=fleet.new_nonce()) for _index in range(2)]
     assert docs[0]["restore_nonce"] != docs[1]["restore_nonce"] and len(docs[0]["restore_nonce"]) == 32
     assert docs[0]["identity"] == CLONE and docs[0]["source"] == SOURCE
 

@@ -86,7 +86,7 @@ def load_key(value, field="encryption_key", snapshot_dir=None):
         if len(data) == 32:
             return data
         value = data.decode("ascii", "replace").strip()
-    for decode in (lambda text: binascii.unhexlify(text), lambda text: base64.b64decode(text, validate=True)):
+    for decode in (binascii.unhexlify, lambda text: base64.b64decode(text, validate=True)):
         try:
             key = decode(value.strip())
         except (ValueError, binascii.Error, TypeError):
