@@ -259,3 +259,11 @@ def test_modules_are_docs_argspec_and_a_hand_over():
         assert len(code) <= 150, "%s has %d lines of code outside its documentation" % (path.name, len(code))
         main = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
         assert main and len(main[0].body) <= 2, "%s: main() is the module factory's one call" % path.name
+
+
+def test_no_two_test_modules_share_a_basename():
+    """`pytest tests` (the README's command) imports test modules by basename: two of one name stop it at collection."""
+    seen = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not [paths for paths in seen.values() if len(paths) > 1]
