@@ -385,6 +385,10 @@ def render(result):
 
     for variant, label in [(v, l) for v, l in present if v.startswith("snapshot_restore") or v.startswith("docker_run_runtime")]:
         out.append("\n### Where %s's time goes (seconds, medians)\n" % label)
+        used = sorted(set("%s (%s)" % (x.get("method"), x.get("method_reason") or "asked for") for x in samples
+                          if x["section"] == "ttfa" and x["variant"] == variant and x.get("method")))
+        if used:
+            out.append("\nMethod the module used: %s.\n\n" % "; ".join(used))
         rows = []
         for size in sizes(samples):
             rows.append([gb(size)] + [fmt(med(samples, "ttfa", variant, size, "stages." + st)) for st in STAGES] +

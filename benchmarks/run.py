@@ -921,8 +921,8 @@ class Bench:
         poll.start()
         if method:
             extra["bench_restore_method"] = method
-        if method == "runtime":
-            extra["bench_runtime_name"] = self.prefix
+        if self.runtime_installed and (method or self.restore_default) in ("runtime", "auto"):
+            extra["bench_runtime_name"] = self.prefix  # the bench's own runtime (auto looks for it by this name too)
         try:
             result = self.playbook("restore", [w], **extra)
         except RuntimeError as exc:
@@ -942,7 +942,8 @@ class Bench:
                     module_total_s=durations["total"], task_wall_s=round(task["end"] - task["start"], 3),
                     playbook_wall_s=round(result["wall"], 3), reason=task["result"].get("reason"),
                     placement=task["result"].get("placement"), verify=task["result"].get("verify"),
-                    runtime=task["result"].get("runtime_record"))
+                    runtime=task["result"].get("runtime_record"), method=task["result"].get("method"),
+                    method_reason=task["result"].get("method_reason"))
         self.record("host_restore", variant, w["size_mb"], rep, durations.get("host_restore"))
         self.remove(w)
         self.reset_device(w)
@@ -1137,7 +1138,7 @@ class Bench:
                 extra = {}
                 if step == "restore" and self.restore_methods:
                     extra["bench_restore_method"] = self.fastest_method()
-                    if extra["bench_restore_method"] == "runtime":
+                    if self.runtime_installed and extra["bench_restore_method"] in ("runtime", "auto"):
                         extra["bench_runtime_name"] = self.prefix
                 result = self.playbook(step, workloads, **extra)
                 per_host = {}
