@@ -23,6 +23,8 @@ description:
   - Run it before the device snapshot (M(inferops.snapshot.npu_snapshot_backup)); a locked engine does not answer.
     The request must be deterministic for a given engine state, e.g. a completion with greedy decoding and a fixed
     seed.
+requirements:
+  - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

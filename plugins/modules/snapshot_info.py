@@ -20,6 +20,8 @@ description:
   - RV(usable) is true when the snapshot verifies and its status is C(completed) (or there is no record);
     a generation can then be skipped and a restore can use it.
   - Changes nothing. Container environment values are never returned, only the device snapshot path.
+requirements:
+  - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

@@ -35,6 +35,8 @@ description:
     process with its original pids), restores it detached with CRIU within O(timeout), restores and unlocks the
     device state through the agent, and waits for O(health_url). When the snapshot cannot be used or the restore
     fails it runs O(cold_start), or fails with the reason when there is none.
+requirements:
+  - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

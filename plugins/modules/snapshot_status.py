@@ -24,6 +24,8 @@ description:
     and keeps the record with the reason. With O(generation_id) it also releases that generation's claim on the pod.
   - O(status=completed) requires a published snapshot; the checksum defaults to the SHA-256 of its
     C(checksum.sha256).
+requirements:
+  - jsonschema (Python library) on the target host
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
