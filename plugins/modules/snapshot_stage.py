@@ -21,7 +21,7 @@ description:
     C(snapshot_restore) O(stage_dir)) and finds a copy that is still exactly the one verified restores from it
     without hashing it again; the requested snapshot's own checksum list, signature, manifest, identity and world
     are still checked. A copy that changed in any way is dropped and the snapshot verified in full.
-  - Idempotent. A snapshot already staged and unchanged since it was verified is left alone (RV(changed=false));
+  - Idempotent. A snapshot already staged and unchanged since it was verified is left alone (C(changed=false));
     one that was regenerated (another fingerprint) is staged again and its old copy removed.
   - Retention after each staging, the oldest verified first, never an entry a restore is reading; at most
     O(keep) entries and O(max_bytes) bytes.
@@ -35,7 +35,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Says whether it would copy (RV(changed)) and creates nothing.
+    details: Says whether it would copy (C(changed)) and creates nothing.
   diff_mode:
     support: none
   idempotent:

@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from conftest import docker, free_port, reset_device, run_module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import stage
 from _roles_helpers import local_inventory, run_playbook, finish, status_record
 from _runtime_helpers import installed_runtime
 
@@ -84,10 +85,15 @@ def test_generate_check_mode_then_idempotent_second_run(tmp_path, pod_factory):
     assert not (tmp_path / "host").exists() and not (tmp_path / "npu").exists(), "check mode wrote something"
     assert c.info()["snapshot_state"] == "RUNNING"
 
+    stage_dir = tmp_path / "stage"  # the node's cache of verified snapshots: each new one is staged there
+    inv["all"]["hosts"]["npu-host"]["snapshot_generate_stage_dir"] = str(stage_dir)
     first = run_playbook(tmp_path / "runs", "generate.yml", inv)
     assert first.rc == 0 and first.recap["npu-host"]["changed"] >= 3, first
     result = first.facts["npu-host"]["snapshot_generate_results"][0]
     assert result["status"] == "completed" and result["snapshot_dir"] == str(snap)
+    staged, why = stage.find(str(stage_dir), str(snap), drop=False)
+    assert staged is not None, "the new snapshot was not staged: %s" % why
+    staged.release()
     record = status_record(snap)
     assert record["status"] == "completed" and record["checksum"] == result["checksum"]
     assert [c.generate(p) for p in PROMPTS] == expected and c.info()["snapshot_state"] == "RUNNING"
