@@ -217,7 +217,10 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-checksum']"}}},
            # the runtime checks the snapshot's identity against the pod's (a snapshot of another pod is refused)
            {"name": "INFEROPS_RESTORE_IDENTITY",
-            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['snapshot.inferops.org/identity']"}}}]
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['snapshot.inferops.org/identity']"}}},
+           # host-only snapshots: the restore role marks the pod org.inferops.restore-device=false (no device restore)
+           {"name": "INFEROPS_RESTORE_DEVICE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-device']"}}}]
     env += [{"name": key, "value": value} for key, value in (extra_env or {}).items()]
     pod = {
         "apiVersion": "v1", "kind": "Pod",

@@ -26,7 +26,7 @@ NODE = "node-a"
 RUNTIME_CLASS = "inferops-restore"
 PROMPTS = ["what is an NPU?", "no job in the way", "数据"]
 REQUEST_ENV = ("POD_NAME", "POD_NAMESPACE", "INFEROPS_RESTORE_FROM", "INFEROPS_RESTORE_CHECKSUM",
-               "INFEROPS_RESTORE_IDENTITY")
+               "INFEROPS_RESTORE_IDENTITY", "INFEROPS_RESTORE_DEVICE")
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -149,3 +149,47 @@ def test_a_recreated_pod_is_restored_by_the_node_alone_with_no_ansible_run(clust
     assert entry["container"] == cid and entry["outcome"] == "restored", entry
     print("\nno-job restore: pod deleted -> first correct answer in %.2f s (runtime stages %s)"
           % (seconds, record["durations"]))
+
+    # the annotations catch up: the restore role (nothing gated) reads the node's record of this container
+    assert "snapshot.inferops.org/restore" not in (api.pod(pod)["metadata"].get("annotations") or {})
+    config = {"enabled": True, "npuSnapshotPath": str(cluster["npu_root"]), "hostSnapshotPath": str(cluster["host_root"])}
+    play = {"k8s_snapshot_namespace": cluster["namespace"], "k8s_snapshot_service": "qwen",
+            "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": config}
+    rc, output = run_playbook("k8s_restore.yml", cluster["inventory"], play)
+    assert rc == 0, output[-4000:]
+    ann = api.pod(pod)["metadata"]["annotations"]
+    checksum = status.read(snapshot_dir)["checksum"]
+    assert ann["snapshot.inferops.org/restore"] == "restored" and "snapshot.inferops.org/restore-reason" not in ann, ann
+    assert ann["snapshot.inferops.org/status"] == "completed" and ann["snapshot.inferops.org/checksum"] == checksum, ann
+    assert ann["snapshot.inferops.org/host-path"] == snapshot_dir and ann["snapshot.inferops.org/node"] == NODE, ann
+    # ... so the next generation knows the instance runs from its completed snapshot and takes no new one
+    rc, output = run_playbook("k8s_generate.yml", cluster["inventory"], play)
+    assert rc == 0 and "already has completed snapshots" in output, output[-4000:]
+    assert status.read(snapshot_dir)["checksum"] == checksum and container_id(cluster, pod) == cid
+    assert info(cluster, pod)["started_at"] == warmed["started_at"]
+
+
+def test_the_next_generation_catches_up_by_itself_and_takes_no_new_snapshot(cluster, runtime):
+    """Recreated again, restored again by the node alone; this time only k8s_generate.yml runs: it reads the node's
+    record first, annotates the pod and leaves the instance's completed snapshot as it is."""
+    api, pod = cluster["api"], "qwen-p0-0"
+    snapshot_dir = svc.snapshot_path(str(cluster["host_root"]), {"namespace": cluster["namespace"], "service": "qwen",
+                                                                 "instance": "p0", "pod": pod})
+    before = status.read(snapshot_dir)
+    assert before and before["status"] == "completed", before
+    api.delete(pod)
+    cluster["kubelet"].wait_removed(cluster["namespace"], pod)
+    reset_device(cluster["devices"][pod])
+    api.create(template(cluster, pod))
+    first_answer(cluster, pod, time.monotonic())
+    cid = container_id(cluster, pod)
+    config = {"enabled": True, "npuSnapshotPath": str(cluster["npu_root"]), "hostSnapshotPath": str(cluster["host_root"])}
+    rc, output = run_playbook("k8s_generate.yml", cluster["inventory"], {
+        "k8s_snapshot_namespace": cluster["namespace"], "k8s_snapshot_service": "qwen",
+        "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": config})
+    assert rc == 0 and "already has completed snapshots" in output, output[-4000:]
+    ann = api.pod(pod)["metadata"]["annotations"]
+    assert ann["snapshot.inferops.org/restore"] == "restored" and ann["snapshot.inferops.org/status"] == "completed"
+    after = status.read(snapshot_dir)
+    assert after["checksum"] == before["checksum"] and after["history"] == before["history"], "no new generation"
+    assert after["last_restore"]["container"] == cid and container_id(cluster, pod) == cid

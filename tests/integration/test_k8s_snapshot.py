@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -558,3 +559,51 @@ def test_the_rbac_in_the_docs_is_exactly_what_the_roles_use(cluster):
         assert named, "the roles used %s %s %s, which the documented Role does not grant" % (verb, resource, name)
         used.add((verb, resource, name.replace("llama", "qwen")))
     assert used == granted, "the documented Role grants more than the roles use: %s" % sorted(granted - used)
+
+
+def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_device(cluster, tmp_path):
+    """k8s_snapshot_device=false (CPU engines, accelerators without a snapshot API): the pod gets no
+    VLLM_NPU_SNAPSHOT_PATH, no device part is taken and the engine is never locked; the restore asks the runtime for
+    no device restore (org.inferops.restore-device=false). Meanwhile a second generation run of the same pods, started
+    while the first waits for the warmup, is refused naming the first run's generation and changes nothing of it."""
+    svc, pod = Service(cluster, tmp_path, "hostonly"), "qwen-p0-0"
+    svc.create(pod, "p0", warmup=30)  # the first run claims the pod, then waits for this warmup
+    claim_path = os.path.join(os.path.dirname(svc.snapshot_dir("p0", pod)), ".%s.generation.json" % pod)
+    first = {}
+    runner = threading.Thread(target=lambda: first.update(zip(("rc", "output"), svc.generate(
+        svc.config(), k8s_snapshot_device=False))))
+    runner.start()
+    try:
+        svc.api.wait(lambda: os.path.exists(claim_path), "the first run's claim on %s" % pod, 60)
+        holder = json.loads(open(claim_path).read())["id"]
+        rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True)
+        assert rc != 0 and "another generation of this pod's snapshot is in progress: generation %s" % holder in output, \
+            output[-4000:]
+        assert svc.api.annotations(pod).get("snapshot.inferops.org/status") == "pending", "the refused run changed it"
+        assert json.loads(open(claim_path).read())["id"] == holder
+    finally:
+        runner.join(300)
+    assert first["rc"] == 0, first["output"][-4000:]
+    ann = svc.api.annotations(pod)
+    snapshot_dir = svc.snapshot_dir("p0", pod)
+    assert ann["snapshot.inferops.org/status"] == "completed", ann
+    assert ann["snapshot.inferops.org/checksum"] == sha256(os.path.join(snapshot_dir, "checksum.sha256"))
+    assert "VLLM_NPU_SNAPSHOT_PATH" not in svc.api.env(pod)
+    assert not os.path.exists(os.path.join(snapshot_dir, "device")), "host only: no device part"
+    info = svc.info(pod)
+    assert info["snapshot_state"] == "RUNNING" and info["phase"] == "serving", info
+    expected = svc.answers(pod)
+
+    # recreated (its device keeps its memory: a host-only restore brings back no device state), restored host-only
+    svc.api.delete(pod)
+    cluster.kubelet.wait_removed(svc.namespace, pod)
+    svc.create(pod, "p0", gated=True, warmup=30)
+    rc, output = svc.restore(svc.config(), k8s_snapshot_device=False)
+    assert rc == 0, output[-4000:]
+    ann = svc.api.annotations(pod)
+    assert ann["org.inferops.restore-device"] == "false" and ann["snapshot.inferops.org/restore"] == "restored", ann
+    record = cluster.runtime.log_records(svc.container_id(pod))[-1]
+    assert record["outcome"] == "restored" and not record.get("device_actions"), record
+    now = svc.info(pod)
+    assert now["started_at"] == info["started_at"] and now["snapshot_state"] == "RUNNING", now
+    assert svc.answers(pod) == expected
