@@ -69,12 +69,12 @@ def test_unlock_without_restore_after_a_device_reset_serves_wrong_answers(worklo
 
 
 def _client(workload):
-    from ansible_collections.inferops.snapshot.plugins.module_utils._control import AgentSocketClient
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
     return AgentSocketClient(workload.socket_path)
 
 
 def test_wrong_state_transitions_get_the_mapped_acl_error(workload):
-    from ansible_collections.inferops.snapshot.plugins.module_utils._errors import RuntimeRefusedError
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import RuntimeRefusedError
     client = _client(workload)
     cases = [("restore", 507909), ("backup", 507908), ("unlock", 507907)]
     for op, code in cases:
