@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from conftest import docker, free_port, reset_device, run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import stage
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, stage
 from _roles_helpers import local_inventory, run_playbook, finish, status_record
 from _runtime_helpers import installed_runtime
 
@@ -159,6 +159,36 @@ def test_waits_for_the_warmup_file_and_undoes_the_whole_instance_when_one_pod_fa
     assert result["summary"]["failed"] == 2 and not os.listdir(str(tmp_path / "host" / "t" / "pair" / "p0"))
     again = run_playbook(tmp_path / "runs", "cleanup.yml", inv)
     assert again.rc == 0 and again.recap["npu-host"]["changed"] == 0, again
+
+
+def test_a_second_run_on_the_same_pods_is_refused_and_touches_neither_their_files_nor_their_engines(tmp_path,
+                                                                                                   pod_factory):
+    """Two generations of one pod at once (a retried AWX job, two operators): the second is refused naming the
+    first, removes nothing of what the first wrote and never unlocks the engine the first may be checkpointing."""
+    ready = "/tmp/inferops-warmed-up"
+    a, pod_a = pod_factory(readiness=False)
+    pod_a["readiness_file"] = ready
+    a.run().wait_ready()
+    expected = [a.generate(p) for p in PROMPTS]
+    inv = inventory(tmp_path, "twice", [pod_a])
+    snap = tmp_path / "host" / "t" / "twice" / "p0" / pod_a["name"]
+    first = run_playbook(tmp_path / "runs", "generate.yml", inv, popen=True)
+    deadline = time.monotonic() + 60
+    while (status_record(snap) or {}).get("status") != "generating" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    held = claim.read(str(snap))
+    assert held and status_record(snap)["status"] == "generating", held
+    second = run_playbook(tmp_path / "runs", "generate.yml", inv, extra_vars=[{"snapshot_generate_fail_on_error": False}])
+    assert second.rc == 0, second
+    entry = second.facts["npu-host"]["snapshot_generate_results"][0]
+    assert entry["status"] == "failed" and "another generation of this pod's snapshot is in progress" in entry["reason"] \
+        and held["id"] in entry["reason"], entry
+    assert "Unlock the engine" not in second.stdout, "the second run went for the first run's engine"
+    assert claim.read(str(snap))["id"] == held["id"] and status_record(snap)["status"] == "generating"
+    docker("exec", a.name, "touch", ready)
+    done = finish(first)
+    assert done.rc == 0 and done.facts["npu-host"]["snapshot_generate_results"][0]["status"] == "completed", done
+    assert claim.read(str(snap)) is None and [a.generate(p) for p in PROMPTS] == expected
 
 
 def test_snapshot_status_records_failed_and_removes_only_the_pods_paths(tmp_path):
