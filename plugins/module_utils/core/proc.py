@@ -4,7 +4,8 @@
 """What /proc says about processes. PRIVATE to the inferops.snapshot collection.
 
 One definition of a live process (a zombie or a dead task is not alive), of a process's identity
-(pid + the kernel's start time of that pid), and of a process tree.
+(pid + the kernel's start time of that pid), and of a process tree; and the memory the host can
+still give a new one.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -17,6 +18,19 @@ import signal
 from .clock import wait_for
 
 DEAD_STATES = ("Z", "X", "x")
+MEMINFO = "/proc/meminfo"
+
+
+def available_memory(meminfo=None):
+    """Bytes the kernel estimates a new process can get without swapping (MemAvailable), or None."""
+    try:
+        with open(meminfo or MEMINFO) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def stat_fields(pid, proc="/proc"):

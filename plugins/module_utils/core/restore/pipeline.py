@@ -226,6 +226,7 @@ def run(driver, attempt):
                 decrypt(attempt)
         with stage("check"):
             driver.check(attempt)
+            _check_memory(attempt.manifest)
         if attempt.check_mode:
             attempt.restored = True
             return attempt
@@ -286,6 +287,17 @@ def run(driver, attempt):
         if not attempt.check_mode:
             _record(driver, attempt)
     return attempt
+
+
+def _check_memory(manifest):
+    """A restore that cannot get its process memory would be killed half-way (or take the node's other
+    tenants down with it): refuse it before CRIU runs. The page images are that memory, byte for byte."""
+    need = sum(item["size"] for item in manifest["files"] if layout.is_page_image(item["path"]))
+    have = proc.available_memory()
+    if have is not None and need > have:
+        raise Fallback("insufficient_memory: the restored process needs %d MiB (its page images), this host has %d "
+                       "MiB available (MemAvailable); free memory on the node or restore on another one"
+                       % (need >> 20, have >> 20))
 
 
 def _find_staged(driver, attempt):
