@@ -16,6 +16,12 @@ mapfile -t versions < <(sed -n 's/^# older-ansible-core: *\([0-9][0-9.]*\) *$/\1
 ((${#versions[@]})) || { echo "no older-ansible-core lines in $constraints" >&2; exit 1; }
 
 venv_for() {   # $1: ansible-core version; makes build/ansible-core-$1 unless it is up to date
+    # make test runs this beside pytest, whose ansible-core test asks for the same venvs: one maker each
+    mkdir -p "$here/build"
+    (flock 9 && venv_make "$1") 9>"$here/build/.ansible-core-$1.lock"
+}
+
+venv_make() {
     local version=$1 dir stamp
     dir=$here/build/ansible-core-$version
     stamp=$(cat "$constraints" "$here/requirements/runtime.txt" "$here/requirements/target.txt" |
@@ -46,7 +52,10 @@ case ${1:-test} in
         dirs=() units=()
         for version in "${versions[@]}"; do dirs+=("$(venv_for "$version")"); done
         for i in "${!versions[@]}"; do
+            # its own basetemp: pytest removes all but the newest three sessions' tmp dirs of a shared one,
+            # which would pull the tmp dirs away from under a pytest running beside (make test)
             (cd "$here" && "${dirs[$i]}/bin/python" -m pytest tests/unit -q -p no:cacheprovider \
+                --basetemp "${dirs[$i]}/pytest-tmp" \
                 >"${dirs[$i]}/unit.log" 2>&1) &
             units+=($!)
         done

@@ -9,6 +9,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tag=${1:-inferops/workload:latest}
 bash "$root/tests/simulator/build.sh" "$root/build/simulator" >/dev/null
 ctx="$root/build/workload-image"
+# make test builds it while pytest's fixture and molecule may ask for it too: one builder at a time
+mkdir -p "$root/build"
+exec 9>"$root/build/.workload-image.lock"
+flock 9
 rm -rf "$ctx" && mkdir -p "$ctx"
 cp -r "$root/plugins/module_utils/core/agent" "$ctx/inferops_agent"
 find "$ctx/inferops_agent" -name __pycache__ -prune -exec rm -rf {} +

@@ -182,7 +182,12 @@ class Workload:
 def device_dir(tmp_path):
     path = tmp_path / "npu"
     path.mkdir(mode=0o700)
-    return path
+    yield path
+    # The simulator allocates a device's memory for real (1 GiB unless the test says otherwise), and pytest
+    # keeps the last three sessions' tmp dirs: a whole suite's devices would fill tens of GB of disk.
+    for memory in path.iterdir():
+        if memory.is_file():
+            memory.unlink()
 
 
 @pytest.fixture
