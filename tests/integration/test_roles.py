@@ -161,8 +161,8 @@ def test_waits_for_the_warmup_file_and_undoes_the_whole_instance_when_one_pod_fa
     assert again.rc == 0 and again.recap["npu-host"]["changed"] == 0, again
 
 
-def test_a_second_run_on_the_same_pods_is_refused_and_touches_neither_their_files_nor_their_engines(tmp_path,
-                                                                                                   pod_factory):
+def test_a_second_run_on_the_same_pods_is_refused_and_touches_neither_their_files_nor_their_engines(
+        tmp_path, pod_factory):
     """Two generations of one pod at once (a retried AWX job, two operators): the second is refused naming the
     first, removes nothing of what the first wrote and never unlocks the engine the first may be checkpointing."""
     ready = "/tmp/inferops-warmed-up"
