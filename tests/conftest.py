@@ -178,6 +178,18 @@ class Workload:
             self._log.close()
 
 
+def flip_byte_keeping_mtime(path, offset):
+    """Change one byte of a file in place and put its mtime back: only the inode's ctime shows the change."""
+    st = os.lstat(path)
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.lstat(path).st_mtime_ns == st.st_mtime_ns and os.lstat(path).st_size == st.st_size
+
+
 @pytest.fixture
 def device_dir(tmp_path):
     path = tmp_path / "npu"

@@ -11,10 +11,12 @@ import pytest
 
 from conftest import docker, free_port, reset_device
 from test_fleet_clone import Instance, wait_answer
-from test_multihost import NetnsHosts
+from test_multihost import hosts  # two hosts behind sshd in network namespaces of their own
 from _runtime_helpers import installed_runtime
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, status
+
+FIXTURES = (hosts,)  # pytest finds the imported fixture here
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -61,16 +63,6 @@ RESTORE = """
     - name: Keep it
       ansible.builtin.copy: {content: "{{ restored | to_json }}", dest: "{{ results }}/restore.json", mode: '0600'}
 """
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    """Two hosts behind sshd in network namespaces of their own (test_multihost's)."""
-    made = NetnsHosts(tmp_path_factory.mktemp("netns"))
-    try:
-        yield made.up()
-    finally:
-        made.down()
 
 
 @pytest.fixture(scope="module")

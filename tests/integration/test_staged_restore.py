@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import Node, read_daemon_json
-from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
+from conftest import WorkloadContainer, docker, flip_byte_keeping_mtime, free_port, reset_device, run_module
 from test_restore_on_create import PROMPTS, RuntimeContainer, generate_snapshot, wait_answer
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, stage, status
@@ -123,17 +123,6 @@ def test_a_staged_snapshot_is_restored_without_hashing_with_identical_answers(no
           "stages %s; load %s" % (DEVICE_MB, HOST_MB, staged, unstaged, record["durations"], os.getloadavg()))
 
 
-def tamper_keeping_mtime(path):
-    st = os.lstat(path)
-    with open(path, "r+b") as handle:
-        handle.seek(8192)
-        byte = handle.read(1)
-        handle.seek(8192)
-        handle.write(bytes([byte[0] ^ 0x20]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert os.lstat(path).st_mtime_ns == st.st_mtime_ns
-
-
 def pages(directory):
     images = os.path.join(directory, layout.IMAGES_DIR)
     return os.path.join(images, sorted(n for n in os.listdir(images) if n.startswith("pages-"))[0])
@@ -142,7 +131,7 @@ def pages(directory):
 def test_a_tampered_staged_copy_is_not_used_the_snapshot_is_verified_in_full(node, warm):
     staged = stage_module(node, warm)["staged"]
     copy_pages = pages(staged["dir"])
-    tamper_keeping_mtime(copy_pages)
+    flip_byte_keeping_mtime(copy_pages, 8192)
     c, _seconds = warm["restore"]()
     record = restored_record(node, c, warm)
     verify = record["verify"]

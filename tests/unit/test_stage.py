@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, signature, stage
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
@@ -86,14 +87,7 @@ def test_check_mode_creates_nothing(tmp_path, cache):
 
 
 def tamper_keeping_mtime(path):
-    st = os.lstat(path)
-    with open(path, "r+b") as handle:
-        handle.seek(3)
-        byte = handle.read(1)
-        handle.seek(3)
-        handle.write(bytes([byte[0] ^ 1]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert os.lstat(path).st_mtime_ns == st.st_mtime_ns and os.lstat(path).st_size == st.st_size
+    flip_byte_keeping_mtime(path, 3)
 
 
 def test_a_byte_changed_with_its_mtime_put_back_is_caught_by_ctime_and_the_entry_dropped(tmp_path, cache):
