@@ -74,13 +74,16 @@ test: venv simulator collection image
 	echo "pytest: exit $$pytest_rc; sanity, lint, versions, molecule: exit $$checks_rc"; \
 	[ "$$pytest_rc" = 0 ] && [ "$$checks_rc" = 0 ]
 
-# What make test runs beside pytest, one after another.
+# What make test runs beside pytest, one after another; each runs even when one before it failed (a CI run
+# should show every failure, not the first), and the target fails naming those that did.
 .PHONY: checks
 checks: venv simulator collection image
-	bash scripts/sanity.sh
-	$(MAKE) lint
-	$(MAKE) versions
-	$(MAKE) molecule
+	@failed=""; \
+	bash scripts/sanity.sh || failed="$$failed sanity"; \
+	$(MAKE) --no-print-directory lint || failed="$$failed lint"; \
+	$(MAKE) --no-print-directory versions || failed="$$failed versions"; \
+	$(MAKE) --no-print-directory molecule || failed="$$failed molecule"; \
+	if [ -n "$$failed" ]; then echo "checks FAILED:$$failed"; exit 1; fi
 
 # ansible-lint, production profile (.ansible-lint): nothing installed, the collection from this checkout.
 .PHONY: lint

@@ -49,13 +49,16 @@ case ${1:-test} in
         # The unit tests mostly wait (timeouts under test): all versions at once, beside the sanity runs.
         # Sanity on the controller's Python, without pylint and pep8: the target Pythons and the style
         # checks do not depend on the ansible-core version; scripts/sanity.sh runs them with the project's.
-        dirs=() units=()
+        dirs=() units=() temps=()
         for version in "${versions[@]}"; do dirs+=("$(venv_for "$version")"); done
+        trap 'rm -rf "${temps[@]}"' EXIT
         for i in "${!versions[@]}"; do
             # its own basetemp: pytest removes all but the newest three sessions' tmp dirs of a shared one,
-            # which would pull the tmp dirs away from under a pytest running beside (make test)
+            # which would pull the tmp dirs away from under a pytest running beside (make test). A short
+            # one: the agents' unix sockets live under it, and a socket path has at most 107 bytes.
+            temps+=("$(mktemp -d /tmp/inferops-units-XXXXXX)")
             (cd "$here" && "${dirs[$i]}/bin/python" -m pytest tests/unit -q -p no:cacheprovider \
-                --basetemp "${dirs[$i]}/pytest-tmp" \
+                --basetemp "${temps[$i]}" \
                 >"${dirs[$i]}/unit.log" 2>&1) &
             units+=($!)
         done

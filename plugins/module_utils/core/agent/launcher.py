@@ -39,6 +39,7 @@ from . import acl, protocol
 DEFAULT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
 SOCKET_ENV = protocol.SOCKET_ENV
 SOCKET_DIR_ENV = protocol.SOCKET_DIR_ENV
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 LIBRARY_ENV = protocol.LIBRARY_ENV
 
 _CONTROLLER = None
@@ -512,9 +513,7 @@ def main(argv=None):
     if controller.runtime is None:
         _log("ACL runtime unavailable: %s" % controller.runtime_error)
     _CONTROLLER = controller
-    server = AgentServer(args.socket or default_socket_path(), controller)
-    server.start()
-    _log("listening on %s" % server.socket_path)
+    server = _listen(args.socket or default_socket_path(), controller)
     try:
         if engine[0] == "-m":
             sys.argv = [engine[1]] + engine[2:]
@@ -528,6 +527,25 @@ def main(argv=None):
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        server.close()
+        if server is not None:
+            server.close()
         controller.close()
     return 0
+
+
+def _listen(socket_path, controller):
+    """The agent's server, or None: an agent that cannot listen leaves the engine serving, not snapshottable."""
+    if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+        _log("agent socket path %s is %d bytes, over the %d a unix socket allows; this engine cannot be "
+             "snapshotted: set $%s (or --socket) to a shorter directory"
+             % (socket_path, len(os.fsencode(socket_path)), MAX_SOCKET_PATH, SOCKET_DIR_ENV))
+        return None
+    try:
+        server = AgentServer(socket_path, controller)
+    except OSError as exc:
+        _log("agent socket %s: %s; this engine cannot be snapshotted: set $%s (or --socket) to a directory "
+             "the engine's user can create and write" % (socket_path, exc.strerror or exc, SOCKET_DIR_ENV))
+        return None
+    server.start()
+    _log("listening on %s" % server.socket_path)
+    return server
