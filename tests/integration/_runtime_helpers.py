@@ -17,9 +17,11 @@ import re
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 
-from conftest import BIN, COLLECTIONS, docker, ensure_collection_link
+from conftest import (BIN, COLLECTIONS, WorkloadContainer, docker, ensure_collection_link, free_port, http_get,
+                      reset_device, run_module)
 
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 
@@ -111,9 +113,11 @@ class Node:
 
 
 @contextlib.contextmanager
-def installed_runtime(base):
-    """A Node whose runtime is installed for the duration of the block, removed afterwards."""
+def installed_runtime(base, **role_vars):
+    """A Node whose runtime is installed (with ``role_vars`` over the test's own) for the duration of the block,
+    removed afterwards."""
     node = Node(base)
+    node.vars.update(role_vars)
     before = read_daemon_json()
     try:
         node.install()
@@ -124,3 +128,107 @@ def installed_runtime(base):
         yield node
     finally:
         node.remove(before)
+
+
+# -- a warmed-up workload, its snapshot below the node's root, and containers recreated from it ------
+
+PROMPTS = ["what is an NPU?", "restore me on create", "数据"]
+
+
+def identity(pod):
+    return {"namespace": "default", "service": "sample", "instance": "p0", "pod": pod}
+
+
+class RuntimeContainer(WorkloadContainer):
+    """The workload container, run with the restore-on-create runtime."""
+
+    def __init__(self, runtime, *args, **kwargs):
+        super(RuntimeContainer, self).__init__(*args, **kwargs)
+        self.runtime = runtime
+
+    def create_args(self):
+        return ["--runtime", self.runtime] + super(RuntimeContainer, self).create_args()
+
+    @property
+    def id(self):
+        return docker("inspect", "--format", "{{.Id}}", self.name)
+
+
+def wait_answer(container, timeout=120):
+    """Seconds until the first correct answer is served (polling /v1/generate)."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        try:
+            status, body = http_get(container.url + "/v1/generate?prompt=" + urllib.parse.quote(PROMPTS[0]), timeout=5)
+            if status == 200:
+                return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("%s never answered; logs:\n%s" % (container.name, docker("logs", container.name, check=False)))
+
+
+def generate_snapshot(container, snapshot_dir, pod):
+    target = {"container": container.name}
+    backup = run_module("npu_snapshot_backup", dict(target, lock=True, snapshot_dir=snapshot_dir, identity=identity(pod)))
+    assert backup["changed"] and backup["state"] == "BACKED_UP", backup
+    checkpoint = run_module("host_checkpoint", {"container": container.name, "snapshot_dir": snapshot_dir,
+                                                "identity": identity(pod), "timeout": 120})
+    assert checkpoint["changed"] and checkpoint["status"] == "completed", (checkpoint.get("msg"),
+                                                                           checkpoint.get("criu_log_tail"))
+    resumed = run_module("npu_snapshot_lock", dict(target, state="unlocked"))
+    assert resumed["actions"] == ["restore", "unlock"], resumed
+    return checkpoint
+
+
+class WarmSnapshot:
+    """A warmed-up workload container snapshotted below ``node``'s snapshot root (the original is removed):
+    its answers and facts, and containers recreated from the snapshot under the node's runtime."""
+
+    def __init__(self, node, docker_env, base, prefix, warmup, **sizes):
+        self.node, self.warmup, self.sizes = node, warmup, sizes
+        self.device_dir = base / "npu"
+        self.device_dir.mkdir(mode=0o700)
+        self.pod = "%s-%s" % (prefix, uuid.uuid4().hex[:6])
+        self.snapshot_dir = str(node.roots / "default" / "sample" / "p0" / self.pod)
+        self.port = free_port()
+        self.made = []
+        original = WorkloadContainer(self.pod, docker_env, self.device_dir, self.port, WORKLOAD_WARMUP_SECONDS=warmup,
+                                     **sizes)
+        started = time.monotonic()
+        original.run()
+        try:
+            original.wait_ready(timeout=warmup + 120)
+            self.expected = [original.generate(p) for p in PROMPTS]
+            self.cold_seconds = time.monotonic() - started
+            self.info = original.info()
+            # Recreate from the very image the snapshot was taken from: the shared tag may move meanwhile
+            # (another session rebuilding the workload image), which the runtime rightly refuses.
+            self.image_id = docker("inspect", "--format", "{{.Image}}", self.pod)
+            self.checkpoint = generate_snapshot(original, self.snapshot_dir, self.pod)
+            assert [original.generate(p) for p in PROMPTS] == self.expected
+        finally:
+            original.remove()
+
+    def recreate(self, name=None, **env):
+        """A container of the snapshot's image under the node's runtime (not started); ``env`` over the sizes."""
+        env.setdefault("WORKLOAD_WARMUP_SECONDS", self.warmup)
+        c = RuntimeContainer(self.node.name, name or "%s-%s" % (self.pod, uuid.uuid4().hex[:4]), self.image_id,
+                             self.device_dir, self.port, **dict(self.sizes, **env))
+        self.made.append(c)
+        return c
+
+    def restore(self, **env):
+        """A container recreated from the snapshot and answering: (container, seconds from docker run to the first
+        answer)."""
+        reset_device(self.device_dir)
+        c = self.recreate(INFEROPS_RESTORE_FROM=self.snapshot_dir, **env)
+        started = time.monotonic()
+        c.run()
+        wait_answer(c, timeout=self.warmup + 300)
+        return c, time.monotonic() - started
+
+    def remove(self):
+        for c in self.made:
+            c.remove()

@@ -13,23 +13,17 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.parse
 import uuid
 
 import pytest
 
-from _runtime_helpers import Node, read_daemon_json, runtimes
-from conftest import WorkloadContainer, docker, free_port, http_get, reset_device, run_module
+from _runtime_helpers import (PROMPTS, Node, WarmSnapshot, identity, read_daemon_json, runtimes, wait_answer)
+from conftest import WorkloadContainer, docker, reset_device, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal, status
 
-PROMPTS = ["what is an NPU?", "restore me on create", "数据"]
 WARMUP = 8.0
-
-
-def identity(pod):
-    return {"namespace": "default", "service": "sample", "instance": "p0", "pod": pod}
 
 
 @pytest.fixture(scope="module")
@@ -91,84 +85,13 @@ def test_role_refuses_what_would_hurt_running_containers(node, docker_env):
         docker("rm", "-f", name, check=False)
 
 
-class RuntimeContainer(WorkloadContainer):
-    """The workload container, run with the restore-on-create runtime."""
-
-    def __init__(self, runtime, *args, **kwargs):
-        super(RuntimeContainer, self).__init__(*args, **kwargs)
-        self.runtime = runtime
-
-    def create_args(self):
-        return ["--runtime", self.runtime] + super(RuntimeContainer, self).create_args()
-
-    @property
-    def id(self):
-        return docker("inspect", "--format", "{{.Id}}", self.name)
-
-
-def wait_answer(container, timeout=120):
-    """Seconds until the first correct answer is served (polling /v1/generate)."""
-    started = time.monotonic()
-    deadline = started + timeout
-    while time.monotonic() < deadline:
-        try:
-            status, body = http_get(container.url + "/v1/generate?prompt=" + urllib.parse.quote(PROMPTS[0]), timeout=5)
-            if status == 200:
-                return time.monotonic() - started
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise AssertionError("%s never answered; logs:\n%s" % (container.name, docker("logs", container.name, check=False)))
-
-
-def generate_snapshot(container, snapshot_dir, pod):
-    target = {"container": container.name}
-    backup = run_module("npu_snapshot_backup", dict(target, lock=True, snapshot_dir=snapshot_dir, identity=identity(pod)))
-    assert backup["changed"] and backup["state"] == "BACKED_UP", backup
-    checkpoint = run_module("host_checkpoint", {"container": container.name, "snapshot_dir": snapshot_dir,
-                                                "identity": identity(pod), "timeout": 120})
-    assert checkpoint["changed"] and checkpoint["status"] == "completed", (checkpoint.get("msg"),
-                                                                           checkpoint.get("criu_log_tail"))
-    resumed = run_module("npu_snapshot_lock", dict(target, state="unlocked"))
-    assert resumed["actions"] == ["restore", "unlock"], resumed
-    return checkpoint
-
-
 @pytest.fixture(scope="module")
 def warm(node, docker_env, tmp_path_factory):
     """A warmed-up workload container and its snapshot below the node's snapshot root."""
-    base = tmp_path_factory.mktemp("warm")
-    device_dir = base / "npu"
-    device_dir.mkdir(mode=0o700)
-    pod = "roc-%s" % uuid.uuid4().hex[:6]
-    snapshot_dir = str(node.roots / "default" / "sample" / "p0" / pod)
-    port = free_port()
-    original = WorkloadContainer(pod, docker_env, device_dir, port, WORKLOAD_WARMUP_SECONDS=WARMUP)
-    started = time.monotonic()
-    original.run()
-    original.wait_ready(timeout=WARMUP + 60)
-    expected = [original.generate(p) for p in PROMPTS]
-    cold_seconds = time.monotonic() - started
-    info = original.info()
-    # Recreate from the very image the snapshot was taken from: the shared tag may move meanwhile
-    # (another session rebuilding the workload image), which the runtime rightly refuses.
-    image_id = docker("inspect", "--format", "{{.Image}}", pod)
-    generate_snapshot(original, snapshot_dir, pod)
-    assert [original.generate(p) for p in PROMPTS] == expected
-    original.remove()
-    made = []
-
-    def recreate(name=None, **env):
-        env.setdefault("WORKLOAD_WARMUP_SECONDS", WARMUP)
-        c = RuntimeContainer(node.name, name or "%s-%s" % (pod, uuid.uuid4().hex[:4]), image_id, device_dir,
-                             port, **env)
-        made.append(c)
-        return c
-
-    yield dict(pod=pod, snapshot_dir=snapshot_dir, expected=expected, cold_seconds=cold_seconds, info=info,
-               device_dir=device_dir, recreate=recreate, image=image_id, port=port)
-    for c in made:
-        c.remove()
+    w = WarmSnapshot(node, docker_env, tmp_path_factory.mktemp("warm"), "roc", WARMUP)
+    yield dict(pod=w.pod, snapshot_dir=w.snapshot_dir, expected=w.expected, cold_seconds=w.cold_seconds, info=w.info,
+               device_dir=w.device_dir, recreate=w.recreate, image=w.image_id, port=w.port)
+    w.remove()
 
 
 def assert_cold(node, container, warm, reason_start):

@@ -10,14 +10,11 @@ seconds of the staged and the unstaged restore are printed (pytest -s), both mea
 import json
 import os
 import shutil
-import time
-import uuid
 
 import pytest
 
-from _runtime_helpers import Node, read_daemon_json
-from conftest import WorkloadContainer, docker, flip_byte_keeping_mtime, free_port, reset_device, run_module
-from test_restore_on_create import PROMPTS, RuntimeContainer, generate_snapshot, wait_answer
+from _runtime_helpers import PROMPTS, WarmSnapshot, installed_runtime
+from conftest import flip_byte_keeping_mtime, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, stage, status
 
@@ -30,55 +27,17 @@ HOST_MB = int(os.environ.get("INFEROPS_STAGED_HOST_MB", "16"))
 def node(docker_env, tmp_path_factory):
     """The runtime installed through the role with the node's cache set (snapshot_node_stage_dir), removed at the end."""
     base = tmp_path_factory.mktemp("staged-node")
-    n = Node(base)
-    n.cache = str(base / "stage")
-    n.vars["snapshot_node_stage_dir"] = n.cache
-    before = read_daemon_json()
-    try:
-        n.install()
-    except BaseException:
-        n.run_role(snapshot_node_state="absent", snapshot_node_force_remove=True)
-        raise
-    try:
+    with installed_runtime(base, snapshot_node_stage_dir=str(base / "stage")) as n:
+        n.cache = n.vars["snapshot_node_stage_dir"]
         yield n
-    finally:
-        n.remove(before)
 
 
 @pytest.fixture(scope="module")
 def warm(node, docker_env, tmp_path_factory):
-    base = tmp_path_factory.mktemp("staged-warm")
-    device_dir = base / "npu"
-    device_dir.mkdir(mode=0o700)
-    pod = "stg-%s" % uuid.uuid4().hex[:6]
-    snapshot_dir = str(node.roots / "default" / "sample" / "p0" / pod)
-    port = free_port()
-    sizes = dict(WORKLOAD_DEVICE_MB=DEVICE_MB, WORKLOAD_HOST_MB=HOST_MB, ACL_SIM_DEVICE_MEM_BYTES="%dM" % (DEVICE_MB + 16))
-    original = WorkloadContainer(pod, docker_env, device_dir, port, WORKLOAD_WARMUP_SECONDS=WARMUP, **sizes)
-    original.run()
-    original.wait_ready(timeout=WARMUP + 120)
-    expected = [original.generate(p) for p in PROMPTS]
-    info = original.info()
-    image_id = docker("inspect", "--format", "{{.Image}}", pod)
-    generate_snapshot(original, snapshot_dir, pod)
-    original.remove()
-    made = []
-
-    def restore(**env):
-        """A container recreated from the snapshot: (container, seconds from docker run to the first answer)."""
-        reset_device(device_dir)
-        env.setdefault("WORKLOAD_WARMUP_SECONDS", WARMUP)
-        c = RuntimeContainer(node.name, "%s-%s" % (pod, uuid.uuid4().hex[:4]), image_id, device_dir, port,
-                             INFEROPS_RESTORE_FROM=snapshot_dir, **dict(sizes, **env))
-        made.append(c)
-        started = time.monotonic()
-        c.run()
-        wait_answer(c, timeout=WARMUP + 300)
-        return c, time.monotonic() - started
-
-    yield dict(pod=pod, snapshot_dir=snapshot_dir, expected=expected, info=info, restore=restore)
-    for c in made:
-        c.remove()
+    w = WarmSnapshot(node, docker_env, tmp_path_factory.mktemp("staged-warm"), "stg", WARMUP, WORKLOAD_DEVICE_MB=DEVICE_MB,
+                     WORKLOAD_HOST_MB=HOST_MB, ACL_SIM_DEVICE_MEM_BYTES="%dM" % (DEVICE_MB + 16))
+    yield dict(pod=w.pod, snapshot_dir=w.snapshot_dir, expected=w.expected, info=w.info, restore=w.restore)
+    w.remove()
 
 
 def stage_module(node, warm, check=False):
