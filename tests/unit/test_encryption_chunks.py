@@ -19,9 +19,13 @@ def files(tmp_path):
     return plain, tmp_path / "cipher", tmp_path / "out"
 
 
-def test_round_trip_in_parallel_chunks_and_no_plaintext_in_the_ciphertext(files):
+@pytest.mark.parametrize("into", [True, False], ids=["encrypt_into", "cryptography-before-45"])
+def test_round_trip_in_parallel_chunks_and_no_plaintext_in_the_ciphertext(files, into, monkeypatch):
     plain, cipher, out = files
     key = os.urandom(32)
+    if into and not encryption.HAS_INTO:
+        pytest.fail("the pinned cryptography has encrypt_into: requirements/constraints.txt changed?")
+    monkeypatch.setattr(encryption, "HAS_INTO", into)
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(2) as pool:
         size = encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024, pool=pool)
@@ -57,6 +61,37 @@ def test_any_change_or_the_wrong_key_fails_to_authenticate(files, damage):
         encryption.decrypt_file(keys, str(cipher), str(out), rel)
 
 
+def test_a_failing_chunk_stops_the_file_with_no_worker_left_behind(files, monkeypatch):
+    """A chunk that does not authenticate ends the file's decryption; every chunk already submitted has
+    ended before the error reaches the caller, so none writes to a file the caller then removes."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    plain, cipher, out = files
+    key = os.urandom(32)
+    encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024)
+    data = bytearray(cipher.read_bytes())
+    data[encryption.HEADER.size + 3] ^= 0x01  # the first chunk
+    cipher.write_bytes(bytes(data))
+    real, active, lock = encryption._write_all, [0], threading.Lock()
+
+    def slow_write(fd, view, offset=None):
+        with lock:
+            active[0] += 1
+        try:
+            time.sleep(0.3)
+            real(fd, view, offset)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(encryption, "_write_all", slow_write)
+    with ThreadPoolExecutor(4) as pool:
+        with pytest.raises(encryption.DecryptError, match="chunk 0 of"):
+            encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, pool=pool)
+        assert active[0] == 0, "a worker still writes after decrypt_file returned"
+
+
 def test_keys_come_as_base64_hex_or_a_private_file_and_nothing_else(tmp_path):
     key = os.urandom(32)
     assert encryption.load_key(base64.b64encode(key).decode()) == key
@@ -83,3 +118,21 @@ def test_what_is_encrypted():
     assert encryption.encrypts("host/criu/pages-1.img") and encryption.encrypts("host/container.json")
     assert encryption.encrypts("canary.json")
     assert not encryption.encrypts("manifest.json") and not encryption.encrypts("device/device.json")
+
+
+def test_the_ciphertext_is_written_front_to_back_so_sealing_can_hash_it_as_it_grows(tmp_path):
+    """host_checkpoint follows the ciphertext with seal.Follower instead of reading it again: the digests it
+    takes while encrypt_tree writes are those of the finished files."""
+    import hashlib
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
+    source, target = tmp_path / "plain", tmp_path / "sealed"
+    (source / "host" / "criu").mkdir(parents=True)
+    (source / REL).write_bytes(os.urandom(9 * 1024 * 1024 + 5))
+    follower = seal.Follower(str(target / "host" / "criu"), prefix="host/criu", min_size=1024 * 1024,
+                             chunk_bytes=2 * 1024 * 1024, workers=2, poll=0.001).start()
+    encryption.encrypt_tree(os.urandom(32), str(source), str(target), [REL], workers=2)
+    followed = follower.finish()
+    data = (target / REL).read_bytes()
+    size, digest, chunks = followed[REL]
+    assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
+    assert chunks == [hashlib.sha256(data[i:i + 2 * 1024 * 1024]).hexdigest() for i in range(0, len(data), 2 * 1024 * 1024)]

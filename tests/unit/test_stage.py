@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import flip_byte_keeping_mtime
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, signature, stage
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption, layout, manifest, seal, signature, stage
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
 
@@ -26,13 +26,20 @@ def fields():
             "devices": [0]}
 
 
-def make(root, pod="pod-a", size=200000, key=None, marker=b"weights"):
+def make(root, pod="pod-a", size=200000, key=None, marker=b"weights", encryption_key=None):
+    """A sealed, published snapshot; encrypted as host_checkpoint does it when ``encryption_key`` is given."""
     final = root / "store" / "default" / "svc" / "p0" / pod
     staging = final.parent / (".%s.partial" % pod)
-    (staging / "host" / "criu").mkdir(parents=True)
-    (staging / PAGES).write_bytes(marker + os.urandom(size))
-    (staging / "host" / "criu" / "inventory.img").write_bytes(b"inv")
-    seal.seal(str(staging), dict(fields(), identity=dict(IDENTITY, pod=pod)), signing_key=key)
+    plain = root / ("plain-" + pod) if encryption_key else staging
+    (plain / "host" / "criu").mkdir(parents=True)
+    (plain / PAGES).write_bytes(marker + os.urandom(size))
+    (plain / "host" / "criu" / "inventory.img").write_bytes(b"inv")
+    extra = {}
+    if encryption_key:
+        relpaths = [PAGES, "host/criu/inventory.img"]
+        encryption.encrypt_tree(encryption_key, str(plain), str(staging), relpaths)
+        extra["encryption"] = encryption.describe(encryption_key, relpaths)
+    seal.seal(str(staging), dict(fields(), identity=dict(IDENTITY, pod=pod), **extra), signing_key=key)
     seal.publish(str(staging), str(final))
     return str(final)
 

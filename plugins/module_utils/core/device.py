@@ -63,24 +63,27 @@ def write_device_part(staging_dir, part):
     return target
 
 
-def resume(client, timeout, restore=True):
+def resume(client, timeout, restore=True, before_unlock=None):
     """Bring a locked or backed-up process back to RUNNING with its device memory intact.
 
     BACKED_UP: RESTORE (copies the backup back onto the device) then UNLOCK. LOCKED: UNLOCK.
-    RUNNING: nothing. Returns (actions, last reply).
+    RUNNING: nothing. ``before_unlock()`` runs between the two (and may raise to keep it locked).
+    Returns (actions, last reply).
     """
     reply = client.request(protocol.OP_STATE, timeout)
     actions = []
     if reply["state"] == protocol.STATE_BACKED_UP and restore:
         reply = client.request(protocol.OP_RESTORE, timeout)
         actions.append(protocol.OP_RESTORE)
+    if before_unlock is not None:
+        before_unlock()
     if reply["state"] in (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP):
         reply = client.request(protocol.OP_UNLOCK, timeout)
         actions.append(protocol.OP_UNLOCK)
     return actions, reply
 
 
-def resume_process(pid, socket_dir, timeout, gone=None):
+def resume_process(pid, socket_dir, timeout, gone=None, before_unlock=None):
     """Restore and unlock the device state of a restored process through its agent; it must end RUNNING.
 
     The agent's listening socket comes back with the restored process: wait for it first. Returns the
@@ -93,7 +96,7 @@ def resume_process(pid, socket_dir, timeout, gone=None):
     deadline = Deadline(timeout)
     client = AgentSocketClient.for_pid(pid, socket_dir)
     client.wait_listening(deadline.remaining(0.1), gone=gone)
-    actions, reply = resume(client, deadline.remaining(1.0))
+    actions, reply = resume(client, deadline.remaining(1.0), before_unlock=before_unlock)
     if reply.get("state") != protocol.STATE_RUNNING:
         raise RuntimeRefusedError("the process is %s after %s, not RUNNING" % (reply.get("state"), actions),
                                   state=reply.get("state"))

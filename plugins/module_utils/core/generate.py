@@ -156,7 +156,7 @@ class Checkpointer:
         seconds = self.remaining("the checkpoint")
         if params["engine"] == "criu" or params["method"] == "runc":
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
-        if params["hash_during_checkpoint"] and self.encryption_key is None:
+        if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: follows the ciphertext
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
@@ -208,6 +208,9 @@ class Checkpointer:
         if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
             os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
         relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
+        if self.params["hash_during_checkpoint"]:  # the ciphertext is hashed as it is written, not read again
+            self.follower = seal.Follower(os.path.join(self.staging_dir, layout.IMAGES_DIR), prefix=layout.IMAGES_DIR,
+                                          workers=self.params["workers"]).start()
         with self.watch.stage("encrypt"):
             encryption.encrypt_tree(self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
                                     self.params["workers"])

@@ -193,6 +193,52 @@ def remove_tree(path):
         shutil.rmtree(path)
 
 
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _existing(path):
+    path = os.path.realpath(path)
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def filesystem_type(path, mountinfo=None):
+    """The type of the filesystem ``path`` (or its nearest existing parent) is on, from mountinfo; None
+    when it cannot be read."""
+    target, best, kind = _existing(path), None, None
+    try:
+        with open(mountinfo or MOUNTINFO) as handle:
+            for line in handle:
+                left, _sep, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                mount = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n") \
+                    .replace("\\134", "\\")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and (best is None or len(mount) >= len(best)):  # the last of stacked mounts wins
+                    best, kind = mount, right.split()[0]
+    except (IOError, OSError):
+        return None
+    return kind
+
+
+def is_tmpfs(path, mountinfo=None):
+    """Whether files below ``path`` take memory (tmpfs, ramfs) rather than disk."""
+    return filesystem_type(path, mountinfo) in MEMORY_FILESYSTEMS
+
+
+def free_bytes(path):
+    """Bytes an unprivileged writer may still put on the filesystem of ``path`` (or its nearest existing parent)."""
+    try:
+        st = os.statvfs(_existing(path))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 # -- inside another root (a container's), never following a link it could plant -------------------
 
 def open_dirs_below(root_fd, parts, uid=None, gid=None, create=True):

@@ -6,7 +6,8 @@
 Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the node's restore-on-create
 runtime, a bare process -- runs these stages on one stopwatch:
 
-    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> device_restore -> canary
+    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> device_restore -> pages_in
+        -> canary
                  any failure, at any stage: undo what was started -> cold_start, with the reason
 
 and records the attempt in the snapshot's status record. A driver supplies only what differs
@@ -164,9 +165,18 @@ class Driver:
     def after_host_restore(self, attempt):
         """What needs the restored process but must come before its device state (its metadata file)."""
 
+    def failure_cause(self, attempt):
+        """What, of this path's own, explains a failure better than the stage that saw it (a lazy-pages daemon that
+        died: the tasks then fault on its holes), or None."""
+        return None
+
+    def pages_in(self, attempt):
+        """Return once all of the restored process's memory is in (a lazy restore copies it in after
+        host_restore); raise Fallback when it will never be. Called before the engine is unlocked."""
+
     def device_resume(self, attempt):
         return device.resume_process(attempt.pid, self.agent_socket_dir(attempt), attempt.remaining(1.0),
-                                     gone=lambda: not self.alive(attempt))
+                                     gone=lambda: not self.alive(attempt), before_unlock=lambda: self.pages_in(attempt))
 
     def agent_socket_dir(self, attempt):
         return self.socket_dir
@@ -218,6 +228,7 @@ def run(driver, attempt):
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
+            _check_memory(attempt)  # before anything is decrypted or restored
             if deferred:
                 pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers).start()
                 attempt.leave_stopped = True
@@ -226,7 +237,6 @@ def run(driver, attempt):
                 decrypt(attempt)
         with stage("check"):
             driver.check(attempt)
-            _check_memory(attempt.manifest)
         if attempt.check_mode:
             attempt.restored = True
             return attempt
@@ -250,8 +260,10 @@ def run(driver, attempt):
         with stage("metadata"):
             driver.after_host_restore(attempt)
         if attempt.device_restore and attempt.manifest.get("device"):
-            with stage("device_restore"):
+            with stage("device_restore"):  # the device copy overlaps a lazy restore's page copy; unlock waits for it
                 attempt.device_actions = driver.device_resume(attempt)
+        with stage("pages_in"):  # every page in before anything serves from it (at once unless lazy, or done above)
+            driver.pages_in(attempt)
         recorded = canary.load(attempt.content_dir)
         if recorded is not None:
             with stage("canary"):  # the restored engine answers as the checkpointed one did, or it is not restored
@@ -262,6 +274,9 @@ def run(driver, attempt):
         attempt.restored = True
     except Exception as exc:  # every failure, a bug included, is a cold start with its reason
         attempt.reason = _reason(exc, stage.current)
+        cause = driver.failure_cause(attempt) if attempt.started else None
+        if cause and cause != attempt.reason:
+            attempt.reason = "%s; then %s" % (cause, attempt.reason)
         if pages is not None and "overlapped" not in attempt.verdict:
             # failed before the page images' verdict: a corrupt snapshot is said first, as a serial check would
             wrong = pages.result(attempt.remaining(1.0))
@@ -289,15 +304,30 @@ def run(driver, attempt):
     return attempt
 
 
-def _check_memory(manifest):
+def _check_memory(attempt):
     """A restore that cannot get its process memory would be killed half-way (or take the node's other
-    tenants down with it): refuse it before CRIU runs. The page images are that memory, byte for byte."""
-    need = sum(item["size"] for item in manifest["files"] if layout.is_page_image(item["path"]))
+    tenants down with it): refuse it before anything is decrypted or CRIU runs. The page images are that
+    memory, byte for byte; an encrypted snapshot's plaintext needs room too, until CRIU has read it: memory
+    when it is staged on tmpfs (the default), disk space otherwise."""
+    files = attempt.manifest["files"]
+    need = sum(item["size"] for item in files if layout.is_page_image(item["path"]))
+    described = attempt.manifest.get("encryption")
+    if described:
+        encrypted = set(described["files"])
+        plain = sum(item["size"] for item in files if item["path"] in encrypted)  # the ciphertext's size bounds it
+        free = paths.free_bytes(attempt.decrypt_dir)
+        if free is not None and plain > free:  # a tmpfs has its own size limit (a container's /dev/shm: 64 MiB)
+            raise Fallback("insufficient_space: decrypting the snapshot needs %d MiB in %s, which has %d MiB free; "
+                           "free space there or give the restore a larger private decrypt directory (decrypt_dir)"
+                           % (plain >> 20, attempt.decrypt_dir, free >> 20))
+        if paths.is_tmpfs(attempt.decrypt_dir):
+            need += plain
     have = proc.available_memory()
     if have is not None and need > have:
-        raise Fallback("insufficient_memory: the restored process needs %d MiB (its page images), this host has %d "
+        raise Fallback("insufficient_memory: the restored process needs %d MiB (its page images%s), this host has %d "
                        "MiB available (MemAvailable); free memory on the node or restore on another one"
-                       % (need >> 20, have >> 20))
+                       % (need >> 20, " and their plaintext on tmpfs while CRIU reads it" if described else "",
+                          have >> 20))
 
 
 def _find_staged(driver, attempt):
