@@ -20,6 +20,7 @@ scripts/env/setup.sh and the workload image.
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import hashlib
@@ -239,6 +240,7 @@ class Bench:
         self.runtime_installed = False
         self.encryption = None  # {"key_file"} when host_checkpoint has encryption_key
         self.has_resume = False  # host_checkpoint has resume
+        self.lazy_pages = False  # the node runtime has lazy_pages and this kernel has userfaultfd
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def record(self, section, variant, size_mb, rep, seconds, **extra):
@@ -764,6 +766,9 @@ class Bench:
                     self.module_restore(w, rep, method, cold_cache=True)
             if self.runtime_installed:
                 self.runtime_run_restore(w, rep)
+                if self.lazy_pages:
+                    with self.runtime_settings(lazy_pages=True):
+                        self.runtime_run_restore(w, rep, tag="_lazy")
                 if not args.skip_cold_cache_restore:
                     self.runtime_run_restore(w, rep, cold_cache=True)
             if encrypted:
@@ -1175,6 +1180,28 @@ class Bench:
                 "snapshot_node_log_file": os.path.join(base, "log", "restore.log"),
                 "snapshot_node_snapshot_roots": [os.path.join(self.workdir, "snapshots")]}
 
+    @staticmethod
+    def detect_lazy_pages():
+        """The restore-on-create runtime of this checkout restores lazily when told (layout's lazy_pages), and CRIU
+        can here (userfaultfd)."""
+        if "lazy_pages" not in layout.RUNTIME_DEFAULTS:
+            return False
+        return run(["criu", "check", "--feature", "uffd-noncoop"], check=False).returncode == 0
+
+    @contextlib.contextmanager
+    def runtime_settings(self, **settings):
+        """The installed runtime's runtime.json with ``settings`` for the block (it reads the file on every call)."""
+        path = os.path.join(self.node_vars()["snapshot_node_lib_dir"], "runtime.json")
+        with open(path) as handle:
+            original = handle.read()
+        with open(path, "w") as handle:
+            json.dump(dict(json.loads(original), **settings), handle)
+        try:
+            yield
+        finally:
+            with open(path, "w") as handle:
+                handle.write(original)
+
     def node(self, state):
         """Install or remove the runtime with the role, as users do (it reloads dockerd with SIGHUP, no restart)."""
         os.makedirs(os.path.join(self.workdir, "snapshots"), mode=0o700, exist_ok=True)
@@ -1276,6 +1303,8 @@ class Bench:
         result["restore_default"] = self.restore_default
         result["fastest_method"] = self.fastest_method()
         result["encryption"] = bool(self.encryption)
+        self.lazy_pages = "runtime" in self.restore_methods and self.detect_lazy_pages()
+        result["lazy_pages"] = self.lazy_pages
         result["docker_paths_max_mb"] = args.docker_paths_max_mb
         result["simulator"] = {"copy_gbps": os.environ.get("ACL_SIM_COPY_GBPS") or "25 (default)",
                                "device_prealloc": os.environ.get("ACL_SIM_DEVICE_PREALLOC") or "huge (default)"}

@@ -172,6 +172,7 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "encryption_keys": [],                        # key files an encrypted snapshot may be decrypted with
     "decrypt_dir": "/dev/shm",                    # tmpfs: where its plaintext lives while CRIU reads it
     "stage_dir": None,                            # the node's cache of verified snapshots (stage.py); None: off
+    "lazy_pages": False,                          # memory through a criu lazy-pages daemon (restore/on_create.py)
 }
 
 # The simulated NPU (tests/simulator): its device memory lives in files below this directory, which a container

@@ -17,10 +17,12 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import tempfile
 import time
 
 from .. import layout, paths
+from ..clock import wait_for
 from ..errors import CommandError, ParameterError, SnapshotError
 from . import runner as runner_mod
 
@@ -169,6 +171,79 @@ class CriuCli:
             raise failure(exc, os.path.join(work, "restore.log"), "restore", name)
         finally:
             remove_work_dir(work)
+
+
+class LazyPages:
+    """A ``criu lazy-pages`` daemon serving a restore's memory through userfaultfd.
+
+    ``criu restore --lazy-pages`` (``runc restore --lazy-pages``) maps the tasks' memory empty and hands
+    its userfaultfds to this daemon over ``lazy-pages.socket`` in their shared work directory; the
+    restore returns at once and the daemon copies every page in, on a fault first, the rest in the
+    background, and exits 0 once all are in. A page the daemon never copied reads as zeros once its
+    userfaultfd is gone, so the daemon's exit status is the verdict: anything but 0 before ``done()``
+    means the restored memory is incomplete and the tasks must never serve (the caller kills them).
+    """
+
+    SOCKET = "lazy-pages.socket"
+    LOG = "lazy-pages.log"
+
+    def __init__(self, criu, images_dir, work_dir):
+        self.criu, self.images_dir, self.work_dir = criu, images_dir, work_dir
+        self.process = None
+        self.status = None  # the daemon's exit status once it is known
+
+    def start(self, timeout):
+        """Start the daemon and wait until it listens; CommandError when it cannot."""
+        argv = self.criu._argv(["lazy-pages", "--images-dir", self.images_dir, "--work-dir", self.work_dir,
+                                "--log-file", self.LOG, "-v4"])
+        self.process = self.criu.runner.spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, close_fds=True)
+        socket_path = os.path.join(self.work_dir, self.SOCKET)
+
+        def listening():
+            if os.path.exists(socket_path):
+                return True, None
+            if self.process.poll() is not None:
+                raise CommandError("criu lazy-pages did not start (%s)" % self.failure(), cmd=argv)
+            return False, None
+
+        try:
+            wait_for(listening, timeout, interval=0.005, what="criu lazy-pages listening on %s" % socket_path)
+        except SnapshotError as exc:
+            self.stop()
+            if isinstance(exc, CommandError):
+                raise
+            raise CommandError("criu lazy-pages did not listen on %s within %.1f s" % (socket_path, timeout), cmd=argv)
+        return self
+
+    def done(self, timeout):
+        """Wait until every page is in; True when they are, False when the daemon failed or outlived ``timeout``
+        (then it is stopped)."""
+        try:
+            self.status = self.process.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return False
+        return self.status == 0
+
+    def failure(self):
+        """What ended the daemon, for a reason: its exit status or signal and its log's first error."""
+        status = self.process.poll() if self.process else None
+        if status is None:
+            told = "still running"
+        elif status < 0:
+            told = "killed by signal %d" % -status
+        else:
+            told = "exited %d" % status
+        cause = first_error_line(read_tail(os.path.join(self.work_dir, self.LOG)))
+        return told + (": %s" % cause if cause else "")
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process is not None:
+            self.status = self.process.returncode
 
 
 # -- the one image we read: the process tree ---------------------------------------------------------

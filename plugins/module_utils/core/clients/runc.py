@@ -153,9 +153,14 @@ class RuncCli:
             criu_client.remove_work_dir(work)
 
     # -- the node runtime's calls: containerd's stdio is the container's, so they inherit it ------
-    def restore_argv(self, container_id, bundle, image_dir, work, pid_file, console_socket=None, no_pivot=False):
+    def restore_argv(self, container_id, bundle, image_dir, work, pid_file, console_socket=None, no_pivot=False,
+                     lazy_pages=False):
+        """``lazy_pages``: the memory comes from a ``criu lazy-pages`` daemon listening in ``work``
+        (criu_client.LazyPages)."""
         args = ["restore", "--detach", "--image-path", image_dir, "--work-path", work, "--bundle", bundle,
                 "--pid-file", pid_file, "--file-locks"]
+        if lazy_pages:
+            args.append("--lazy-pages")
         if console_socket:
             args += ["--console-socket", console_socket]
         if no_pivot:

@@ -68,6 +68,7 @@ def load_config(path):
             pass
     config["timeout"] = float(config["timeout"])
     config["min_size"] = int(config["min_size"])
+    config["lazy_pages"] = str(config["lazy_pages"]).lower() in ("true", "1", "yes")
     if isinstance(config["snapshot_roots"], str):
         config["snapshot_roots"] = [config["snapshot_roots"]]
     return config
@@ -320,8 +321,9 @@ class Runtime:
                   "authenticated": bool((attempt.verdict or {}).get("authenticated"))}
         record["verify"].update(image_checked=bool(request["image_id"] or driver.docker.get("image_id")),
                                 identity_checked=request["identity"] is not None)
-        if "record_error" in attempt.details:
-            record["record_error"] = attempt.details["record_error"]
+        for detail in ("record_error", "lazy_pages"):
+            if detail in attempt.details:
+                record[detail] = attempt.details[detail]
         self.log.write(record)
         if not attempt.restored:
             return self.exec_runc()

@@ -19,6 +19,7 @@ import subprocess
 
 from .. import fleet, layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
+from ..clients.criu import CriuCli
 from ..clients.runc import StoppedRestore
 from ..clients.docker import env_dict
 from ..container import read_container_record
@@ -73,6 +74,7 @@ class OnCreate(Driver):
         self.paths = None               # (metadata file, agent socket dir) of the restored process
         self.source = request.get("source")   # a clone: the identity of the snapshot's own pod (fleet.py)
         self.entry = None               # this restore in the snapshot's record of restores (fleet.py)
+        self.lazy = None                # the criu lazy-pages daemon of a lazy restore (clients/criu.LazyPages)
 
     @property
     def rootfs(self):
@@ -161,8 +163,16 @@ class OnCreate(Driver):
             raise Fallback("busy: %s has mounts below it from an earlier restore; unmount them" % work)
         paths.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
+        lazy = bool(runtime.config.get("lazy_pages"))
         argv = runtime.runc.restore_argv(container_id, self.bundle, attempt.images_dir, work,
-                                         pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"])
+                                         pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"],
+                                         lazy_pages=lazy)
+        if lazy:  # listening before runc starts: CRIU hands it the tasks' memory as they are created
+            try:
+                self.lazy = criu_client.LazyPages(CriuCli(runtime.config["criu"] or "criu"), attempt.images_dir,
+                                                  work).start(min(5.0, attempt.remaining()))
+            except SnapshotError as exc:
+                raise Fallback("lazy_pages_failed: %s" % exc.msg)
         stopped = StoppedRestore(self.bundle, os.path.join(state, "criu.conf")) if attempt.leave_stopped else None
         if stopped:
             stopped.enter(self.spec)
@@ -187,9 +197,39 @@ class OnCreate(Driver):
                 pid = int(handle.read().strip())
         except (IOError, OSError, ValueError):
             raise Fallback("criu_failed: runc restore wrote no pid to %s" % pid_file)
-        criu_client.remove_work_dir(work)
+        if not self.lazy:  # the lazy-pages daemon works (and logs) there until every page is in
+            criu_client.remove_work_dir(work)
         attempt.pid_start_time = proc.start_time(pid)
         return pid
+
+    def release(self, attempt):
+        """The tasks run only with a daemon still serving their pages (or done): one that died already left them holes."""
+        cause = self.failure_cause(attempt)
+        if cause:
+            raise Fallback(cause)
+        super(OnCreate, self).release(attempt)
+
+    def failure_cause(self, attempt):
+        if self.lazy and self.lazy.process.poll() not in (None, 0):
+            return self.lazy_failed()
+        return None
+
+    def lazy_failed(self):
+        return ("lazy_pages_failed: the criu lazy-pages daemon %s before every page of the restored process was in; "
+                "its tasks are killed unserved, never run on zeroed memory" % self.lazy.failure())
+
+    def pages_in(self, attempt):
+        """With lazy pages: wait until the daemon has copied every page in. A daemon that died, failed or
+        outlived the deadline leaves pages that would read as zeros: a Fallback (the undo kills the tasks)."""
+        if not self.lazy or self.lazy.status == 0:
+            return
+        waited = attempt.watch.clock()
+        complete = self.lazy.done(attempt.remaining())
+        attempt.details["lazy_pages"] = {"waited": round(attempt.watch.clock() - waited, 6),
+                                         "status": self.lazy.status}
+        if not complete:
+            raise Fallback(self.lazy_failed())
+        criu_client.remove_work_dir(self.lazy.work_dir)
 
     def after_host_restore(self, attempt):
         """The new environment, through /proc/PID/root (which sees the container's own mounts)."""
@@ -206,6 +246,8 @@ class OnCreate(Driver):
         return self.paths[1]
 
     def undo(self, attempt):
+        if self.lazy:
+            self.lazy.stop()
         self.runtime.undo_restore(self.container_id)
 
     def cold_start(self, attempt):
