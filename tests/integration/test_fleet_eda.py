@@ -110,8 +110,66 @@ def test_without_a_deadline_it_only_reports_and_a_recreated_pod_is_a_new_event(a
     assert api["api"].pod("qwen-p0-2")["spec"]["schedulingGates"], "release_after: 0 never releases"
 
 
+def running(api, name, restore_from, annotations=None):
+    """A pod of the service that the (here absent) kubelet started on node-a: its request comes from the annotation
+    the template's INFEROPS_RESTORE_FROM reads, as in docs/fleet.md."""
+    manifest = workload_pod(name, "eda", "qwen", "p0", "inferops/workload:latest", 1, api["base"], api["base"],
+                            runtime_class="inferops-restore", node="node-a")
+    manifest["metadata"].setdefault("annotations", {}).update(annotations or {})
+    if restore_from is not None:
+        manifest["metadata"]["annotations"]["org.inferops.restore-from"] = restore_from
+    created = api["api"].create(manifest)
+    core = api["api"].core
+    core.patch_namespaced_pod_status(name, "eda", {"status": {"phase": "Running", "containerStatuses": [
+        {"name": "engine", "containerID": "docker://" + "ab" * 32, "image": "x", "imageID": "", "ready": True,
+         "restartCount": 0, "state": {"running": {}}}]}}, _content_type="application/merge-patch+json",
+        _preload_content=False)
+    return created
+
+
+def test_a_pod_restored_on_its_own_request_is_an_event_until_its_annotations_say_what_happened(api):
+    """No gate and no job: the node's runtime restored (or cold-started) the pod; the source reports it once, so that
+    the rulebook's k8s_restore run annotates it within seconds, and not again once it is annotated."""
+    plugin = load_plugin()
+    snap = "/var/lib/inferops/snapshots/eda/qwen/p0/qwen-p0-5"
+    running(api, "qwen-p0-5", snap)
+    running(api, "qwen-p0-6", None)                                               # no request: nothing to tell
+    running(api, "qwen-p0-7", snap.replace("5", "7"), {"snapshot.inferops.org/restore": "restored"})  # told already
+    args = {"namespace": "eda", "service": "qwen", "kubeconfig": api["kubeconfig"], "interval": 0.2, "release_after": 0}
+    started = time.monotonic()
+    caught = unannotated(asyncio.run(events_for(plugin, args, 2.0)))
+    assert [e["name"] for e in caught] == ["qwen-p0-5"], caught              # once per pod incarnation, only it
+    assert caught[0]["service"] == "qwen" and caught[0]["uid"] and "age" in caught[0], caught
+    assert time.monotonic() - started < 10
+    api["api"].core.patch_namespaced_pod("qwen-p0-5", "eda", {"metadata": {"annotations": {
+        "snapshot.inferops.org/restore": "restored"}}}, _content_type="application/merge-patch+json",
+        _preload_content=False)                                                 # what the catch-up writes
+    assert not unannotated(asyncio.run(events_for(plugin, args, 1.0))), "an annotated pod is not reported"
+    api["api"].delete("qwen-p0-5")                                               # recreated: a new incarnation
+    running(api, "qwen-p0-5", snap)
+    assert not unannotated(asyncio.run(events_for(plugin, dict(args, catch_up=False), 1.0))), "catch_up: false"
+    assert [e["name"] for e in unannotated(asyncio.run(events_for(plugin, args, 1.0)))] == ["qwen-p0-5"]
+
+
+def unannotated(events):
+    return [e["inferops_unannotated_pod"] for e in events if "inferops_unannotated_pod" in e]
+
+
+async def events_for(plugin, args, seconds):
+    """Every event the source puts in ``seconds``."""
+    queue = asyncio.Queue()
+    task = asyncio.ensure_future(plugin.main(queue, args))
+    await asyncio.sleep(seconds)
+    task.cancel()
+    events = []
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    return events
+
+
 @pytest.mark.parametrize("args, word", [({}, "namespace"), ({"namespace": "x", "interval": "soon"}, "interval"),
-                                        ({"namespace": "x", "releas_after": 1}, "releas_after")])
+                                        ({"namespace": "x", "releas_after": 1}, "releas_after"),
+                                        ({"namespace": "x", "catch_up": "maybe"}, "catch_up")])
 def test_bad_arguments_are_refused_naming_the_field_before_anything_is_contacted(args, word):
     with pytest.raises(ValueError, match=word):
         asyncio.run(load_plugin().main(asyncio.Queue(), args))
@@ -122,5 +180,8 @@ def test_the_sample_rulebook_runs_the_restore_playbook_on_the_sources_events():
     source = rulebook[0]["sources"][0]
     assert "inferops.snapshot.gated_pods" in source
     assert set(source["inferops.snapshot.gated_pods"]) <= set(load_plugin().ARGUMENTS)
-    playbooks = [rule["action"]["run_playbook"]["name"] for rule in rulebook[0]["rules"] if "run_playbook" in rule["action"]]
-    assert playbooks == ["inferops.snapshot.k8s_restore"] and (REPO / "playbooks" / "k8s_restore.yml").exists()
+    runs = {rule["condition"]: rule["action"]["run_playbook"]["name"] for rule in rulebook[0]["rules"]
+            if "run_playbook" in rule["action"]}
+    assert runs == {"event.inferops_gated_pod is defined": "inferops.snapshot.k8s_restore",
+                    "event.inferops_unannotated_pod is defined": "inferops.snapshot.k8s_restore"}, runs
+    assert (REPO / "playbooks" / "k8s_restore.yml").exists()

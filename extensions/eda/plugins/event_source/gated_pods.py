@@ -15,7 +15,12 @@ namespace (every ``interval`` seconds, one list call) and puts
   after its creation: the source removes the gate itself (a merge patch with the pod's uid as the
   precondition), so the pod starts -- normally, or restored by the node's runtime when its template
   carries its own restore request (docs/fleet.md). Fail open: a broken rulebook, a failing playbook, a
-  stopped controller cost a pod at most ``release_after`` seconds, never its start.
+  stopped controller cost a pod at most ``release_after`` seconds, never its start;
+- ``{"inferops_unannotated_pod": {...}}`` once per pod incarnation that runs on its own restore request (the
+  template's ``INFEROPS_RESTORE_FROM``: the node's runtime restored it, or started it cold, with no job in
+  the way) and whose annotations do not say yet what happened (no ``snapshot.inferops.org/restore``): the
+  rulebook runs ``inferops.snapshot.k8s_restore``, whose catch-up reads the node's record of that container
+  and annotates the pod -- seconds after it started, off its critical path (``catch_up: false`` turns it off).
 
 Arguments:
   namespace:      the namespace to watch (required)
@@ -24,6 +29,7 @@ Arguments:
   service_label:  default inferops.org/service; instance_label: default inferops.org/instance
   interval:       seconds between polls (default 1)
   release_after:  seconds after which a pod still gated is released (default 60; 0: never)
+  catch_up:       also report running pods whose restore is not annotated yet (default true)
   kubeconfig, context: as kubernetes.core (else K8S_AUTH_KUBECONFIG, ~/.kube/config, in-cluster)
   host, api_key, validate_certs, ca_cert: a direct connection instead
 
@@ -47,13 +53,17 @@ import time
 try:  # the collection's one home of these names, when the collection is importable
     from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout as _layout
     GATE, SERVICE_LABEL, INSTANCE_LABEL = _layout.K8S_RESTORE_GATE, _layout.K8S_SERVICE_LABEL, _layout.K8S_INSTANCE_LABEL
+    RESTORE_ANNOTATION, RESTORE_ENV = _layout.K8S_RESTORE, _layout.ENV_RESTORE_FROM
+    from ansible_collections.inferops.snapshot.plugins.module_utils._k8s_service import requested as _requested
 except ImportError:  # ansible-rulebook loads a source by its path: the same values as core/layout.py
     GATE, SERVICE_LABEL, INSTANCE_LABEL = ("inferops.org/snapshot-restore", "inferops.org/service",
                                            "inferops.org/instance")
+    RESTORE_ANNOTATION, RESTORE_ENV = "snapshot.inferops.org/restore", "INFEROPS_RESTORE_FROM"
+    _requested = None
 
 MERGE = "application/merge-patch+json"
 ARGUMENTS = ("namespace", "service", "gate", "service_label", "instance_label", "interval", "release_after",
-             "kubeconfig", "context", "host", "api_key", "validate_certs", "ca_cert")
+             "catch_up", "kubeconfig", "context", "host", "api_key", "validate_certs", "ca_cert")
 
 
 class ArgumentError(ValueError):
@@ -75,6 +85,12 @@ def check_args(args):
             raise ArgumentError("%s: %r is not a number of seconds" % (name, args.get(name)))
         if args[name] < low:
             raise ArgumentError("%s: must be at least %s seconds" % (name, low))
+    catch_up = args.get("catch_up", True)
+    if not isinstance(catch_up, bool):
+        if str(catch_up).lower() not in ("true", "false", "yes", "no"):
+            raise ArgumentError("catch_up: %r is not a boolean" % (catch_up,))
+        catch_up = str(catch_up).lower() in ("true", "yes")
+    args["catch_up"] = catch_up
     args.setdefault("gate", GATE)
     args.setdefault("service_label", SERVICE_LABEL)
     args.setdefault("instance_label", INSTANCE_LABEL)
@@ -120,10 +136,40 @@ def describe(pod, args, now):
             "gated_for": round(now - created, 1) if created is not None else None}
 
 
-def list_gated(core, args):
+def unannotated(pod, args):
+    """The pod runs on its own restore request and its annotations do not say yet what the node did: the
+    restore role's catch-up has something to annotate (its own test, _k8s_service.requested, when the collection
+    is importable; the same test on the env's literal value or the annotation it reads otherwise)."""
+    status, meta = pod.get("status") or {}, pod.get("metadata") or {}
+    if status.get("phase") != "Running" or gated(pod, args["gate"]):
+        return False
+    if _requested is not None:
+        try:
+            return _requested(pod, {"container": None, "service": (meta.get("labels") or {}).get(args["service_label"]),
+                                    "instance_label": args["instance_label"]}) is not None
+        except Exception:  # pylint: disable=broad-except  # a pod the role cannot read: not one it would annotate
+            return False
+    annotations = meta.get("annotations") or {}
+    if annotations.get(RESTORE_ANNOTATION) not in (None, "pending"):
+        return False
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    for item in containers[0].get("env") or []:
+        if item.get("name") != RESTORE_ENV:
+            continue
+        value = item.get("value")
+        path = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") or ""
+        if path.startswith("metadata.annotations['") and path.endswith("']"):
+            value = annotations.get(path[len("metadata.annotations['"):-2])
+        return bool(value and value.startswith("/"))
+    return False
+
+
+def list_pods(core, args):
+    """(gated pods, pods to catch up) of the namespace (and service), from one list call."""
     selector = "%s=%s" % (args["service_label"], args["service"]) if args.get("service") else None
     response = core.list_namespaced_pod(args["namespace"], label_selector=selector, _preload_content=False)
-    return [pod for pod in json.loads(response.data).get("items") or [] if gated(pod, args["gate"])]
+    pods = json.loads(response.data).get("items") or []
+    return [pod for pod in pods if gated(pod, args["gate"])], [pod for pod in pods if args["catch_up"] and unannotated(pod, args)]
 
 
 def release(core, pod, gate):
@@ -140,14 +186,23 @@ async def main(queue, args):
     args = check_args(args)
     loop = asyncio.get_running_loop()
     core = await loop.run_in_executor(None, api_client, args)
-    seen, released = set(), set()
+    seen, released, caught = set(), set(), set()
     while True:
         try:
-            pods = await loop.run_in_executor(None, list_gated, core, args)
+            pods, behind = await loop.run_in_executor(None, list_pods, core, args)
         except Exception as exc:  # the API is away for a moment: say so, go on polling
             await queue.put({"inferops_gated_pods_error": {"namespace": args["namespace"], "error": str(exc)[:500]}})
-            pods = []
+            pods, behind = [], []
         now = time.time()
+        running = set()
+        for pod in behind:
+            info = describe(pod, args, now)
+            info["age"] = info.pop("gated_for")  # since its creation
+            running.add(info["uid"])
+            if info["uid"] not in caught:
+                caught.add(info["uid"])
+                await queue.put({"inferops_unannotated_pod": info})
+        caught &= running  # annotated meanwhile, or gone: a pod that loses its annotation again is reported again
         current = set()
         for pod in pods:
             info = describe(pod, args, now)
