@@ -28,6 +28,8 @@ import kubernetes
 
 from conftest import BIN, COLLECTIONS, REPO, docker, ensure_collection_link
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import netns
+
 MERGE = "application/merge-patch+json"
 LIST_KINDS = {"pods": "PodList", "configmaps": "ConfigMapList"}
 VERBS = {"get", "list", "watch", "create", "patch", "delete"}
@@ -189,11 +191,13 @@ class Api:
 
 
 def workload_pod(name, namespace, service, instance, image, port, device_dir, npu_root, *, extra_env=None,
-                 gated=False, node=None, warmup=2, runtime_class=None):
-    """The pod manifest of one sample engine: host network (dockerd here has no bridge), its simulated NPU
-    and the NPU snapshot root as hostPath volumes, and an emptyDir at the agent's socket directory (a
-    restored process binds its socket again in that directory, which a fresh container filesystem would
-    not have). ``runtime_class``: the RuntimeClass of the restore-on-create runtime (docs/kubernetes.md).
+                 gated=False, node=None, warmup=2, runtime_class=None, host_network=True, device_mount=None):
+    """The pod manifest of one sample engine: host network (dockerd here has no bridge; ``host_network=False``:
+    a network namespace of its own, loopback only), its simulated NPU and the NPU snapshot root as hostPath
+    volumes, and an emptyDir at the agent's socket directory (a restored process binds its socket again in
+    that directory, which a fresh container filesystem would not have). ``runtime_class``: the RuntimeClass
+    of the restore-on-create runtime (docs/kubernetes.md). ``device_mount``: where the pod sees its NPU (by
+    default at its host path); pods that clone one another see theirs at one path, as NPU pods see /dev/davinci0.
 
     The engine's metadata file is in that emptyDir: the restore-on-create runtime writes the new
     container's environment there when it restores the engine, and it must be writable (a downward API
@@ -204,7 +208,7 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
            {"name": "WORKLOAD_WARMUP_SECONDS", "value": str(warmup)},
            {"name": "WORKLOAD_DEVICE_MB", "value": "24"},
            {"name": "WORKLOAD_HOST_MB", "value": "8"},
-           {"name": "ACL_SIM_DEVICE_DIR", "value": str(device_dir)},
+           {"name": "ACL_SIM_DEVICE_DIR", "value": str(device_mount or device_dir)},
            {"name": "ACL_SIM_DEVICE_MEM_BYTES", "value": "256M"},
            {"name": "INFEROPS_METADATA_FILE", "value": "/run/inferops-snapshot/metadata.json"},
            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -227,12 +231,12 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {"inferops.org/service": service, "inferops.org/instance": instance, "app": service}},
         "spec": {
-            "hostNetwork": True,
+            "hostNetwork": host_network,
             "containers": [{
                 "name": "engine", "image": image, "env": env,
                 "readinessProbe": {"httpGet": {"path": "/health", "port": port}},
                 "volumeMounts": [{"name": "agent", "mountPath": "/run/inferops-snapshot"},
-                                 {"name": "npu", "mountPath": str(device_dir)},
+                                 {"name": "npu", "mountPath": str(device_mount or device_dir)},
                                  {"name": "npu-snapshots", "mountPath": str(npu_root)},
                                  {"name": "metadata", "mountPath": "/etc/inferops/metadata", "readOnly": True}],
             }],
@@ -260,7 +264,8 @@ class Kubelet:
 
     - schedule: a pod with no node and no scheduling gate, whose nodeSelector does not name another
       node, is bound to this node;
-    - run: a pod bound to this node without a container gets one (docker run, host network): env from
+    - run: a pod bound to this node without a container gets one (docker run; host network, or with
+      hostNetwork false a network namespace of its own with loopback only, probed from inside it): env from
       literal values, $(VAR) and metadata fieldRefs, resolved when the container is created (so
       INFEROPS_RESTORE_FROM carries the annotation org.inferops.restore-from the restore role set);
       hostPath and emptyDir volumes; downwardAPI files written from the pod's metadata at creation. A pod
@@ -365,10 +370,10 @@ class Kubelet:
 
     def docker_args(self, pod, cname):
         spec = pod["spec"]
-        assert spec.get("hostNetwork"), "the kubelet here runs host-network pods only"
         container = spec["containers"][0]
         assert not container.get("command") and not container.get("args"), "the image's command is used"
-        args = ["--name", cname, "--network", "host", "--label", "inferops.test.kubelet=" + self.prefix]
+        network = "host" if spec.get("hostNetwork") else "none"  # none: the pod's own namespace (no CNI here)
+        args = ["--name", cname, "--network", network, "--label", "inferops.test.kubelet=" + self.prefix]
         runtime_class = spec.get("runtimeClassName")
         if runtime_class:
             assert runtime_class in self.runtime_classes, "no RuntimeClass %s on this node" % runtime_class
@@ -417,9 +422,10 @@ class Kubelet:
         # from its snapshot, or started it normally (its log and the snapshot's status record say which).
         docker("run", "-d", *args)
         self.events.append((meta["name"], "started", self.runtime_classes.get(pod["spec"].get("runtimeClassName"))))
-        cid = docker("inspect", "--format", "{{.Id}}", cname)
+        cid, pid = docker("inspect", "--format", "{{.Id}} {{.State.Pid}}", cname).split()
         probe = pod["spec"]["containers"][0].get("readinessProbe", {}).get("httpGet", {})
         self.containers[meta["uid"]] = {"name": cname, "id": cid, "pod": meta["name"], "ready": None,
+                                        "netns_pid": None if pod["spec"].get("hostNetwork") else int(pid),
                                         "started": time.monotonic(),
                                         "meta": {"name": meta["name"], "namespace": meta["namespace"],
                                                  "uid": meta["uid"]},
@@ -443,8 +449,7 @@ class Kubelet:
         ready = False
         if running and info["url"]:
             try:
-                with urllib.request.urlopen(info["url"], timeout=1) as response:
-                    ready = response.status == 200
+                ready = http_status(info["url"], info["netns_pid"], timeout=1) == 200
             except Exception:
                 ready = False
         if ready != info["ready"] or not running:
@@ -452,6 +457,14 @@ class Kubelet:
                 return
             info["reported_exit"] = not running
             self.report(info, ready, running)
+
+
+def http_status(url, netns_pid=None, timeout=5):
+    """The HTTP status of a GET of ``url``: from here, or from inside the network namespace of ``netns_pid``."""
+    if netns_pid:
+        return netns.request(netns_pid, url, timeout=timeout)[0]
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.status
 
 
 def write_inventory(path, node, kubeconfig):

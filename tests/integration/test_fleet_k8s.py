@@ -9,6 +9,8 @@ deleted and recreated pod comes back from its snapshot with no Ansible run in be
 pod deleted -> first correct answer, the StatefulSet controller's part (wait until the old pod is gone,
 create the new one) included."""
 
+import asyncio
+import json
 import time
 import urllib.parse
 import uuid
@@ -18,11 +20,13 @@ import pytest
 from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, write_inventory, write_kubeconfig
 from _runtime_helpers import installed_runtime
 from conftest import free_port, http_get, reset_device
+from test_fleet_eda import collect, load_plugin
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, netns, status
 
 NODE = "node-a"
+DEVICE_MOUNT = "/var/lib/inferops-npu"   # where a pod of a cloned service sees its NPU, whichever device backs it
 RUNTIME_CLASS = "inferops-restore"
 PROMPTS = ["what is an NPU?", "no job in the way", "数据"]
 REQUEST_ENV = ("POD_NAME", "POD_NAMESPACE", "INFEROPS_RESTORE_FROM", "INFEROPS_RESTORE_CHECKSUM",
@@ -45,6 +49,7 @@ def cluster(docker_env, runtime, tmp_path_factory):
     kubeconfig = write_kubeconfig(base / "kubeconfig", server.url)
     namespace = "nojob"
     state = {"base": base, "api": Api(server.url, namespace), "kubelet": kubelet, "namespace": namespace,
+             "kubeconfig": kubeconfig,
              "inventory": write_inventory(base / "inventory.json", NODE, kubeconfig), "image": docker_env,
              "npu_root": base / "npu-snapshots", "host_root": runtime.roots / "host-nojob", "ports": {}, "devices": {}}
     for root in (state["npu_root"], state["host_root"]):
@@ -55,44 +60,58 @@ def cluster(docker_env, runtime, tmp_path_factory):
     assert kubelet.errors == [], "the kubelet simulation failed:\n" + "\n".join(kubelet.errors)
 
 
-def template(cluster, pod, instance="p0"):
-    """The pod as its StatefulSet's template makes it: the restore request in its env, no scheduling gate."""
+def template(cluster, pod, instance="p0", service="qwen", source=None, port=None, own_network=False):
+    """The pod as its StatefulSet's template makes it: the restore request in its env, no scheduling gate.
+    ``source``: the instance a clone restores from (pod k from pod k); ``own_network``: a network namespace of
+    its own (then it sees its NPU at DEVICE_MOUNT, as every pod of a cloned service does)."""
     if pod not in cluster["ports"]:
-        cluster["ports"][pod] = free_port()
+        cluster["ports"][pod] = port or free_port()
         cluster["devices"][pod] = cluster["base"] / ("npu-device-" + pod)
         cluster["devices"][pod].mkdir(mode=0o700)
-    manifest = workload_pod(pod, cluster["namespace"], "qwen", instance, cluster["image"], cluster["ports"][pod],
-                            cluster["devices"][pod], cluster["npu_root"], runtime_class=RUNTIME_CLASS)
+    manifest = workload_pod(pod, cluster["namespace"], service, instance, cluster["image"], cluster["ports"][pod],
+                            cluster["devices"][pod], cluster["npu_root"], runtime_class=RUNTIME_CLASS,
+                            host_network=not own_network, device_mount=DEVICE_MOUNT if own_network else None)
+    manifest["metadata"]["labels"][layout.K8S_POD_INDEX_LABEL] = pod.rsplit("-", 1)[1]
     container = manifest["spec"]["containers"][0]
-    npu_path = "%s/$(POD_NAMESPACE)/qwen/%s/$(POD_NAME)" % (cluster["npu_root"], instance)
-    container["env"] = [item for item in container["env"] if item["name"] not in REQUEST_ENV] + \
-        svc.restore_template_env(str(cluster["host_root"]), "qwen", instance) + \
+    npu_path = "%s/$(POD_NAMESPACE)/%s/%s/$(POD_NAME)" % (cluster["npu_root"], service, instance)
+    request = svc.restore_template_env(str(cluster["host_root"]), service, instance, source_instance=source,
+                                       source_stem="%s-%s-" % (service, source) if source else None)
+    container["env"] = [item for item in container["env"] if item["name"] not in REQUEST_ENV] + request + \
         [{"name": "VLLM_NPU_SNAPSHOT_PATH", "value": npu_path}]
     return manifest
 
 
 def first_answer(cluster, pod, since, timeout=120):
     """Seconds from ``since`` (monotonic) until the pod's engine serves a correct answer."""
-    url = "http://127.0.0.1:%d/v1/generate?prompt=%s" % (cluster["ports"][pod], urllib.parse.quote(PROMPTS[0]))
+    path = "/v1/generate?prompt=%s" % urllib.parse.quote(PROMPTS[0])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            code, _body = http_get(url, timeout=2)
+            code, _body = engine_get(cluster, pod, path, timeout=2)
             if code == 200:
                 return time.monotonic() - since
-        except OSError:
+        except (OSError, ValueError, netns.ProbeError):
             pass
         time.sleep(0.02)
     raise AssertionError("pod %s never answered" % pod)
 
 
+def engine_get(cluster, pod, path, timeout=30):
+    """(status, JSON body) of a GET of the pod's engine: on the host's network, or inside the pod's own namespace."""
+    url = "http://127.0.0.1:%d%s" % (cluster["ports"][pod], path)
+    own = [c["netns_pid"] for c in cluster["kubelet"].containers.values() if c["pod"] == pod and c["netns_pid"]]
+    if not own:
+        return http_get(url, timeout=timeout)
+    code, body = netns.request(own[-1], url, timeout=timeout)
+    return code, json.loads(body or b"{}")
+
+
 def answers(cluster, pod):
-    base = "http://127.0.0.1:%d" % cluster["ports"][pod]
-    return [http_get(base + "/v1/generate?prompt=" + urllib.parse.quote(p), timeout=30)[1]["answer"] for p in PROMPTS]
+    return [engine_get(cluster, pod, "/v1/generate?prompt=" + urllib.parse.quote(p))[1]["answer"] for p in PROMPTS]
 
 
 def info(cluster, pod):
-    return http_get("http://127.0.0.1:%d/v1/info" % cluster["ports"][pod])[1]
+    return engine_get(cluster, pod, "/v1/info")[1]
 
 
 def container_id(cluster, pod):
@@ -150,8 +169,16 @@ def test_a_recreated_pod_is_restored_by_the_node_alone_with_no_ansible_run(clust
     print("\nno-job restore: pod deleted -> first correct answer in %.2f s (runtime stages %s)"
           % (seconds, record["durations"]))
 
-    # the annotations catch up: the restore role (nothing gated) reads the node's record of this container
+    # the annotations catch up, event-driven: the gated_pods source reports the restored, unannotated pod within
+    # seconds and the rulebook's rule runs the restore role, which reads the node's record of this container
     assert "snapshot.inferops.org/restore" not in (api.pod(pod)["metadata"].get("annotations") or {})
+    served = time.monotonic()
+    events = asyncio.run(collect(load_plugin(), {"namespace": cluster["namespace"], "service": "qwen",
+                                                 "kubeconfig": cluster["kubeconfig"], "interval": 0.2},
+                                 lambda got: any("inferops_unannotated_pod" in e for e in got)))
+    event = [e["inferops_unannotated_pod"] for e in events if "inferops_unannotated_pod" in e][0]
+    assert event["name"] == pod and event["uid"] == api.pod(pod)["metadata"]["uid"], event
+    print("catch-up event %.2f s after the first answer" % (time.monotonic() - served))
     config = {"enabled": True, "npuSnapshotPath": str(cluster["npu_root"]), "hostSnapshotPath": str(cluster["host_root"])}
     play = {"k8s_snapshot_namespace": cluster["namespace"], "k8s_snapshot_service": "qwen",
             "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": config}
@@ -193,3 +220,38 @@ def test_the_next_generation_catches_up_by_itself_and_takes_no_new_snapshot(clus
     after = status.read(snapshot_dir)
     assert after["checksum"] == before["checksum"] and after["history"] == before["history"], "no new generation"
     assert after["last_restore"]["container"] == cid and container_id(cluster, pod) == cid
+
+
+def test_a_new_instance_of_the_service_starts_from_the_source_instances_snapshot_while_the_source_serves(cluster,
+                                                                                                        runtime):
+    """Scale-out on Kubernetes: pod 0 of instance b, created with a template that names instance a as its source,
+    is restored by its node's runtime from pod 0 of instance a -- in a network namespace and on a device of its
+    own, with its own identity -- while the source keeps serving; no Ansible run decides it."""
+    api, source, clone = cluster["api"], "llm-a-0", "llm-b-0"
+    snapshot_dir = svc.snapshot_path(str(cluster["host_root"]), {"namespace": cluster["namespace"], "service": "llm",
+                                                                 "instance": "a", "pod": source})
+    api.create(template(cluster, source, instance="a", service="llm", own_network=True))
+    wait_ready(cluster, source)
+    config = {"enabled": True, "npuSnapshotPath": str(cluster["npu_root"]), "hostSnapshotPath": str(cluster["host_root"])}
+    rc, output = run_playbook("k8s_generate.yml", cluster["inventory"], {
+        "k8s_snapshot_namespace": cluster["namespace"], "k8s_snapshot_service": "llm",
+        "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": config})
+    assert rc == 0, output[-4000:]
+    assert status.read(snapshot_dir)["status"] == "completed"
+    expected, warmed = answers(cluster, source), info(cluster, source)
+
+    created = time.monotonic()
+    api.create(template(cluster, clone, instance="b", service="llm", source="a", port=cluster["ports"][source],
+                        own_network=True))
+    seconds = first_answer(cluster, clone, created)
+    record = runtime.log_records(container_id(cluster, clone))[-1]
+    assert record["outcome"] == "restored" and record["reason"] is None, record
+    now = info(cluster, clone)
+    assert now["started_at"] == warmed["started_at"], "the clone is the source's warmed-up process, restored"
+    assert answers(cluster, clone) == expected and answers(cluster, source) == expected, "both serve, alike"
+    meta = now["metadata"]
+    assert meta["restored"] is True and meta["identity"]["pod"] == clone and meta["identity"]["instance"] == "b", meta
+    assert meta["source"]["pod"] == source and meta["env"]["POD_NAME"] == clone, meta
+    assert info(cluster, source)["pid"] == warmed["pid"], "the source was never touched"
+    print("\nk8s clone: pod created -> first correct answer %.2f s (runtime stages %s)" % (seconds, record["durations"]))
+
