@@ -87,6 +87,10 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent impor
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import status as status_record  # noqa: E402
 
 sys.path.insert(0, HERE)
+try:  # the node cache of verified snapshots, where the checkout has it
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import stage as stage_cache  # noqa: E402
+except ImportError:
+    stage_cache = None
 import report  # noqa: E402  pylint: disable=import-error
 SIM_LIBRARY = os.path.join(REPO, "build", "simulator", "libascendcl.so")
 SIM_KNOBS = ("ACL_SIM_COPY_GBPS", "ACL_SIM_DEVICE_PREALLOC")
@@ -241,6 +245,7 @@ class Bench:
         self.encryption = None  # {"key_file"} when host_checkpoint has encryption_key
         self.has_resume = False  # host_checkpoint has resume
         self.lazy_pages = False  # the node runtime has lazy_pages and this kernel has userfaultfd
+        self.staging = False  # the collection has the node cache of verified snapshots (core/stage.py)
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def record(self, section, variant, size_mb, rep, seconds, **extra):
@@ -769,6 +774,8 @@ class Bench:
                 if self.lazy_pages:
                     with self.runtime_settings(lazy_pages=True):
                         self.runtime_run_restore(w, rep, tag="_lazy")
+                if self.staging and "runtime" in self.restore_methods:
+                    self.staged_restores(w, rep)
                 if not args.skip_cold_cache_restore:
                     self.runtime_run_restore(w, rep, cold_cache=True)
             if encrypted:
@@ -1180,6 +1187,35 @@ class Bench:
                 "snapshot_node_log_file": os.path.join(base, "log", "restore.log"),
                 "snapshot_node_snapshot_roots": [os.path.join(self.workdir, "snapshots")]}
 
+    def staged_restores(self, w, rep):
+        """The snapshot copied and verified into a node cache ahead (snapshot_stage's core), then restored from the
+        verified copy without hashing: the playbook (method runtime) and docker run --runtime."""
+        cache = os.path.join(self.workdir, "stage")
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+        t0 = time.monotonic()
+        staged = stage_cache.stage(w["snapshot_dir"], cache)
+        self.record("staging", "snapshot_stage", w["size_mb"], rep, time.monotonic() - t0,
+                    bytes=(staged.get("hashing") or {}).get("bytes"))
+        with self.runtime_settings(stage_dir=cache):
+            for variant, restore in (("snapshot_restore_runtime_staged", lambda: self.module_restore(w, rep, "runtime", tag="_staged")),
+                                     ("docker_run_runtime_staged", lambda: self.runtime_run_restore(w, rep, tag="_staged"))):
+                restore()
+                verdict = (self.runtime_log()[-1:] or [{}])[0].get("verify") or {}
+                used = verdict.get("checksums") == "staged"  # the runtime restored from the verified copy, unhashed
+                [s for s in self.samples if s["section"] == "ttfa" and s["variant"] == variant][-1]["staged_copy_used"] = used
+                if not used:
+                    log("WARNING: %s did not restore from the staged copy: %s" % (variant, verdict.get("staged_miss")))
+        shutil.rmtree(cache, ignore_errors=True)
+
+    def runtime_log(self):
+        """The installed runtime's restore records (its JSON log), oldest first."""
+        try:
+            with open(self.node_vars()["snapshot_node_log_file"]) as handle:
+                records = [json.loads(line) for line in handle if line.strip()]
+        except (IOError, OSError, ValueError):
+            return []
+        return [r for r in records if r.get("event") == "restore"]
+
     @staticmethod
     def detect_lazy_pages():
         """The restore-on-create runtime of this checkout restores lazily when told (layout's lazy_pages), and CRIU
@@ -1305,6 +1341,8 @@ class Bench:
         result["encryption"] = bool(self.encryption)
         self.lazy_pages = "runtime" in self.restore_methods and self.detect_lazy_pages()
         result["lazy_pages"] = self.lazy_pages
+        self.staging = stage_cache is not None and "stage_dir" in layout.RUNTIME_DEFAULTS
+        result["staging"] = self.staging
         result["docker_paths_max_mb"] = args.docker_paths_max_mb
         result["simulator"] = {"copy_gbps": os.environ.get("ACL_SIM_COPY_GBPS") or "25 (default)",
                                "device_prealloc": os.environ.get("ACL_SIM_DEVICE_PREALLOC") or "huge (default)"}
