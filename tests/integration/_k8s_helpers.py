@@ -467,14 +467,15 @@ def http_status(url, netns_pid=None, timeout=5):
         return response.status
 
 
-def write_inventory(path, node, kubeconfig):
-    """The controller (localhost, where the API client runs) and one node, both this machine."""
+def write_inventory(path, node, kubeconfig, more_nodes=()):
+    """The controller (localhost, where the API client runs) and one node (or more), all this machine."""
     python = sys.executable
+    nodes = {"node-a": {"ansible_connection": "local", "ansible_python_interpreter": python, "k8s_node_name": node}}
+    for other in more_nodes:
+        nodes[other] = {"ansible_connection": "local", "ansible_python_interpreter": python, "k8s_node_name": other}
     inventory = {"all": {
         "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}},
-        "children": {"k8s_nodes": {"hosts": {"node-a": {"ansible_connection": "local",
-                                                        "ansible_python_interpreter": python,
-                                                        "k8s_node_name": node}}}},
+        "children": {"k8s_nodes": {"hosts": nodes}},
         "vars": {"k8s_snapshot_kubeconfig": kubeconfig}}}
     Path(path).write_text(json.dumps(inventory))
     return str(path)

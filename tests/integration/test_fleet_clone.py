@@ -164,6 +164,20 @@ def test_a_clone_of_another_instance_serves_the_same_answers_while_the_source_ke
     assert again.get("/v1/info")["metadata"]["restore_nonce"] != meta["restore_nonce"], "each restore its own nonce"
 
 
+def test_a_clone_onto_the_device_of_the_running_source_is_refused(node, source):
+    """The generation entered the snapshotted engine in the record of restores with its devices: a clone mapped
+    onto the source's own NPU while the source runs would overwrite the source's device memory -- refused, cold."""
+    held = [e for e in fleet.read(source["snapshot_dir"]) if e["phase"] == "running" and e["pid"] == source["src"].pid]
+    assert held and held[-1]["devices"] == ["sim:%s" % (source["base"] / "npu")], fleet.read(source["snapshot_dir"])
+    onto, _target = source["clone"]("p4", source["base"] / "npu")
+    onto.create()
+    docker("start", onto.name)
+    record = node.log_records(docker("inspect", "--format", "{{.Id}}", onto.name))[-1]
+    onto.remove()
+    assert record["outcome"] == "cold" and record["reason"].startswith("device_busy: "), record
+    assert source["src"].answers() == source["expected"], "the source serves on, its device memory untouched"
+
+
 def test_a_clone_request_for_another_service_starts_cold(node, source):
     device = source["base"] / "npu-foreign"
     device.mkdir(mode=0o700)

@@ -49,7 +49,7 @@ def cluster(docker_env, runtime, tmp_path_factory):
     kubeconfig = write_kubeconfig(base / "kubeconfig", server.url)
     namespace = "nojob"
     state = {"base": base, "api": Api(server.url, namespace), "kubelet": kubelet, "namespace": namespace,
-             "kubeconfig": kubeconfig,
+             "kubeconfig": kubeconfig, "server_url": server.url,
              "inventory": write_inventory(base / "inventory.json", NODE, kubeconfig), "image": docker_env,
              "npu_root": base / "npu-snapshots", "host_root": runtime.roots / "host-nojob", "ports": {}, "devices": {}}
     for root in (state["npu_root"], state["host_root"]):
@@ -60,7 +60,7 @@ def cluster(docker_env, runtime, tmp_path_factory):
     assert kubelet.errors == [], "the kubelet simulation failed:\n" + "\n".join(kubelet.errors)
 
 
-def template(cluster, pod, instance="p0", service="qwen", source=None, port=None, own_network=False):
+def template(cluster, pod, instance="p0", service="qwen", source=None, port=None, own_network=False, node=None):
     """The pod as its StatefulSet's template makes it: the restore request in its env, no scheduling gate.
     ``source``: the instance a clone restores from (pod k from pod k); ``own_network``: a network namespace of
     its own (then it sees its NPU at DEVICE_MOUNT, as every pod of a cloned service does)."""
@@ -72,6 +72,8 @@ def template(cluster, pod, instance="p0", service="qwen", source=None, port=None
                             cluster["devices"][pod], cluster["npu_root"], runtime_class=RUNTIME_CLASS,
                             host_network=not own_network, device_mount=DEVICE_MOUNT if own_network else None)
     manifest["metadata"]["labels"][layout.K8S_POD_INDEX_LABEL] = pod.rsplit("-", 1)[1]
+    if node:
+        manifest["spec"]["nodeName"] = node
     container = manifest["spec"]["containers"][0]
     npu_path = "%s/$(POD_NAMESPACE)/%s/%s/$(POD_NAME)" % (cluster["npu_root"], service, instance)
     request = svc.restore_template_env(str(cluster["host_root"]), service, instance, source_instance=source,
@@ -254,4 +256,50 @@ def test_a_new_instance_of_the_service_starts_from_the_source_instances_snapshot
     assert meta["source"]["pod"] == source and meta["env"]["POD_NAME"] == clone, meta
     assert info(cluster, source)["pid"] == warmed["pid"], "the source was never touched"
     print("\nk8s clone: pod created -> first correct answer %.2f s (runtime stages %s)" % (seconds, record["durations"]))
+
+
+def test_on_shared_storage_a_pod_recreated_on_another_node_is_restored_there(cluster, runtime):
+    """Two nodes mount one snapshot store (here: two simulated kubelets on this machine's dockerd, the store one
+    directory, as a shared mount would be). A pod generated on node-a and recreated on node-b is restored by
+    node-b's runtime from the store, with no Ansible run; the catch-up reads node-b's record and annotates it."""
+    api, pod = cluster["api"], "shr-p0-0"
+    other = Kubelet(cluster["server_url"], "node-b", cluster["base"] / "kubelet-b", "fleetk8s-b-" + uuid.uuid4().hex[:6],
+                    runtime_classes={RUNTIME_CLASS: runtime.name})
+    try:
+        snapshot_dir = svc.snapshot_path(str(cluster["host_root"]), {"namespace": cluster["namespace"], "service": "shr",
+                                                                     "instance": "p0", "pod": pod})
+        api.create(template(cluster, pod, service="shr", node=NODE))
+        wait_ready(cluster, pod)
+        config = {"enabled": True, "npuSnapshotPath": str(cluster["npu_root"]),
+                  "hostSnapshotPath": str(cluster["host_root"])}
+        play = {"k8s_snapshot_namespace": cluster["namespace"], "k8s_snapshot_service": "shr",
+                "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": config}
+        inventory = write_inventory(cluster["base"] / "inventory-two-nodes.json", NODE, cluster["kubeconfig"],
+                                    more_nodes=["node-b"])
+        rc, output = run_playbook("k8s_generate.yml", inventory, play)
+        assert rc == 0, output[-4000:]
+        assert status.read(snapshot_dir)["status"] == "completed"
+        warmed, expected = info(cluster, pod), answers(cluster, pod)
+
+        api.delete(pod)                                      # node-a is lost; the pod comes back on node-b
+        cluster["kubelet"].wait_removed(cluster["namespace"], pod)
+        reset_device(cluster["devices"][pod])
+        api.create(template(cluster, pod, service="shr", node="node-b"))
+        first_answer(cluster, pod, time.monotonic())
+        cid = container_id(cluster, pod)
+        assert [c["pod"] for c in other.containers.values()] == [pod], "node-b's kubelet runs it"
+        record = runtime.log_records(cid)[-1]
+        assert record["outcome"] == "restored" and record["reason"] is None, record
+        assert info(cluster, pod)["started_at"] == warmed["started_at"] and answers(cluster, pod) == expected
+        rc, output = run_playbook("k8s_restore.yml", inventory, play)
+        assert rc == 0, output[-4000:]
+        ann = api.pod(pod)["metadata"]["annotations"]
+        assert ann["snapshot.inferops.org/restore"] == "restored" and ann["snapshot.inferops.org/node"] == "node-b", ann
+        assert status.read(snapshot_dir)["last_restore"]["container"] == cid
+    finally:
+        if api.pod(pod):
+            api.delete(pod)
+            other.wait_removed(cluster["namespace"], pod)
+        other.stop()
+    assert other.errors == [], "node-b's kubelet simulation failed:\n" + "\n".join(other.errors)
 
