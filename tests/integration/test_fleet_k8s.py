@@ -224,8 +224,7 @@ def test_the_next_generation_catches_up_by_itself_and_takes_no_new_snapshot(clus
     assert after["last_restore"]["container"] == cid and container_id(cluster, pod) == cid
 
 
-def test_a_new_instance_of_the_service_starts_from_the_source_instances_snapshot_while_the_source_serves(cluster,
-                                                                                                        runtime):
+def test_a_new_instance_starts_from_the_source_instances_snapshot_while_the_source_serves(cluster, runtime):
     """Scale-out on Kubernetes: pod 0 of instance b, created with a template that names instance a as its source,
     is restored by its node's runtime from pod 0 of instance a -- in a network namespace and on a device of its
     own, with its own identity -- while the source keeps serving; no Ansible run decides it."""
@@ -302,4 +301,3 @@ def test_on_shared_storage_a_pod_recreated_on_another_node_is_restored_there(clu
             other.wait_removed(cluster["namespace"], pod)
         other.stop()
     assert other.errors == [], "node-b's kubelet simulation failed:\n" + "\n".join(other.errors)
-
