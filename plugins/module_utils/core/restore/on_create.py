@@ -246,9 +246,9 @@ class OnCreate(Driver):
         return self.paths[1]
 
     def undo(self, attempt):
-        if self.lazy:
-            self.lazy.stop()
         self.runtime.undo_restore(self.container_id)
+        if self.lazy:  # after the tasks: while they live, a page it has not copied yet must not turn into zeros
+            self.lazy.stop()
 
     def cold_start(self, attempt):
         """Write the metadata file into the rootfs (unless a mount of the config would hide it); the runtime
