@@ -1437,6 +1437,10 @@ def main(argv=None):
     if os.geteuid() != 0:
         raise SystemExit("run as root: checkpoints, drop_caches and dockerd need it")
     become_subreaper()
+    # A run stopped with SIGTERM or SIGHUP (kill, a closed terminal) still removes its runtime, containers and
+    # scratch (Bench.main's finally), as Ctrl-C does; without this, Python would die before the finally ran.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda signum, _frame: sys.exit(128 + signum))
     log("building the workload image %s (scripts/build-workload-image.sh)" % IMAGE)
     run(["bash", os.path.join(REPO, "scripts", "build-workload-image.sh"), IMAGE])
     run(["bash", os.path.join(REPO, "tests", "simulator", "build.sh"), os.path.join(REPO, "build", "simulator")])
