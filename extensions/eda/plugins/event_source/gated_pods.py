@@ -152,6 +152,9 @@ def unannotated(pod, args):
     annotations = meta.get("annotations") or {}
     if annotations.get(RESTORE_ANNOTATION) not in (None, "pending"):
         return False
+    started = [c for c in status.get("containerStatuses") or [] if "://" in (c.get("containerID") or "")]
+    if not started or not (pod.get("spec") or {}).get("nodeName"):
+        return False  # no container yet: the node has nothing to tell
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     for item in containers[0].get("env") or []:
         if item.get("name") != RESTORE_ENV:
