@@ -128,6 +128,25 @@ def test_keys_come_as_base64_hex_or_a_private_file_and_nothing_else(tmp_path):
         encryption.load_key(str(inside), snapshot_dir=str(store / "ns" / "svc" / "p0" / "pod"))
 
 
+def test_a_base64_key_that_starts_with_a_slash_is_a_key_and_never_echoed(tmp_path):
+    """One random key in 64 has a base64 form starting with "/": it must not be taken for a path (and put in the
+    message of a missing file)."""
+    keys = [k for k in (os.urandom(32) for _ in range(4000)) if base64.b64encode(k).startswith(b"/")][:20]
+    assert keys, "no key with a leading slash in 4000 draws"
+    for key in keys:
+        assert encryption.load_key(base64.b64encode(key).decode()) == key
+    text = "/" + base64.b64encode(os.urandom(32)).decode()[1:-1]  # a key without its "=": neither key nor file
+    with pytest.raises(ParameterError) as raised:
+        encryption.load_key(text)
+    assert "neither a 256-bit key" in raised.value.msg and text not in raised.value.msg
+    with pytest.raises(ParameterError, match="cannot read the key file /etc/inferops/no-such.key"):
+        encryption.load_key("/etc/inferops/no-such.key")  # a path that cannot be a key is named
+    named = tmp_path / "key"
+    named.write_text(base64.b64encode(keys[0]).decode() + "\n")
+    os.chmod(named, 0o600)
+    assert encryption.load_key(str(named)) == keys[0], "a file of base64 text still works"
+
+
 def test_what_is_encrypted():
     assert encryption.encrypts("host/criu/pages-1.img") and encryption.encrypts("host/container.json")
     assert encryption.encrypts("canary.json")

@@ -28,6 +28,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -65,18 +66,44 @@ def key_id(key):
     return hashlib.sha256(b"inferops.snapshot encryption key id\n" + key).hexdigest()[:16]
 
 
+def _decode_key_text(text):
+    """The 32 key bytes that ``text`` spells in hex or base64, or None."""
+    for decode in (binascii.unhexlify, lambda value: base64.b64decode(value, validate=True)):
+        try:
+            key = decode(text.strip())
+        except (ValueError, binascii.Error, TypeError):
+            continue
+        if len(key) == 32:
+            return key
+    return None
+
+
+def _may_be_key_text(text):
+    return re.match(r"\A(?:[A-Za-z0-9+/]{40,46}={0,2}|[0-9a-fA-F]{60,68})\Z", text.strip()) is not None
+
+
 def load_key(value, field="encryption_key", snapshot_dir=None):
-    """32 key bytes from text (base64 or hex) or the path of a root-owned 0600 file outside the store."""
+    """32 key bytes from text (base64 or hex) or the path of a root-owned 0600 file outside the store.
+
+    A base64 key may start with "/" (one in 64 does): text that spells a key and names no file is the key,
+    and no message ever repeats text that could be one."""
     if not HAS_CRYPTOGRAPHY:
         raise ParameterError("%s: encrypting snapshots needs the Python library cryptography on this host "
                              "(pip install cryptography, or Debian's python3-cryptography)" % field, field=field)
+    spelled = _decode_key_text(value)
+    if spelled is not None and not os.path.isfile(value):
+        return spelled
     if value.startswith("/"):
         try:
             st = os.stat(value)
             with open(value, "rb") as handle:
                 data = handle.read(4096)
         except (IOError, OSError) as exc:
-            raise ParameterError("%s: cannot read the key file %s: %s" % (field, value, exc), field=field)
+            if _may_be_key_text(value):  # a mistyped key, most likely: never into a message or a log
+                raise ParameterError("%s: neither a 256-bit key (32 bytes as hex or base64) nor a readable key file "
+                                     "(the value is not repeated here: it may be a key)" % field, field=field)
+            raise ParameterError("%s: cannot read the key file %s: %s" % (field, value, exc.strerror or exc),
+                                 field=field)
         if st.st_uid not in (0, os.geteuid()) or stat.S_IMODE(st.st_mode) & 0o077:
             raise ParameterError("%s: %s must be owned by root and mode 0600 or 0400 (it is uid %d, mode %o)"
                                  % (field, value, st.st_uid, stat.S_IMODE(st.st_mode)), field=field)
@@ -86,13 +113,8 @@ def load_key(value, field="encryption_key", snapshot_dir=None):
                                      % (field, value), field=field)
         if len(data) == 32:
             return data
-        value = data.decode("ascii", "replace").strip()
-    for decode in (binascii.unhexlify, lambda text: base64.b64decode(text, validate=True)):
-        try:
-            key = decode(value.strip())
-        except (ValueError, binascii.Error, TypeError):
-            continue
-        if len(key) == 32:
+        key = _decode_key_text(data.decode("ascii", "replace"))
+        if key is not None:
             return key
     raise ParameterError("%s: not a 256-bit key: give 32 bytes as hex or base64 (openssl rand -base64 32), or the path "
                          "of a file holding them" % field, field=field)
