@@ -131,7 +131,7 @@ def test_keys_come_as_base64_hex_or_a_private_file_and_nothing_else(tmp_path):
 def test_a_base64_key_that_starts_with_a_slash_is_a_key_and_never_echoed(tmp_path):
     """One random key in 64 has a base64 form starting with "/": it must not be taken for a path (and put in the
     message of a missing file)."""
-    keys = [k for k in (os.urandom(32) for _ in range(4000)) if base64.b64encode(k).startswith(b"/")][:20]
+    keys = [k for k in (os.urandom(32) for _draw in range(4000)) if base64.b64encode(k).startswith(b"/")][:20]
     assert keys, "no key with a leading slash in 4000 draws"
     for key in keys:
         assert encryption.load_key(base64.b64encode(key).decode()) == key
