@@ -204,24 +204,35 @@ def _existing(path):
     return path
 
 
+def mounts(mountinfo=None):
+    """(mount point, filesystem type) of every line of mountinfo, in its order (the last of stacked mounts
+    wins); the octal escapes of the mount point undone. The one reader of mountinfo; IOError when it cannot
+    be read."""
+    found = []
+    with open(mountinfo or MOUNTINFO) as handle:
+        for line in handle:
+            left, _sep, right = line.partition(" - ")
+            fields = left.split()
+            if len(fields) < 5 or not right:
+                continue
+            point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n") \
+                .replace("\\134", "\\")
+            found.append((point, right.split()[0]))
+    return found
+
+
 def filesystem_type(path, mountinfo=None):
     """The type of the filesystem ``path`` (or its nearest existing parent) is on, from mountinfo; None
     when it cannot be read."""
     target, best, kind = _existing(path), None, None
     try:
-        with open(mountinfo or MOUNTINFO) as handle:
-            for line in handle:
-                left, _sep, right = line.partition(" - ")
-                fields = left.split()
-                if len(fields) < 5 or not right:
-                    continue
-                mount = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n") \
-                    .replace("\\134", "\\")
-                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                if inside and (best is None or len(mount) >= len(best)):  # the last of stacked mounts wins
-                    best, kind = mount, right.split()[0]
+        found = mounts(mountinfo)
     except (IOError, OSError):
         return None
+    for point, fstype in found:
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best)):  # the last of stacked mounts wins
+            best, kind = point, fstype
     return kind
 
 

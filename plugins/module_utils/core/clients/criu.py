@@ -326,16 +326,11 @@ def read_pstree(images_dir):
 
 # -- work directories ------------------------------------------------------------------------------
 
-def mounts_below(path, mountinfo="/proc/self/mountinfo"):
+def mounts_below(path, mountinfo=None):
     """Mount points at or below ``path`` (a killed CRIU restore can leave its cgroup yard mounted)."""
     prefix = path.rstrip("/") + "/"
-    found = []
-    with open(mountinfo) as handle:
-        for line in handle:
-            point = line.split()[4].replace("\\040", " ")
-            if point == path.rstrip("/") or point.startswith(prefix):
-                found.append(point)
-    return found
+    return [point for point, _fstype in paths.mounts(mountinfo)
+            if point == path.rstrip("/") or point.startswith(prefix)]
 
 
 def remove_work_dir(path):
