@@ -237,9 +237,18 @@ class Runtime:
         self.argv = list(argv)
         self.globals, self.command, self.args = split_argv(argv)
         self.runc = RuncCli(config["runc"], self.globals, criu=config.get("criu"))
+        self._criu = None
         self.log = Log(config["log_file"])
         self._execv = execv
         self._clock = clock
+
+    @property
+    def criu(self):
+        """The one CRIU client of a restore (its version, the lazy-pages daemon); made on first use, not on the
+        calls that only pass through to runc."""
+        if self._criu is None:
+            self._criu = CriuCli(self.config["criu"] or "criu")
+        return self._criu
 
     def exec_runc(self):
         argv = self.runc.exec_argv(self.argv)
@@ -301,7 +310,7 @@ class Runtime:
             return self.exec_runc()
         container_id = create["id"]
         driver = OnCreate(self, spec, bundle, create, request, docker_record(self.config, container_id),
-                          CriuCli(self.config["criu"] or "criu").version())
+                          self.criu.version())
         trusted = keys = None
         try:
             trusted = signature.load_public_keys(self.config["trusted_keys"], "trusted_keys")

@@ -19,7 +19,6 @@ import subprocess
 
 from .. import fleet, layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
-from ..clients.criu import CriuCli
 from ..clients.runc import StoppedRestore
 from ..clients.docker import env_dict
 from ..container import read_container_record
@@ -169,8 +168,8 @@ class OnCreate(Driver):
                                          lazy_pages=lazy)
         if lazy:  # listening before runc starts: CRIU hands it the tasks' memory as they are created
             try:
-                self.lazy = criu_client.LazyPages(CriuCli(runtime.config["criu"] or "criu"), attempt.images_dir,
-                                                  work).start(min(5.0, attempt.remaining()))
+                self.lazy = criu_client.LazyPages(runtime.criu, attempt.images_dir, work).start(
+                    min(5.0, attempt.remaining()))
             except SnapshotError as exc:
                 raise Fallback("lazy_pages_failed: %s" % exc.msg)
         stopped = StoppedRestore(self.bundle, os.path.join(state, "criu.conf")) if attempt.leave_stopped else None
