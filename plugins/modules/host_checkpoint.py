@@ -25,6 +25,9 @@ description:
   - The process must be BACKED_UP (device memory copied into host memory) so that the checkpoint
     carries the device state; a leave-running checkpoint leaves it BACKED_UP, resume it with
     M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked), or let O(resume) do it right after the checkpoint.
+  - With O(device_backup) the task takes the device part itself, as M(inferops.snapshot.npu_snapshot_backup)
+    C(lock=true) would, but only once its own checks have passed and the generation's claim is held; the engine is
+    then locked for the backup, the checkpoint and the resume alone, not for the start of a second task.
 requirements:
   - jsonschema (Python library) on the target host
   - CRIU >= 4.2 on PATH, C(criu check) passing; root
@@ -67,6 +70,21 @@ options:
     description: Keep the process running after the checkpoint (it stays BACKED_UP until resumed).
     type: bool
     default: true
+  device_backup:
+    description:
+      - Lock and back up the engine's device state (recording the device part, under O(lease)) right before the
+        checkpoint, instead of expecting M(inferops.snapshot.npu_snapshot_backup) to have done it. An engine that
+        backed itself up (BACKED_UP) is accepted as that module accepts it. Needs O(require_device_part).
+      - RV(device_backup) has what the backup did; a failure there is reported with RV(step) C(device snapshot).
+    type: bool
+    default: false
+  lease:
+    description:
+      - With O(device_backup), the lease the lock and the backup carry, in seconds, as
+        O(inferops.snapshot.npu_snapshot_backup#module:lease) (V(0) for none). This task renews it while it works;
+        when the controller dies, the agent restores and unlocks the engine itself once it runs out.
+    type: float
+    default: 120
   resume:
     description:
       - Resume the engine (restore its device memory and unlock it, as M(inferops.snapshot.npu_snapshot_lock)
@@ -214,7 +232,9 @@ progress:
   type: list
   elements: str
 durations:
-  description: Seconds per stage (C(preflight), C(checkpoint), C(resume), C(encrypt), C(seal), C(publish)) and C(total).
+  description:
+    - Seconds per stage (C(preflight), C(device_backup), C(checkpoint), C(resume), C(encrypt), C(seal), C(publish))
+      and C(total).
   returned: always
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}
@@ -225,6 +245,18 @@ replaced_because:
   returned: when a snapshot was already published
   type: list
   elements: str
+device_backup:
+  description:
+    - What O(device_backup) did, as M(inferops.snapshot.npu_snapshot_backup) returns it (C(previous_state),
+      C(actions), C(device_memory_bytes), C(durations), C(lease), ...).
+  returned: when O(device_backup) ran
+  type: dict
+  sample: {previous_state: RUNNING, state: BACKED_UP, actions: [lock, backup], device_memory_bytes: 67108864}
+step:
+  description: The step that failed, C(device snapshot) (the backup of O(device_backup)) or C(host snapshot).
+  returned: failure of a started generation
+  type: str
+  sample: host snapshot
 resumed:
   description:
     - What O(resume) did (C(actions), the engine's C(state) after them, C(error) when it failed); null when the engine
@@ -267,6 +299,8 @@ ARGUMENT_SPEC = dict(
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),
     leave_running=dict(type="bool", default=True),
     resume=dict(type="bool", default=False),
+    device_backup=dict(type="bool", default=False),
+    lease=dict(type="float", default=120.0),
     timeout=dict(type="float", default=300.0),
     if_exists=dict(type="str", default="keep", choices=["keep", "replace", "fail"]),
     method=dict(type="str", default="runc", choices=["runc", "docker"]),

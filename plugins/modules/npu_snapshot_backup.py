@@ -158,10 +158,7 @@ lease:
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, device, layout, paths
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import lease_seconds
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import RuntimeRefusedError, SnapshotError
 
 ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS, **_module.GENERATION_ARGS)
 ARGUMENT_SPEC.update(snapshot_dir=dict(type="path", required=True),
@@ -180,58 +177,7 @@ def main_logic(module):
     if not module.check_mode:
         claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
     client = _module.control_client(module)
-    timeout = params["timeout"]
-    watch = Stopwatch()
-
-    reply = client.request(protocol.OP_STATE, timeout)
-    previous = reply["state"]
-    recorded = device.read_device_part(staging_dir)
-    result = dict(previous_state=previous, staging_dir=staging_dir, device_part=device.device_part_path(staging_dir),
-                  endpoint=client.where)
-
-    if previous == protocol.STATE_BACKED_UP and recorded and recorded.get("pid") == reply["pid"] \
-            and recorded.get("identity") == identity:
-        if lease and not module.check_mode:
-            reply = client.request(protocol.OP_RENEW, timeout, lease)
-        return dict(changed=False, state=previous, actions=[], pid=reply["pid"], devices=reply.get("devices", []),
-                    runtime_version=reply.get("runtime_version"), lease=reply.get("lease"),
-                    device_memory_bytes=recorded.get("device_memory_bytes"), durations={},
-                    diff=dict(before=dict(state=previous), after=dict(state=previous)), **result)
-    if previous == protocol.STATE_RUNNING and not params["lock"]:
-        raise RuntimeRefusedError(
-            "the process is RUNNING; backup needs it LOCKED: lock it first with inferops.snapshot.npu_snapshot_lock "
-            "(state=locked) or set lock=true", state=previous, **result)
-
-    operations = []
-    if previous == protocol.STATE_RUNNING:
-        operations.append(protocol.OP_LOCK)
-    if previous != protocol.STATE_BACKED_UP:
-        operations.append(protocol.OP_BACKUP)
-    if module.check_mode:
-        return dict(changed=True, state=protocol.STATE_BACKED_UP, actions=operations, pid=reply["pid"],
-                    devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
-                    device_memory_bytes=(reply.get("engine") or {}).get("device_memory_bytes"), lease=None,
-                    durations={}, diff=dict(before=dict(state=previous), after=dict(state=protocol.STATE_BACKED_UP)),
-                    **result)
-    if lease and not operations:  # backed up by the engine itself: the lease starts with this record
-        operations.append(protocol.OP_RENEW)
-
-    done = []
-    try:
-        for op in operations:
-            with watch.stage(op):
-                reply = client.request(op, timeout, lease)
-            done.append(op)
-        with watch.stage("record"):
-            part = device.build_device_part(reply, identity, watch.durations)
-            device.write_device_part(staging_dir, part)
-    except SnapshotError as exc:
-        exc.result.update(actions=done, durations=watch.durations, **result)
-        raise
-    return dict(changed=True, state=reply["state"], actions=done, pid=reply["pid"], lease=reply.get("lease"),
-                devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
-                device_memory_bytes=part["device_memory_bytes"], durations=watch.durations,
-                diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
+    return device.back_up(client, staging_dir, identity, lease, params["lock"], params["timeout"], module.check_mode)
 
 
 def main():

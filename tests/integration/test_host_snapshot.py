@@ -149,6 +149,51 @@ def test_resume_serves_again_before_the_snapshot_is_sealed(warm_snapshot, tmp_pa
     assert again["changed"] is False and again["actions"] == [], again
 
 
+def test_device_backup_locks_only_after_the_checks_and_serves_again_after_the_checkpoint(warm_snapshot, tmp_path):
+    """device_backup: one task from the lock to the resume, as the roles run it. Bad input and check mode leave the
+    engine RUNNING and nothing on disk; the real run locks after its preflight, under the lease, and the engine serves
+    before the seal; the snapshot is as complete as one taken in two tasks."""
+    w = warm_snapshot
+    pod = "backup-%s" % uuid.uuid4().hex[:6]
+    snap = snapshot_path(tmp_path, pod)
+    args = {"container": w["container"].name, "snapshot_dir": snap, "identity": identity(pod), "timeout": 120,
+            "device_backup": True, "resume": True, "lease": 60}
+    client = AgentSocketClient.for_pid(int(docker("inspect", "--format", "{{.State.Pid}}", w["container"].name)))
+
+    refused = run_module("host_checkpoint", dict(args, require_device_part=False))
+    assert refused["failed"] and refused["msg"].startswith("device_backup: needs require_device_part"), refused
+    bad_lease = run_module("host_checkpoint", dict(args, lease=-1))
+    assert bad_lease["failed"] and bad_lease["msg"].startswith("lease:"), bad_lease
+    dry = run_module("host_checkpoint", args, check=True)
+    assert dry["changed"] and dry["device_backup"]["actions"] == ["lock", "backup"], dry
+    assert client.request("state", 5)["state"] == "RUNNING"
+    assert not os.path.lexists(os.path.dirname(snap)), os.listdir(str(tmp_path))
+
+    seen = {}
+
+    def log(line):
+        if "checkpoint of" in line:  # right before CRIU starts: the engine is backed up under the lease
+            reply = client.request("state", 5)
+            seen["before"] = (reply["state"], (reply.get("lease") or {}).get("seconds"))
+        if "sealing" in line:
+            seen["sealing"] = client.request("state", 5)["state"]
+
+    params = {name: spec.get("default") for name, spec in host_checkpoint_module.ARGUMENT_SPEC.items()}
+    params.update(args)
+    result = generate.host_checkpoint(params, log=log)
+    assert result["status"] == "completed" and result["resumed"]["state"] == "RUNNING", result
+    assert result["device_backup"]["actions"] == ["lock", "backup"], result["device_backup"]
+    assert result["device_backup"]["previous_state"] == "RUNNING"
+    assert seen == {"before": ("BACKED_UP", 60.0), "sealing": "RUNNING"}, seen
+    order = list(result["durations"])
+    assert order.index("preflight") < order.index("device_backup") < order.index("checkpoint"), order
+    recorded = manifest.load_manifest(snap)
+    assert recorded["device"]["state"] == "BACKED_UP" and recorded["device"]["identity"] == identity(pod)
+    check = run_module("snapshot_verify", {"snapshot_dir": snap, "identity": identity(pod), "image": w["image"]})
+    assert check["valid"] is True, check
+    assert [w["container"].generate(p) for p in PROMPTS] == w["expected"]
+
+
 def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
     w = warm_snapshot
     snap = snapshot_path(w["root"], w["pod"])

@@ -18,8 +18,8 @@ import os
 from . import layout, paths, schema
 from .agent import protocol
 from .clients.control import AgentSocketClient
-from .clock import Deadline, utc_now
-from .errors import RuntimeRefusedError
+from .clock import Deadline, Stopwatch, utc_now
+from .errors import RuntimeRefusedError, SnapshotError
 
 RUNTIME_NAME = "ascend-acl"
 
@@ -61,6 +61,65 @@ def write_device_part(staging_dir, part):
     target = device_part_path(staging_dir)
     paths.write_file_atomic(target, (json.dumps(part, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return target
+
+
+def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=False):
+    """Take the device part: the process LOCKED (when ``lock``) and BACKED_UP under ``lease``, its record written.
+
+    The one home of the device snapshot, for npu_snapshot_backup and for host_checkpoint's ``device_backup``
+    (which runs it right before the checkpoint, so that the engine's lock window holds no module start).
+    A process already BACKED_UP with its part recorded for this identity is left alone (its lease renewed); one
+    the engine backed up itself gets its record and the lease. Returns the task's result fields.
+    """
+    reply = client.request(protocol.OP_STATE, timeout)
+    previous = reply["state"]
+    recorded = read_device_part(staging_dir)
+    result = dict(previous_state=previous, staging_dir=staging_dir, device_part=device_part_path(staging_dir),
+                  endpoint=client.where)
+    if previous == protocol.STATE_BACKED_UP and recorded and recorded.get("pid") == reply["pid"] \
+            and recorded.get("identity") == identity:
+        if lease and not check_mode:
+            reply = client.request(protocol.OP_RENEW, timeout, lease)
+        return dict(changed=False, state=previous, actions=[], pid=reply["pid"], devices=reply.get("devices", []),
+                    runtime_version=reply.get("runtime_version"), lease=reply.get("lease"),
+                    device_memory_bytes=recorded.get("device_memory_bytes"), durations={},
+                    diff=dict(before=dict(state=previous), after=dict(state=previous)), **result)
+    if previous == protocol.STATE_RUNNING and not lock:
+        raise RuntimeRefusedError(
+            "the process is RUNNING; backup needs it LOCKED: lock it first with inferops.snapshot.npu_snapshot_lock "
+            "(state=locked) or set lock=true", state=previous, **result)
+
+    operations = []
+    if previous == protocol.STATE_RUNNING:
+        operations.append(protocol.OP_LOCK)
+    if previous != protocol.STATE_BACKED_UP:
+        operations.append(protocol.OP_BACKUP)
+    if check_mode:
+        return dict(changed=True, state=protocol.STATE_BACKED_UP, actions=operations, pid=reply["pid"],
+                    devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
+                    device_memory_bytes=(reply.get("engine") or {}).get("device_memory_bytes"), lease=None,
+                    durations={}, diff=dict(before=dict(state=previous), after=dict(state=protocol.STATE_BACKED_UP)),
+                    **result)
+    if lease and not operations:  # backed up by the engine itself: the lease starts with this record
+        operations.append(protocol.OP_RENEW)
+
+    watch = Stopwatch()
+    done = []
+    try:
+        for op in operations:
+            with watch.stage(op):
+                reply = client.request(op, timeout, lease)
+            done.append(op)
+        with watch.stage("record"):
+            part = build_device_part(reply, identity, watch.durations)
+            write_device_part(staging_dir, part)
+    except SnapshotError as exc:
+        exc.result.update(actions=done, durations=watch.durations, **result)
+        raise
+    return dict(changed=True, state=reply["state"], actions=done, pid=reply["pid"], lease=reply.get("lease"),
+                devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
+                device_memory_bytes=part["device_memory_bytes"], durations=watch.durations,
+                diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
 
 
 def resume(client, timeout, restore=True, before_unlock=None):

@@ -21,7 +21,7 @@ import threading
 from . import container as container_record
 from . import claim, device, encryption, fleet, layout, manifest, paths, seal, signature, status, world
 from .agent import protocol
-from .clients.control import AgentSocketClient, LeaseKeeper
+from .clients.control import AgentSocketClient, LeaseKeeper, lease_seconds
 from .clients.criu import CriuCli
 from .clients.docker import DockerCli
 from .clients.runc import RuncCli, check_criu_config
@@ -77,8 +77,10 @@ class Checkpointer:
         self.follower = None
         self.agent = None
         self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
+        self.backup_lease = None  # the lease device_backup asks for
         self.keeper = None
         self.claim_keeper = None  # renews the generation's claim on the pod while this runs
+        self.step = "host snapshot"  # what a failure is reported as (the roles name the step that failed)
         self.docker = DockerCli(params["docker_cli"])
         self.criu = CriuCli()
         self.runc = RuncCli(global_args=["--root", params["runc_root"]])
@@ -119,10 +121,33 @@ class Checkpointer:
             if not os.path.isdir(params["encryption_workdir"]):
                 raise ParameterError("encryption_workdir: %s is not a directory" % params["encryption_workdir"],
                                      field="encryption_workdir")
+        if params.get("device_backup"):
+            if not params["require_device_part"]:
+                raise ParameterError("device_backup: needs require_device_part=true (the backup is the device part)",
+                                     field="device_backup")
+            self.backup_lease = lease_seconds(params.get("lease"))
+            self.agent = AgentSocketClient.for_pid(self.pid, params["agent_socket_dir"])
+            self.agent.request(protocol.OP_STATE, 30)  # reachable before the claim is taken
+            return
         self.device_part = device.read_device_part(self.staging_dir)
         if params["require_device_part"]:
             self._check_device_part()
         self.versions["runtime"] = (self.device_part or {}).get("runtime", {}).get("version")
+
+    def back_up_device(self, result, check_mode=False):
+        """device_backup: lock and back up the engine here, after the preflight checks and under the claim, so that
+        its lock window is the backup, the checkpoint and the resume -- no module start, no task in between."""
+        self.step = "device snapshot"
+        with self.watch.stage("device_backup"):
+            result["device_backup"] = device.back_up(self.agent, self.staging_dir, self.identity, self.backup_lease,
+                                                     True, min(self.remaining("the device backup"), 90.0),
+                                                     check_mode)
+        if check_mode:
+            return
+        self.device_part = device.read_device_part(self.staging_dir)
+        self._check_device_part()
+        self.versions["runtime"] = (self.device_part or {}).get("runtime", {}).get("version")
+        self.step = "host snapshot"
 
     def _check_device_part(self):
         if self.device_part is None:
@@ -271,9 +296,11 @@ class Checkpointer:
         params = self.params
         result = dict(snapshot_dir=self.snapshot_dir, durations=self.watch.durations, progress=self.progress.lines)
         status.update(self.snapshot_dir, "generating", identity=self.identity)
-        if self.lease:  # renewed until the snapshot is published; never while CRIU dumps the process
-            self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note).start()
         try:
+            if params.get("device_backup"):
+                self.back_up_device(result)
+            if self.lease:  # renewed until the snapshot is published; never while CRIU dumps the process
+                self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note).start()
             self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
                                force=True)
             with self.watch.stage("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
@@ -306,7 +333,7 @@ class Checkpointer:
             status.update(self.snapshot_dir, "failed", reason=reason)
             if not isinstance(exc, SnapshotError):
                 raise
-            exc.result.update(result, status="failed", cleaned=[self.staging_dir])
+            exc.result.update(result, status="failed", cleaned=[self.staging_dir], step=self.step)
             raise
         if self.keeper:
             self.keeper.stop()
@@ -358,6 +385,8 @@ def host_checkpoint(params, check_mode=False, log=None):
     with job.watch.stage("preflight"):
         job.preflight()
     if check_mode:
+        if params.get("device_backup"):
+            job.back_up_device(result, check_mode=True)
         return dict(result, changed=True, status="completed", versions=job.versions)
     return dict(job.run(), **result)
 
