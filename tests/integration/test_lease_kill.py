@@ -270,7 +270,8 @@ class Role:
     lease through module_defaults for a role that does not pass one to its modules yet."""
 
     resumes = True  # its host_checkpoint may resume the engine right after the checkpoint (resume: true)
-    names = {"warmup": ROLE + "Wait for the warmup", "lock": ROLE + "Device snapshot", "backup": ROLE + "Device snapshot",
+    names = {"warmup": ROLE + "Wait for the warmup", "lock": ROLE + "Device and host snapshot",
+             "backup": ROLE + "Device and host snapshot",
              "verify": ROLE + "Checksum", "unlock": ROLE + "Unlock the engine"}
 
     def __init__(self, pod):
