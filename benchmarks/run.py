@@ -244,6 +244,7 @@ class Bench:
         self.runtime_installed = False
         self.encryption = None  # {"key_file"} when host_checkpoint has encryption_key
         self.has_resume = False  # host_checkpoint has resume
+        self.has_device_backup = False  # host_checkpoint has device_backup
         self.lazy_pages = False  # the node runtime has lazy_pages and this kernel has userfaultfd
         self.staging = False  # the collection has the node cache of verified snapshots (core/stage.py)
 
@@ -752,6 +753,10 @@ class Bench:
                     self.settle()
                     gen = self.playbook("generate", [w], **self.resume_var(False))
                     self.record_generate(gen, w, rep, "host_checkpoint_runc_unlock_task")
+            if self.has_device_backup:  # the sequence before it: the backup in a task of its own, side by side
+                self.settle()
+                gen = self.playbook("generate", [w], **self.resume_var(True, device_backup=False))
+                self.record_generate(gen, w, rep, "host_checkpoint_runc_backup_task")
             self.settle()
             gen = self.playbook("generate", [w], **self.resume_var(True))
             sample = self.record_generate(gen, w, rep, "host_checkpoint_runc")
@@ -844,13 +849,17 @@ class Bench:
                "backup_s": by_op.get("backup", (None, None))[1], "restore_s": by_op.get("restore", (None, None))[1]}
         if "backup" in by_op:
             out["between_s"] = round(resume_start - by_op["backup"][0], 4)
-            if checkpoint_started is not None:
-                out["to_checkpoint_s"] = round(checkpoint_started - by_op["backup"][0], 4)
+            if checkpoint_started is not None:  # 0 when host_checkpoint took the backup itself (device_backup)
+                out["to_checkpoint_s"] = round(max(0.0, checkpoint_started - by_op["backup"][0]), 4)
         return out
 
-    def resume_var(self, resume):
-        """Playbook vars: host_checkpoint's resume when this checkout has it (else the playbook's unlock task resumes)."""
-        return {"bench_resume": resume} if self.has_resume else {}
+    def resume_var(self, resume, device_backup=True):
+        """Playbook vars: host_checkpoint's resume when this checkout has it (else the playbook's unlock task resumes),
+        and its device_backup (the roles' sequence) unless ``device_backup`` is false or it has none."""
+        out = {"bench_resume": resume} if self.has_resume else {}
+        if self.has_device_backup and resume and device_backup:
+            out["bench_device_backup"] = True
+        return out
 
     def encryption_size_mb(self):
         """Encrypted vs plain is measured at 2 GiB, or at the largest size of the run below it (a quick run)."""
@@ -1334,7 +1343,10 @@ class Bench:
         self.encryption = None if args.no_encryption else self.detect_encryption()
         # host_checkpoint's resume (issue 11 item 5: the engine unlocked right after the checkpoint), as the roles use it
         self.has_resume = "resume" in self.module_options("host_checkpoint")
+        # host_checkpoint's device_backup (the lock and the backup inside it, after its checks), as the roles use it
+        self.has_device_backup = "device_backup" in self.module_options("host_checkpoint")
         result["resume"] = self.has_resume
+        result["device_backup"] = self.has_device_backup
         result["restore_methods"] = ["default"] + self.restore_methods
         result["restore_default"] = self.restore_default
         result["fastest_method"] = self.fastest_method()
