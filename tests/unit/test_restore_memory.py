@@ -87,3 +87,19 @@ def test_filesystem_type_reads_mountinfo(tmp_path):
     assert paths.is_tmpfs(str(spaced / "x"), str(info)) and not paths.is_tmpfs("/var/tmp", str(info))
     assert paths.filesystem_type("/dev/shmx", str(info)) == "ext4", "a prefix of a name is not its mount"
     assert paths.filesystem_type("/x", str(tmp_path / "absent")) is None
+
+
+def test_an_encrypted_snapshot_without_its_key_says_so_before_it_says_memory_or_space(tmp_path, monkeypatch):
+    """A host without the key could never restore it, whatever room it had: that is the reason, not the room."""
+    key = os.urandom(32)
+    snap = make(tmp_path, size=3 << 20, encryption_key=key)
+    monkeypatch.setattr(proc, "MEMINFO", meminfo(tmp_path, 1024))  # too little memory as well
+    monkeypatch.setattr(paths, "free_bytes", lambda path: 1 << 20)  # and too little room to decrypt
+    other = os.urandom(32)
+    for keys in ({}, {encryption.key_id(other): other}):
+        driver = Fake()
+        attempt = pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False, keys=keys))
+        assert not attempt.restored and driver.cold and driver.read_from is None, attempt.reason
+        assert attempt.reason.startswith("encrypted: the snapshot is encrypted with key %s" % encryption.key_id(key)), \
+            attempt.reason
+        assert "insufficient" not in attempt.reason, attempt.reason

@@ -228,6 +228,7 @@ def run(driver, attempt):
             if not attempt.verdict["valid"]:
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
+            _check_key(attempt)  # a host without the key says so, not that it lacks the room to decrypt
             _check_memory(attempt)  # before anything is decrypted or restored
             if deferred:
                 pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers).start()
@@ -368,13 +369,19 @@ class PageCheck:
         return self.reasons
 
 
-def decrypt(attempt):
-    """The plaintext of an encrypted snapshot, in a private directory (0700) below ``attempt.decrypt_dir``."""
-    described = attempt.manifest["encryption"]
-    if described["key_id"] not in attempt.keys:
+def _check_key(attempt):
+    """An encrypted snapshot needs its key on this host: the first thing said about it when the key is missing."""
+    described = attempt.manifest.get("encryption")
+    if described and described["key_id"] not in attempt.keys:
         raise Fallback("encrypted: the snapshot is encrypted with key %s and this host has %s; configure that key "
                        "(encryption_keys)" % (described["key_id"], "keys %s" % ", ".join(sorted(attempt.keys))
                                               if attempt.keys else "no key"))
+
+
+def decrypt(attempt):
+    """The plaintext of an encrypted snapshot, in a private directory (0700) below ``attempt.decrypt_dir``."""
+    described = attempt.manifest["encryption"]
+    _check_key(attempt)
     if not os.path.isdir(attempt.decrypt_dir):
         os.makedirs(attempt.decrypt_dir, 0o700)
     attempt.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=attempt.decrypt_dir)  # 0700, ours alone
