@@ -230,6 +230,7 @@ def run(driver, attempt):
             attempt.manifest = attempt.verdict.pop("manifest")
             _check_key(attempt)  # a host without the key says so, not that it lacks the room to decrypt
             _check_memory(attempt)  # before anything is decrypted or restored
+            deferred = _leave_to_decryption(attempt, deferred)
             if deferred:
                 pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers).start()
                 attempt.leave_stopped = True
@@ -367,6 +368,35 @@ class PageCheck:
         if self._thread.is_alive():
             return ["timeout: the page images were still being hashed when the restore's deadline came"]
         return self.reasons
+
+
+def authenticated_by_decryption(attempt):
+    """The encrypted files whose bytes decrypting them authenticates, when hashing them would prove no more.
+
+    Without a signature required (``trusted``) and without a fingerprint known from outside the store
+    (``checksum``, a pod annotation), checksum.sha256 is only as trustworthy as the store that holds it: whoever
+    can rewrite a file can rewrite its checksum. AES-GCM under this host's key refuses every byte that a holder of
+    the key did not write, a truncation and a reordering included, so for those files it is the stronger check and
+    the hash is left out (their listing, sizes and the manifest's digests are still checked). With trusted keys or an
+    expected fingerprint the checksums are bound to something the store cannot rewrite, and every key holder (each
+    restoring node) could forge ciphertext: those snapshots are hashed in full."""
+    described = (attempt.manifest or {}).get("encryption")
+    if not described or attempt.trusted or attempt.checksum or described["key_id"] not in attempt.keys:
+        return set()
+    return set(described["files"])
+
+
+def _leave_to_decryption(attempt, deferred):
+    """``deferred`` without the files the decryption authenticates (recorded in the verdict)."""
+    by_decryption = authenticated_by_decryption(attempt) if deferred else set()
+    left = [rel for rel in deferred["listed"] if rel in by_decryption] if by_decryption else []
+    if not left:
+        return deferred
+    attempt.verdict["authenticated_by_decryption"] = sorted(left)
+    kept = dict(whole=[rel for rel in deferred["whole"] if rel not in by_decryption],
+                chunked=dict((rel, item) for rel, item in deferred["chunked"].items() if rel not in by_decryption),
+                listed=dict((rel, digest) for rel, digest in deferred["listed"].items() if rel not in by_decryption))
+    return kept if kept["listed"] else None
 
 
 def _check_key(attempt):
