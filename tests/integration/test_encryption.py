@@ -119,6 +119,9 @@ def test_the_runtime_with_the_key_restores_it_and_removes_the_plaintext(encrypte
         c, record = run_restored(e, node, e["snaps"]["encrypted"], name)
         assert record["outcome"] == "restored", record
         assert "decrypt" in record["durations"], record["durations"]
+        # no trusted keys, no annotation: the page images' ciphertext is authenticated by its decryption alone
+        by_decryption = record["verify"].get("authenticated_by_decryption") or []
+        assert by_decryption and all("/pages-" in f for f in by_decryption), record["verify"]
         assert [c.generate(p) for p in PROMPTS] == e["expected"]
         assert [n for n in os.listdir("/dev/shm") if n.startswith("inferops-plain-")] == []
     finally:

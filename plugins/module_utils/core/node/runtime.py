@@ -402,7 +402,8 @@ def _verify_summary(attempt):
     return {"valid": verdict.get("valid"), "bytes": verdict.get("bytes"), "files": verdict.get("files"),
             "throughput_mb_s": verdict.get("throughput_mb_s"), "overlapped": verdict.get("overlapped"),
             "hashed_bytes": verdict.get("hashed_bytes"), "checksums": verdict.get("checksums"),
-            "staged": verdict.get("staged"), "staged_miss": verdict.get("staged_miss")}
+            "staged": verdict.get("staged"), "staged_miss": verdict.get("staged_miss"),
+            "authenticated_by_decryption": verdict.get("authenticated_by_decryption")}
 
 
 def main(argv, config_path=None):
