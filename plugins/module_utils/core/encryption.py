@@ -153,6 +153,14 @@ def _plaintext_size(stored_size, chunk_bytes):
     return size if size >= 0 and len(_chunks(size, chunk_bytes)) == count else None
 
 
+def _lower_priority():
+    """This thread yields the CPU to CRIU and to the engine (Linux: a thread's nice value is its own)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
 class _Buffers:
     """Reused chunk buffers. A fresh 4 MiB bytes object per chunk costs more than the cipher: in a worker
     thread glibc serves it from an arena it trims again on free, so every chunk page-faults its buffer in
@@ -321,13 +329,12 @@ class Follower(follow.Follower):
     """Encrypts the big files of ``source_dir`` into ``target_dir`` while CRIU writes them, so that the encryption
     overlaps the checkpoint (and the engine's resume) instead of following it.
 
-    A file is followed once it reaches ``min_size`` (follow.Follower): its thread seals each chunk as soon as it is
-    whole and it is known whether it is the last (the associated data says so) -- once a byte beyond it exists, or
-    the writer is done -- and writes the ciphertext front to back, where seal.Follower hashes it as it grows (at the
-    same priority: a lower one would starve it behind the hashing of what it wrote, which waits for it).
-    ``finish()`` after CRIU has exited: the rest of each file is sealed, and the relpaths (below ``prefix``)
-    encrypted whole are returned; a file that went wrong (it shrank, vanished, could not be read) is removed from
-    the target and left out, to be encrypted afterwards with the others (encrypt_tree).
+    A file is followed once it reaches ``min_size`` (follow.Follower): its thread, at a lower priority than CRIU and
+    the engine, seals each chunk as soon as it is whole and it is known whether it is the last (the associated data
+    says so) -- once a byte beyond it exists, or the writer is done -- and writes the ciphertext front to back, where
+    seal.Follower hashes it as it grows. ``finish()`` after CRIU has exited: the rest of each file is sealed, and the
+    relpaths (below ``prefix``) encrypted whole are returned; a file that went wrong (it shrank, vanished, could not
+    be read) is removed from the target and left out, to be encrypted afterwards with the others (encrypt_tree).
     ``abort()`` stops and removes what was written.
     """
 
@@ -340,6 +347,7 @@ class Follower(follow.Follower):
         return os.path.join(self.target_dir, self.relpath(path))
 
     def follow(self, path, entry):
+        _lower_priority()
         target = self._target(path)
         paths.ensure_dir(os.path.dirname(target))
         fd_in = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
