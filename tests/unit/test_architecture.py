@@ -241,8 +241,8 @@ def test_no_hand_written_poll_loop_is_left():
                 body = ast.dump(node)
                 if "sleep" in body or "'wait'" in body and "Event" not in body:
                     loops.append("%s:%d" % (path.relative_to(REPO), node.lineno))
-    # the followers wait on the writer's Event (not a deadline wait), in follow.Follower.pause: allowed by name
-    loops = [loop for loop in loops if not loop.startswith(("plugins/module_utils/core/follow.py",
+    # the Follower waits on its Event for the writer (not a deadline wait): allowed by name
+    loops = [loop for loop in loops if not loop.startswith(("plugins/module_utils/core/seal.py",
                                                             "plugins/module_utils/core/clock.py"))]
     assert not loops, "use core/clock.wait_for: %s" % loops
 

@@ -38,7 +38,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from . import follow, layout, paths, signature
+from . import layout, paths, signature
 from .errors import ParameterError, SnapshotError
 
 try:
@@ -325,48 +325,80 @@ def decrypt_file(keys, source, target, relpath, pool=None):
         os.close(fd_in)
 
 
-class Follower(follow.Follower):
+class Follower(object):
     """Encrypts the big files of ``source_dir`` into ``target_dir`` while CRIU writes them, so that the encryption
     overlaps the checkpoint (and the engine's resume) instead of following it.
 
-    A file is followed once it reaches ``min_size`` (follow.Follower): its thread, at a lower priority than CRIU and
-    the engine, seals each chunk as soon as it is whole and it is known whether it is the last (the associated data
-    says so) -- once a byte beyond it exists, or the writer is done -- and writes the ciphertext front to back, where
-    seal.Follower hashes it as it grows. ``finish()`` after CRIU has exited: the rest of each file is sealed, and the
-    relpaths (below ``prefix``) encrypted whole are returned; a file that went wrong (it shrank, vanished, could not
-    be read) is removed from the target and left out, to be encrypted afterwards with the others (encrypt_tree).
-    ``abort()`` stops and removes what was written.
+    CRIU writes its images front to back and never goes back (seal.Follower's assumption too). A file is followed
+    once it reaches ``min_size``: one thread (at a lower priority than CRIU and the engine) seals each chunk as soon
+    as it is whole and the next byte exists -- a chunk is sealed only once it is known whether it is the last,
+    which its associated data says -- and writes the ciphertext front to back, where seal.Follower hashes it as it
+    grows. ``finish()`` after CRIU has exited: the rest of each file is sealed, and the relpaths encrypted whole are
+    returned; a file that went wrong (it shrank, vanished, could not be read) is removed from the target and left
+    out, to be encrypted afterwards with the others (encrypt_tree). ``abort()`` stops and removes what was written.
     """
 
     def __init__(self, key, source_dir, target_dir, prefix="", min_size=16 * 1024 * 1024, chunk_bytes=CHUNK_BYTES,
                  poll=0.02):
-        super(Follower, self).__init__(source_dir, min_size, poll)
-        self.key, self.target_dir, self.prefix, self.chunk_bytes = key, target_dir, prefix, chunk_bytes
+        self.key, self.source_dir, self.target_dir, self.prefix = key, source_dir, target_dir, prefix
+        self.min_size, self.chunk_bytes, self.poll = min_size, chunk_bytes, poll
+        self.done = threading.Event()
+        self.aborted = False
+        self.files = {}
+        self.scanner = threading.Thread(target=self._scan, name="inferops-encrypt-scan")
+        self.scanner.daemon = True
 
-    def _target(self, path):
-        return os.path.join(self.target_dir, self.relpath(path))
+    def start(self):
+        self.scanner.start()
+        return self
 
-    def follow(self, path, entry):
+    def _scan(self):
+        while True:
+            finished = self.done.is_set()
+            for directory, _dirs, names in os.walk(self.source_dir):
+                for name in names:
+                    path = os.path.join(directory, name)
+                    if path in self.files:
+                        continue
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and st.st_size >= self.min_size:
+                        rel = os.path.relpath(path, self.source_dir)
+                        entry = {"rel": rel, "thread": threading.Thread(target=self._follow, args=(path, rel),
+                                                                        name="inferops-encrypt")}
+                        entry["thread"].daemon = True
+                        self.files[path] = entry
+                        entry["thread"].start()
+            if finished or self.aborted:
+                return
+            self.done.wait(self.poll)
+
+    def _follow(self, path, rel):
+        entry = self.files[path]
+        relpath = "/".join(part for part in (self.prefix, rel) if part)
+        target = os.path.join(self.target_dir, rel)
         _lower_priority()
-        target = self._target(path)
-        paths.ensure_dir(os.path.dirname(target))
-        fd_in = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             paths.FILE_MODE)
+            paths.ensure_dir(os.path.dirname(target))
+            fd_in = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                self._encrypt(fd_in, fd_out, "/".join(part for part in (self.prefix, self.relpath(path)) if part))
+                fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 paths.FILE_MODE)
+                try:
+                    self._encrypt(fd_in, fd_out, relpath)
+                finally:
+                    os.close(fd_out)
             finally:
-                os.close(fd_out)
-        finally:
-            os.close(fd_in)
-        entry["encrypted"] = True
-
-    def given_up(self, path, entry):
-        try:
-            os.unlink(self._target(path))
-        except OSError:
-            pass
+                os.close(fd_in)
+            entry["encrypted"] = True
+        except (OSError, ValueError) as exc:
+            entry["error"] = str(exc)
+            try:
+                os.unlink(target)
+            except OSError:
+                pass
 
     def _encrypt(self, fd_in, fd_out, relpath):
         prefix = os.urandom(8)
@@ -384,11 +416,11 @@ class Follower(follow.Follower):
             index[0] += 1
 
         chunk = self.chunk_bytes
-        pos, held = 0, None  # held: a whole chunk, sealed once it is known whether it is the last
+        pos, held = 0, None  # held: a whole chunk sealed only once it is known whether it is the last
         while True:
             if self.aborted:
                 raise ValueError("aborted")
-            writer_done = self.writer_done()  # read before the size: then the size below is final
+            writer_done = self.done.is_set()  # read before the size: then the size below is final
             size = os.fstat(fd_in).st_size
             if size < pos:
                 raise ValueError("shrank while it was written")
@@ -398,10 +430,11 @@ class Follower(follow.Follower):
                 held, moved = None, True
             if held is None and size >= pos + chunk:
                 held, pos, moved = pos, pos + chunk, True
-            if not moved:
-                if writer_done:
-                    break
-                self.pause()
+            if moved:
+                continue
+            if writer_done:
+                break
+            self.done.wait(self.poll)
         if size > pos:
             seal(pos, size - pos, True)
         elif held is not None:
@@ -411,12 +444,23 @@ class Follower(follow.Follower):
 
     def finish(self):
         """CRIU has exited: seal the rest of every followed file; the relpaths (below ``prefix``) encrypted whole."""
-        return set("/".join(part for part in (self.prefix, self.relpath(path)) if part)
-                   for path, entry in self.stop() if entry.get("encrypted"))
+        self.done.set()
+        self.scanner.join()
+        for entry in list(self.files.values()):
+            entry["thread"].join()
+        return set("/".join(part for part in (self.prefix, entry["rel"]) if part)
+                   for entry in self.files.values() if entry.get("encrypted"))
 
     def abort(self):
-        for path, entry in self.stop(abort=True):
-            self.given_up(path, entry)
+        self.aborted = True
+        self.done.set()
+        self.scanner.join()
+        for entry in list(self.files.values()):
+            entry["thread"].join()
+            try:
+                os.unlink(os.path.join(self.target_dir, entry["rel"]))
+            except OSError:
+                pass
 
 
 def bounded_map(pool, function, items, window=8):

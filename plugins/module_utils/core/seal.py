@@ -18,11 +18,12 @@ __metaclass__ = type
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import follow, layout, manifest, paths, schema, signature
+from . import layout, manifest, paths, schema, signature
 from .manifest import CHUNK, CHUNK_INDEX, hash_tree
 
 
@@ -66,60 +67,101 @@ def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, k
     return results, stats
 
 
-class Follower(follow.Follower):
+class Follower(object):
     """Hashes the big files of a directory while another process writes them, so that sealing does not
     read them again (the checkpoint's page images, read from the page cache while they are still there).
 
-    A file is followed once it reaches ``min_size`` (follow.Follower): one thread reads it as it grows and
-    keeps the whole-file digest, and each chunk, once written, is hashed by a pool thread. Call ``finish()``
+    CRIU and tar write their image files front to back and never go back; that is the assumption.
+    A file is followed once it reaches ``min_size``: one thread reads it as it grows and keeps the
+    whole-file digest, and each chunk, once written, is hashed by a pool thread. Call ``finish()``
     after the writer has exited: the followers read on to the end of each file and the results are
     returned as {relpath: (size, sha256, [chunk sha256, ...])}. Anything that went wrong with a file
     (it shrank, vanished, could not be read) just leaves it out: sealing then hashes it as usual.
     """
 
     def __init__(self, root, prefix="", min_size=None, chunk_bytes=None, workers=None, poll=0.02):
-        super(Follower, self).__init__(root, min_size or 4 * CHUNK, poll)
-        self.prefix = prefix
+        self.root, self.prefix, self.poll = root, prefix, poll
         self.chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
+        self.min_size = min_size or 4 * CHUNK
+        self.done = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=workers or max(1, (os.cpu_count() or 1) - 1))
+        self.files = {}
+        self.lock = threading.Lock()
+        self.scanner = threading.Thread(target=self._scan, name="inferops-follow-scan")
+        self.scanner.daemon = True
 
-    def follow(self, path, entry):
-        digest = hashlib.sha256()
-        chunks = []
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        pos = 0
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    def start(self):
+        self.scanner.start()
+        return self
+
+    def _scan(self):
+        while True:
+            finished = self.done.is_set()
+            for directory, _dirs, names in os.walk(self.root):
+                for name in names:
+                    path = os.path.join(directory, name)
+                    if path in self.files:
+                        continue
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and st.st_size >= self.min_size:
+                        thread = threading.Thread(target=self._follow, args=(path,), name="inferops-follow")
+                        thread.daemon = True
+                        with self.lock:
+                            self.files[path] = {"thread": thread}
+                        thread.start()
+            if finished:
+                return
+            self.done.wait(self.poll)
+
+    def _follow(self, path):
+        entry = self.files[path]
         try:
-            while True:
-                writer_done = self.writer_done()  # read before the size: then EOF below is final
-                size = os.fstat(fd).st_size
-                if size < pos:
-                    raise ValueError("shrank while being written")
-                start = pos
-                while pos < size:
-                    want = min(CHUNK, size - pos, self.chunk_bytes - pos % self.chunk_bytes)  # never across a chunk
-                    n = os.preadv(fd, [view[:want]], pos)
-                    if not n:
+            digest = hashlib.sha256()
+            chunks = []
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            pos = 0
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                while True:
+                    writer_done = self.done.is_set()  # read before the size: then EOF below is final
+                    size = os.fstat(fd).st_size
+                    if size < pos:
+                        raise ValueError("shrank while being written")
+                    start = pos
+                    while pos < size:
+                        want = min(CHUNK, size - pos, self.chunk_bytes - pos % self.chunk_bytes)  # never across a chunk
+                        n = os.preadv(fd, [view[:want]], pos)
+                        if not n:
+                            break
+                        digest.update(view[:n])
+                        pos += n
+                        if pos % self.chunk_bytes == 0:
+                            chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
+                    if writer_done and pos >= os.fstat(fd).st_size:
                         break
-                    digest.update(view[:n])
-                    pos += n
-                    if pos % self.chunk_bytes == 0:
-                        chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
-                if self.aborted or writer_done and pos >= os.fstat(fd).st_size:
-                    break
-                if pos == start:
-                    self.pause()  # nothing new yet
-        finally:
-            os.close(fd)
-        if pos % self.chunk_bytes:
-            chunks.append(self.pool.submit(manifest.hash_range, path, pos - pos % self.chunk_bytes, pos % self.chunk_bytes))
-        entry["result"] = (pos, digest.hexdigest(), chunks)
+                    if pos == start and not writer_done:
+                        self.done.wait(self.poll)  # nothing new yet
+            finally:
+                os.close(fd)
+            if pos % self.chunk_bytes:
+                chunks.append(self.pool.submit(manifest.hash_range, path, pos - pos % self.chunk_bytes, pos % self.chunk_bytes))
+            entry["result"] = (pos, digest.hexdigest(), chunks)
+        except (OSError, ValueError) as exc:
+            entry["error"] = str(exc)
 
     def finish(self, timeout=None):
         """The writer has exited: finish every followed file and return their digests."""
+        self.done.set()
+        self.scanner.join(timeout)
         results = {}
-        for path, entry in self.stop(timeout):
+        with self.lock:
+            followed = list(self.files.items())
+        for path, entry in followed:
+            entry["thread"].join(timeout)
             if "result" not in entry:
                 continue
             size, digest, futures = entry["result"]
@@ -129,14 +171,17 @@ class Follower(follow.Follower):
                 continue  # a chunk could not be read back: sealing hashes the file itself
             if sum(length for length, _d in parts) != size:
                 continue
-            rel = os.path.join(self.prefix, self.relpath(path))
+            rel = os.path.join(self.prefix, os.path.relpath(path, self.root))
             results[rel] = (size, digest, [d for _length, d in parts])
         self.pool.shutdown(wait=True)
         return results
 
     def abort(self):
         """The writer failed: stop following, discard everything."""
-        self.stop(abort=True)
+        self.done.set()
+        self.scanner.join()
+        for entry in list(self.files.values()):
+            entry["thread"].join()
         self.pool.shutdown(wait=True)
 
 
