@@ -264,14 +264,6 @@ resumed:
   returned: when a generation ran
   type: dict
   sample: {actions: [restore, unlock], state: RUNNING, error: null}
-encrypted_during_checkpoint:
-  description:
-    - With O(encryption_key), the big image files that were encrypted while CRIU wrote them (the others, and any
-      such file that could not be followed, are encrypted after the checkpoint).
-  returned: success
-  type: list
-  elements: str
-  sample: [host/criu/pages-1.img]
 signed_by:
   description: Id of the key that signed the snapshot (null when O(signing_key) was not given).
   returned: success

@@ -77,10 +77,6 @@ def encrypted(node, docker_env, tmp_path_factory):
             args["encryption_key"] = str(key)
         result = run_module("host_checkpoint", args)
         assert result["status"] == "completed", result
-        if kind == "encrypted":  # the page images were encrypted while CRIU wrote them, not read again after
-            assert [f for f in result["encrypted_during_checkpoint"] if "/pages-" in f], result
-        else:
-            assert result["encrypted_during_checkpoint"] == [], result
         assert run_module("npu_snapshot_lock", dict(target, state="unlocked"))["state"] == "RUNNING"
         snaps[kind] = snap
     container.remove()

@@ -10,13 +10,10 @@ ciphertext, so that any node can verify a snapshot without the key, and only a n
 restore it. Plaintext exists only in a private directory (0700, tmpfs by default) while CRIU writes or
 reads it, and is removed afterwards, also on failure.
 
-File format (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | 0 (8)``, then the chunks, each
-``AES-256-GCM(key, nonce = prefix | chunk index, aad = path | index | last?)`` with its 16-byte tag. The
-associated data binds every chunk to its file and place: chunks cannot be swapped, reordered, dropped or
-taken from another file; any change is an authentication failure. The plaintext's size follows from the
-file's (every chunk but the last is whole), so a file can be encrypted front to back while CRIU is still
-writing it (``Follower``). Files of the first format (``MAGIC_V1``: the plaintext size in the header's last
-field, written once the whole file was known) are still read.
+File format (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | plaintext size (8)``, then the
+chunks, each ``AES-256-GCM(key, nonce = prefix | chunk index, aad = path | index | last?)`` with its
+16-byte tag. The associated data binds every chunk to its file and place: chunks cannot be swapped,
+reordered, dropped or taken from another file; any change is an authentication failure.
 
 Keys are 32 random bytes (``openssl rand 32 > key``, or their base64 or hex): from Ansible Vault as
 text, or a root-owned 0600 file outside the snapshot store. Several keys may be configured for
@@ -49,8 +46,7 @@ except ImportError:
     HAS_CRYPTOGRAPHY = False
 
 ALGORITHM = "aes-256-gcm-chunked"
-MAGIC = b"IOSENC\x02\x00"
-MAGIC_V1 = b"IOSENC\x01\x00"
+MAGIC = b"IOSENC\x01\x00"
 HEADER = struct.Struct("<8s8sIQ")
 CHUNK_BYTES = 4 * 1024 * 1024
 TAG_BYTES = 16
@@ -142,25 +138,6 @@ def _chunks(size, chunk_bytes):
     return [(index, index * chunk_bytes, min(chunk_bytes, size - index * chunk_bytes)) for index in range(count)]
 
 
-def _plaintext_size(stored_size, chunk_bytes):
-    """The plaintext size of a file of ``stored_size`` bytes (header included), or None when no plaintext
-    encrypts to exactly that many (every chunk but the last whole, the last one 0 bytes only when it is alone)."""
-    body = stored_size - HEADER.size
-    if body < TAG_BYTES:
-        return None
-    count = (body + chunk_bytes + TAG_BYTES - 1) // (chunk_bytes + TAG_BYTES)
-    size = body - count * TAG_BYTES
-    return size if size >= 0 and len(_chunks(size, chunk_bytes)) == count else None
-
-
-def _lower_priority():
-    """This thread yields the CPU to CRIU and to the engine (Linux: a thread's nice value is its own)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
-
-
 class _Buffers:
     """Reused chunk buffers. A fresh 4 MiB bytes object per chunk costs more than the cipher: in a worker
     thread glibc serves it from an arena it trims again on free, so every chunk page-faults its buffer in
@@ -234,7 +211,7 @@ def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
     prefix = os.urandom(8)
     size = os.path.getsize(source)
     plan = _chunks(size, chunk_bytes)
-    header = HEADER.pack(MAGIC, prefix, chunk_bytes, 0)
+    header = HEADER.pack(MAGIC, prefix, chunk_bytes, size)
     plain_buffers, sealed_buffers = _Buffers(chunk_bytes), _Buffers(chunk_bytes + TAG_BYTES + SLACK)
     fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
@@ -279,13 +256,8 @@ def decrypt_file(keys, source, target, relpath, pool=None):
         if len(head) != HEADER.size:
             raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
         magic, prefix, chunk_bytes, size = HEADER.unpack(head)
-        if magic not in (MAGIC, MAGIC_V1) or not 0 < chunk_bytes <= 256 * 1024 * 1024:
+        if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
             raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
-        if magic == MAGIC:
-            size = _plaintext_size(os.fstat(fd_in).st_size, chunk_bytes)
-            if size is None:
-                raise DecryptError("decrypt_failed: %s has %d bytes, which no whole ciphertext has (cut or grown)"
-                                   % (relpath, os.fstat(fd_in).st_size))
         plan = _chunks(size, chunk_bytes)
         expected = HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan)
         if os.fstat(fd_in).st_size != expected:
@@ -323,144 +295,6 @@ def decrypt_file(keys, source, target, relpath, pool=None):
             os.close(fd_out)
     finally:
         os.close(fd_in)
-
-
-class Follower(object):
-    """Encrypts the big files of ``source_dir`` into ``target_dir`` while CRIU writes them, so that the encryption
-    overlaps the checkpoint (and the engine's resume) instead of following it.
-
-    CRIU writes its images front to back and never goes back (seal.Follower's assumption too). A file is followed
-    once it reaches ``min_size``: one thread (at a lower priority than CRIU and the engine) seals each chunk as soon
-    as it is whole and the next byte exists -- a chunk is sealed only once it is known whether it is the last,
-    which its associated data says -- and writes the ciphertext front to back, where seal.Follower hashes it as it
-    grows. ``finish()`` after CRIU has exited: the rest of each file is sealed, and the relpaths encrypted whole are
-    returned; a file that went wrong (it shrank, vanished, could not be read) is removed from the target and left
-    out, to be encrypted afterwards with the others (encrypt_tree). ``abort()`` stops and removes what was written.
-    """
-
-    def __init__(self, key, source_dir, target_dir, prefix="", min_size=16 * 1024 * 1024, chunk_bytes=CHUNK_BYTES,
-                 poll=0.02):
-        self.key, self.source_dir, self.target_dir, self.prefix = key, source_dir, target_dir, prefix
-        self.min_size, self.chunk_bytes, self.poll = min_size, chunk_bytes, poll
-        self.done = threading.Event()
-        self.aborted = False
-        self.files = {}
-        self.scanner = threading.Thread(target=self._scan, name="inferops-encrypt-scan")
-        self.scanner.daemon = True
-
-    def start(self):
-        self.scanner.start()
-        return self
-
-    def _scan(self):
-        while True:
-            finished = self.done.is_set()
-            for directory, _dirs, names in os.walk(self.source_dir):
-                for name in names:
-                    path = os.path.join(directory, name)
-                    if path in self.files:
-                        continue
-                    try:
-                        st = os.lstat(path)
-                    except OSError:
-                        continue
-                    if stat.S_ISREG(st.st_mode) and st.st_size >= self.min_size:
-                        rel = os.path.relpath(path, self.source_dir)
-                        entry = {"rel": rel, "thread": threading.Thread(target=self._follow, args=(path, rel),
-                                                                        name="inferops-encrypt")}
-                        entry["thread"].daemon = True
-                        self.files[path] = entry
-                        entry["thread"].start()
-            if finished or self.aborted:
-                return
-            self.done.wait(self.poll)
-
-    def _follow(self, path, rel):
-        entry = self.files[path]
-        relpath = "/".join(part for part in (self.prefix, rel) if part)
-        target = os.path.join(self.target_dir, rel)
-        _lower_priority()
-        try:
-            paths.ensure_dir(os.path.dirname(target))
-            fd_in = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 paths.FILE_MODE)
-                try:
-                    self._encrypt(fd_in, fd_out, relpath)
-                finally:
-                    os.close(fd_out)
-            finally:
-                os.close(fd_in)
-            entry["encrypted"] = True
-        except (OSError, ValueError) as exc:
-            entry["error"] = str(exc)
-            try:
-                os.unlink(target)
-            except OSError:
-                pass
-
-    def _encrypt(self, fd_in, fd_out, relpath):
-        prefix = os.urandom(8)
-        plain, sealed = bytearray(self.chunk_bytes), bytearray(self.chunk_bytes + TAG_BYTES + SLACK)
-        _write_all(fd_out, memoryview(HEADER.pack(MAGIC, prefix, self.chunk_bytes, 0)))
-        index = [0]
-
-        def seal(offset, length, last):
-            view = memoryview(plain)[:length]
-            if _read_exactly(fd_in, view, offset) != length:
-                raise ValueError("shrank while it was encrypted")
-            _seal(self.key, prefix + struct.pack("<I", index[0]), view, _aad(relpath, index[0], last),
-                  memoryview(sealed))
-            _write_all(fd_out, memoryview(sealed)[:length + TAG_BYTES])
-            index[0] += 1
-
-        chunk = self.chunk_bytes
-        pos, held = 0, None  # held: a whole chunk sealed only once it is known whether it is the last
-        while True:
-            if self.aborted:
-                raise ValueError("aborted")
-            writer_done = self.done.is_set()  # read before the size: then the size below is final
-            size = os.fstat(fd_in).st_size
-            if size < pos:
-                raise ValueError("shrank while it was written")
-            moved = False
-            if held is not None and size > pos:  # bytes beyond it: not the last
-                seal(held, chunk, False)
-                held, moved = None, True
-            if held is None and size >= pos + chunk:
-                held, pos, moved = pos, pos + chunk, True
-            if moved:
-                continue
-            if writer_done:
-                break
-            self.done.wait(self.poll)
-        if size > pos:
-            seal(pos, size - pos, True)
-        elif held is not None:
-            seal(held, chunk, True)
-        else:
-            seal(0, 0, True)
-
-    def finish(self):
-        """CRIU has exited: seal the rest of every followed file; the relpaths (below ``prefix``) encrypted whole."""
-        self.done.set()
-        self.scanner.join()
-        for entry in list(self.files.values()):
-            entry["thread"].join()
-        return set("/".join(part for part in (self.prefix, entry["rel"]) if part)
-                   for entry in self.files.values() if entry.get("encrypted"))
-
-    def abort(self):
-        self.aborted = True
-        self.done.set()
-        self.scanner.join()
-        for entry in list(self.files.values()):
-            entry["thread"].join()
-            try:
-                os.unlink(os.path.join(self.target_dir, entry["rel"]))
-            except OSError:
-                pass
 
 
 def bounded_map(pool, function, items, window=8):

@@ -75,8 +75,6 @@ class Checkpointer:
         self.encrypted = None
         self.plain_dir = None
         self.follower = None
-        self.encryptor = None  # encrypts the big images while CRIU writes them (encryption.Follower)
-        self.encrypted_while_written = []  # what it encrypted whole
         self.agent = None
         self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
         self.backup_lease = None  # the lease device_backup asks for
@@ -183,13 +181,7 @@ class Checkpointer:
         seconds = self.remaining("the checkpoint")
         if params["engine"] == "criu" or params["method"] == "runc":
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
-        if self.encryption_key is not None:  # the ciphertext is written while CRIU writes, and hashed as it grows
-            stored = os.path.join(self.staging_dir, layout.IMAGES_DIR)
-            paths.ensure_dir(stored)
-            if params["hash_during_checkpoint"]:
-                self.follower = seal.Follower(stored, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
-            self.encryptor = encryption.Follower(self.encryption_key, image_dir, stored, prefix=layout.IMAGES_DIR).start()
-        elif params["hash_during_checkpoint"]:
+        if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: follows the ciphertext
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
@@ -206,9 +198,6 @@ class Checkpointer:
             else:
                 self.criu.dump(self.pid, image_dir, params["leave_running"], seconds)
         except Exception:
-            if self.encryptor:
-                self.encryptor.abort()
-                self.encryptor = None
             if self.follower:
                 self.follower.abort()
                 self.follower = None
@@ -244,12 +233,12 @@ class Checkpointer:
         if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
             os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
         relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
-        with self.watch.stage("encrypt"):  # the rest of what the follower encrypted while CRIU wrote, then the others
-            followed = self.encryptor.finish() if self.encryptor else set()
-            self.encryptor = None
-            self.encrypted_while_written = sorted(followed)
-            encryption.encrypt_tree(self.encryption_key, self.plain_dir, self.staging_dir,
-                                    [rel for rel in relpaths if rel not in followed], self.params["workers"])
+        if self.params["hash_during_checkpoint"]:  # the ciphertext is hashed as it is written, not read again
+            self.follower = seal.Follower(os.path.join(self.staging_dir, layout.IMAGES_DIR), prefix=layout.IMAGES_DIR,
+                                          workers=self.params["workers"]).start()
+        with self.watch.stage("encrypt"):
+            encryption.encrypt_tree(self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
+                                    self.params["workers"])
         self.encrypted = encryption.describe(self.encryption_key, relpaths)
         self.discard_plaintext()
 
@@ -336,8 +325,6 @@ class Checkpointer:
         except Exception as exc:
             if self.keeper:
                 self.keeper.stop()
-            if self.encryptor:
-                self.encryptor.abort()
             if self.follower:
                 self.follower.abort()
             self.discard_plaintext()
@@ -355,7 +342,7 @@ class Checkpointer:
         self.hold_devices()
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                     files=len(document["files"]), versions=self.versions, hashing=hashing,
-                    signed_by=hashing.get("key_id"), encrypted_during_checkpoint=self.encrypted_while_written,
+                    signed_by=hashing.get("key_id"),
                     manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
 
     def hold_devices(self):
