@@ -75,7 +75,9 @@ options:
       - Lock and back up the engine's device state (recording the device part, under O(lease)) right before the
         checkpoint, instead of expecting M(inferops.snapshot.npu_snapshot_backup) to have done it. An engine that
         backed itself up (BACKED_UP) is accepted as that module accepts it. Needs O(require_device_part).
-      - RV(device_backup) has what the backup did; a failure there is reported with RV(step) C(device snapshot).
+      - RV(device_backup) has what the backup did; a failure there is reported with RV(step) C(device snapshot),
+        removes what the task wrote and leaves the status record to the caller, as M(inferops.snapshot.npu_snapshot_backup)
+        does (the roles record the generation as failed).
     type: bool
     default: false
   lease:

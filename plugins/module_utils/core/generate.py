@@ -295,10 +295,11 @@ class Checkpointer:
     def _run(self):
         params = self.params
         result = dict(snapshot_dir=self.snapshot_dir, durations=self.watch.durations, progress=self.progress.lines)
-        status.update(self.snapshot_dir, "generating", identity=self.identity)
         try:
             if params.get("device_backup"):
                 self.back_up_device(result)
+            # the host snapshot starts (a device backup that failed goes from the roles' "generating" to "failed")
+            status.update(self.snapshot_dir, "generating", identity=self.identity)
             if self.lease:  # renewed until the snapshot is published; never while CRIU dumps the process
                 self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note).start()
             self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
@@ -330,7 +331,8 @@ class Checkpointer:
             self.discard_plaintext()
             seal.discard(self.staging_dir)
             reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
-            status.update(self.snapshot_dir, "failed", reason=reason)
+            if self.step == "host snapshot":  # the device snapshot leaves the record to its caller, as npu_snapshot_backup
+                status.update(self.snapshot_dir, "failed", reason=reason)
             if not isinstance(exc, SnapshotError):
                 raise
             exc.result.update(result, status="failed", cleaned=[self.staging_dir], step=self.step)
