@@ -129,8 +129,12 @@ class Checkpointer:
             self.agent = AgentSocketClient.for_pid(self.pid, params["agent_socket_dir"])
             self.agent.request(protocol.OP_STATE, 30)  # reachable before the claim is taken
             return
+        self._read_device_part()
+
+    def _read_device_part(self):
+        """The device part in the staging directory, checked against the process when one is required."""
         self.device_part = device.read_device_part(self.staging_dir)
-        if params["require_device_part"]:
+        if self.params["require_device_part"]:
             self._check_device_part()
         self.versions["runtime"] = (self.device_part or {}).get("runtime", {}).get("version")
 
@@ -144,9 +148,7 @@ class Checkpointer:
                                                      check_mode)
         if check_mode:
             return
-        self.device_part = device.read_device_part(self.staging_dir)
-        self._check_device_part()
-        self.versions["runtime"] = (self.device_part or {}).get("runtime", {}).get("version")
+        self._read_device_part()  # require_device_part holds: preflight refuses device_backup without it
         self.step = "host snapshot"
 
     def _check_device_part(self):

@@ -388,11 +388,13 @@ def authenticated_by_decryption(attempt):
 
 def _leave_to_decryption(attempt, deferred):
     """``deferred`` without the files the decryption authenticates (recorded in the verdict)."""
-    by_decryption = authenticated_by_decryption(attempt) if deferred else set()
-    left = [rel for rel in deferred["listed"] if rel in by_decryption] if by_decryption else []
+    if not deferred:
+        return deferred
+    by_decryption = authenticated_by_decryption(attempt)
+    left = sorted(rel for rel in deferred["listed"] if rel in by_decryption)
     if not left:
         return deferred
-    attempt.verdict["authenticated_by_decryption"] = sorted(left)
+    attempt.verdict["authenticated_by_decryption"] = left
     kept = dict(whole=[rel for rel in deferred["whole"] if rel not in by_decryption],
                 chunked=dict((rel, item) for rel, item in deferred["chunked"].items() if rel not in by_decryption),
                 listed=dict((rel, digest) for rel, digest in deferred["listed"].items() if rel not in by_decryption))
@@ -410,8 +412,7 @@ def _check_key(attempt):
 
 def decrypt(attempt):
     """The plaintext of an encrypted snapshot, in a private directory (0700) below ``attempt.decrypt_dir``."""
-    described = attempt.manifest["encryption"]
-    _check_key(attempt)
+    described = attempt.manifest["encryption"]  # its key is here: _check_key passed before the memory check
     if not os.path.isdir(attempt.decrypt_dir):
         os.makedirs(attempt.decrypt_dir, 0o700)
     attempt.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=attempt.decrypt_dir)  # 0700, ours alone
