@@ -154,11 +154,8 @@ options:
         chunks. The CRIU images, the container record (the environment) and the canary are stored encrypted; the
         manifest, checksums and signature cover the ciphertext, so any node can verify the snapshot and only a node
         with the key can restore it (O(inferops.snapshot.snapshot_restore#module:encryption_keys)).
-      - With O(method=runc) or O(engine=criu), CRIU writes the process's memory (its page images) into named pipes
-        and it is encrypted into the store while the checkpoint runs, never written anywhere in the clear; CRIU's
-        other images go to a private directory below O(encryption_workdir) and are encrypted after it. That
-        directory is removed right after the encryption, also on failure. Needs the Python library
-        C(cryptography) on the target. See docs/security.md.
+      - CRIU writes the plaintext into a private directory below O(encryption_workdir), removed right after the
+        encryption, also on failure. Needs the Python library C(cryptography) on the target. See docs/security.md.
     type: str
   encryption_workdir:
     description: Where the plaintext lives while it is encrypted (a tmpfs keeps it off every disk). Needs room for the images.
@@ -257,13 +254,6 @@ device_backup:
   returned: when O(device_backup) ran
   type: dict
   sample: {previous_state: RUNNING, state: BACKED_UP, actions: [lock, backup], device_memory_bytes: 67108864}
-encryption:
-  description:
-    - With O(encryption_key), the key's id, the page images encrypted as CRIU wrote them (C(while_checkpointing))
-      and the number of files encrypted after the checkpoint (C(after_checkpoint)).
-  returned: when O(encryption_key) encrypted a snapshot
-  type: dict
-  sample: {key_id: 5f1c0d2e9a7b3c41, while_checkpointing: [host/criu/pages-1.img, host/criu/pages-2.img], after_checkpoint: 31}
 step:
   description: The step that failed, C(device snapshot) (the backup of O(device_backup)) or C(host snapshot).
   returned: failure of a started generation

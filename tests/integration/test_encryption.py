@@ -77,10 +77,6 @@ def encrypted(node, docker_env, tmp_path_factory):
             args["encryption_key"] = str(key)
         result = run_module("host_checkpoint", args)
         assert result["status"] == "completed", result
-        if kind == "encrypted":  # the memory went through the pipes, never to a file in the clear
-            recorded = json.loads(open(os.path.join(snap, "manifest.json")).read())["encryption"]["files"]
-            pages = [rel for rel in recorded if os.path.basename(rel).startswith("pages-")]
-            assert pages and sorted(pages) == result["encryption"]["while_checkpointing"], result["encryption"]
         assert run_module("npu_snapshot_lock", dict(target, state="unlocked"))["state"] == "RUNNING"
         snaps[kind] = snap
     container.remove()

@@ -37,10 +37,8 @@ def test_each_chunk_is_plain_aes_256_gcm_with_its_place_as_associated_data(files
     key = os.urandom(32)
     encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024)
     data = cipher.read_bytes()
-    magic, prefix, chunk_bytes, size = encryption.HEADER.unpack(data[:encryption.HEADER.size])
-    assert magic == encryption.MAGIC and size == 0, "the size follows from the file's (a stream cannot know it)"
-    count = -(-(len(data) - encryption.HEADER.size) // (chunk_bytes + encryption.TAG_BYTES))
-    plan = encryption._chunks(len(data) - encryption.HEADER.size - count * encryption.TAG_BYTES, chunk_bytes)
+    _magic, prefix, chunk_bytes, size = encryption.HEADER.unpack(data[:encryption.HEADER.size])
+    plan = encryption._chunks(size, chunk_bytes)
     opened, at = b"", encryption.HEADER.size
     for index, _offset, length in plan:
         block = data[at:at + length + encryption.TAG_BYTES]
@@ -171,60 +169,3 @@ def test_the_ciphertext_is_written_front_to_back_so_sealing_can_hash_it_as_it_gr
     size, digest, chunks = followed[REL]
     assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
     assert chunks == [hashlib.sha256(data[i:i + 2 * 1024 * 1024]).hexdigest() for i in range(0, len(data), 2 * 1024 * 1024)]
-
-
-@pytest.mark.parametrize("size", [0, 1, 1024, 3 * 1024, 3 * 1024 + 1])
-def test_a_stream_of_any_length_round_trips_from_a_pipe(tmp_path, size):
-    """CRIU writes the page images into pipes (page_pipes.py): read front to back, its end known only when
-    it comes; exact multiples of the chunk size and an empty stream included."""
-    import threading
-    data = os.urandom(size)
-    cipher, out = tmp_path / "cipher", tmp_path / "out"
-    read_end, write_end = os.pipe()
-
-    def writer():
-        with os.fdopen(write_end, "wb") as handle:
-            for at in range(0, size, 700):  # in pieces that do not fit the chunks
-                handle.write(data[at:at + 700])
-    thread = threading.Thread(target=writer)
-    thread.start()
-    key = os.urandom(32)
-    try:
-        encryption.encrypt_stream(key, lambda view: encryption.read_full(read_end, view), str(cipher), REL,
-                                  chunk_bytes=1024)
-    finally:
-        thread.join()
-        os.close(read_end)
-    encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL)
-    assert out.read_bytes() == data
-
-
-def test_a_file_cut_at_a_chunk_end_lacks_its_last_chunk(files):
-    plain, cipher, out = files
-    key = os.urandom(32)
-    encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024)
-    data = cipher.read_bytes()
-    cipher.write_bytes(data[:encryption.HEADER.size + 2 * (1024 + encryption.TAG_BYTES)])
-    with pytest.raises(encryption.DecryptError, match="does not authenticate"):
-        encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL)
-    cipher.write_bytes(data[:encryption.HEADER.size + 4 * (1024 + encryption.TAG_BYTES) + 5])  # 5 bytes: no chunk
-    with pytest.raises(encryption.DecryptError, match="which no encrypted file of it can have"):
-        encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out) + "2", REL)
-
-
-def test_a_first_version_file_is_still_read(files):
-    """Snapshots encrypted before the size left the header (MAGIC_V1: the plaintext's size in it)."""
-    import struct
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    plain, cipher, out = files
-    key, prefix, data = os.urandom(32), os.urandom(8), plain.read_bytes()
-    plan = encryption._chunks(len(data), 1024)
-    body = b"".join(AESGCM(key).encrypt(prefix + struct.pack("<I", index), data[offset:offset + length],
-                                        encryption._aad(REL, index, index == len(plan) - 1))
-                    for index, offset, length in plan)
-    cipher.write_bytes(encryption.HEADER.pack(encryption.MAGIC_V1, prefix, 1024, len(data)) + body)
-    encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL)
-    assert out.read_bytes() == data
-    cipher.write_bytes(encryption.HEADER.pack(encryption.MAGIC_V1, prefix, 1024, len(data) + 1) + body)
-    with pytest.raises(encryption.DecryptError, match="which no encrypted file of it can have"):
-        encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out) + "2", REL)

@@ -10,13 +10,10 @@ ciphertext, so that any node can verify a snapshot without the key, and only a n
 restore it. Plaintext exists only in a private directory (0700, tmpfs by default) while CRIU writes or
 reads it, and is removed afterwards, also on failure.
 
-File format (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | 0 (8)``, then the chunks, each
-``AES-256-GCM(key, nonce = prefix | chunk index, aad = path | index | last?)`` with its 16-byte tag; the
-plaintext's size follows from the file's. The associated data binds every chunk to its file and place:
-chunks cannot be swapped, reordered, dropped or taken from another file, and a file cut at a chunk's end
-lacks the chunk sealed as the last; any change is an authentication failure. The header's size field was
-the plaintext's size in the first version (``MAGIC_V1``, still read), which a stream -- CRIU writing into a
-pipe (page_pipes.py) -- cannot know before its end.
+File format (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | plaintext size (8)``, then the
+chunks, each ``AES-256-GCM(key, nonce = prefix | chunk index, aad = path | index | last?)`` with its
+16-byte tag. The associated data binds every chunk to its file and place: chunks cannot be swapped,
+reordered, dropped or taken from another file; any change is an authentication failure.
 
 Keys are 32 random bytes (``openssl rand 32 > key``, or their base64 or hex): from Ansible Vault as
 text, or a root-owned 0600 file outside the snapshot store. Several keys may be configured for
@@ -49,8 +46,7 @@ except ImportError:
     HAS_CRYPTOGRAPHY = False
 
 ALGORITHM = "aes-256-gcm-chunked"
-MAGIC = b"IOSENC\x02\x00"
-MAGIC_V1 = b"IOSENC\x01\x00"
+MAGIC = b"IOSENC\x01\x00"
 HEADER = struct.Struct("<8s8sIQ")
 CHUNK_BYTES = 4 * 1024 * 1024
 TAG_BYTES = 16
@@ -207,50 +203,29 @@ def _open(key, nonce, sealed, aad, out):
     return written
 
 
-def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None, hasher=None):
-    """Encrypt the file ``source`` into ``target`` (0600); returns the ciphertext's size."""
-    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        return encrypt_stream(key, lambda view: read_full(fd_in, view), target, relpath, chunk_bytes, pool, hasher)
-    finally:
-        os.close(fd_in)
+def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None):
+    """Encrypt ``source`` into ``target`` (0600); returns the ciphertext's size (sealing hashes it).
 
-
-def encrypt_stream(key, fill, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None, hasher=None):
-    """Encrypt what ``fill(view)`` reads (it fills ``view`` and returns the bytes it put there, fewer only at
-    the end) into ``target`` (0600); returns the ciphertext's size.
-
-    The source is read front to back, one chunk ahead (so that the last chunk is known when it is sealed);
-    the chunks are encrypted in ``pool``, at most a window ahead of the writer, which writes them in order and
-    hands each to ``hasher`` (a seal.StreamHasher: the digests sealing needs, from these very buffers)."""
+    The ciphertext is written front to back (seal.Follower hashes it as it grows); the chunks are
+    encrypted in ``pool``, at most a window ahead of the writer."""
     prefix = os.urandom(8)
-    header = HEADER.pack(MAGIC, prefix, chunk_bytes, 0)
+    size = os.path.getsize(source)
+    plan = _chunks(size, chunk_bytes)
+    header = HEADER.pack(MAGIC, prefix, chunk_bytes, size)
     plain_buffers, sealed_buffers = _Buffers(chunk_bytes), _Buffers(chunk_bytes + TAG_BYTES + SLACK)
+    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
-    if hasher is not None:
-        hasher.open(relpath)
     try:
         _write_all(fd_out, memoryview(header))
-        if hasher is not None:
-            hasher.feed(relpath, memoryview(header))
-
-        def plan():
-            index, current = 0, plain_buffers.take()
-            length = fill(memoryview(current))
-            while True:
-                following = plain_buffers.take()
-                more = fill(memoryview(following)) if length == chunk_bytes else 0
-                yield index, current, length, more == 0
-                if more == 0:
-                    plain_buffers.give(following)
-                    return
-                index, current, length = index + 1, following, more
 
         def seal_chunk(item):
-            index, plain, length, last = item
-            sealed = sealed_buffers.take()
+            index, offset, length = item
+            plain, sealed = plain_buffers.take(), sealed_buffers.take()
             try:
-                _seal(key, prefix + struct.pack("<I", index), memoryview(plain)[:length], _aad(relpath, index, last),
+                view = memoryview(plain)[:length]
+                if _read_exactly(fd_in, view, offset) != length:
+                    raise OSError("%s shrank while it was encrypted" % source)
+                _seal(key, prefix + struct.pack("<I", index), view, _aad(relpath, index, index == len(plan) - 1),
                       memoryview(sealed))
             except BaseException:
                 sealed_buffers.give(sealed)
@@ -260,45 +235,14 @@ def encrypt_stream(key, fill, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
             return sealed, length + TAG_BYTES
 
         written = HEADER.size
-        for sealed, length in bounded_map(pool, seal_chunk, plan()):
-            view = memoryview(sealed)[:length]
-            _write_all(fd_out, view)
-            if hasher is None:
-                sealed_buffers.give(sealed)
-            else:  # hashed while the next ones are written; the buffer comes back once both streams have it
-                hasher.feed(relpath, view, lambda sealed=sealed: sealed_buffers.give(sealed))
+        for sealed, length in bounded_map(pool, seal_chunk, plan):
+            _write_all(fd_out, memoryview(sealed)[:length])
+            sealed_buffers.give(sealed)
             written += length
     finally:
-        if hasher is not None:
-            hasher.close(relpath)
+        os.close(fd_in)
         os.close(fd_out)
     return written
-
-
-def read_full(fd, view):
-    """Fill ``view`` from ``fd``'s current position (a file or a pipe); fewer bytes only at its end."""
-    done = 0
-    while done < len(view):
-        n = os.readv(fd, [view[done:]])
-        if n <= 0:
-            break
-        done += n
-    return done
-
-
-def _plan_of(fd, relpath, header):
-    """(prefix, chunk plan) of an encrypted file from its header and size; DecryptError when they cannot fit."""
-    magic, prefix, chunk_bytes, size = HEADER.unpack(header)
-    if magic not in (MAGIC, MAGIC_V1) or not 0 < chunk_bytes <= 256 * 1024 * 1024:
-        raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
-    body = os.fstat(fd).st_size - HEADER.size
-    count = max(1, (body + chunk_bytes + TAG_BYTES - 1) // (chunk_bytes + TAG_BYTES))
-    derived = body - count * TAG_BYTES
-    plan = _chunks(derived, chunk_bytes) if derived >= 0 else []
-    if len(plan) != count or (magic == MAGIC_V1 and derived != size):
-        raise DecryptError("decrypt_failed: %s has %d bytes, which no encrypted file of it can have"
-                           % (relpath, body + HEADER.size))
-    return prefix, plan
 
 
 def decrypt_file(keys, source, target, relpath, pool=None):
@@ -311,8 +255,14 @@ def decrypt_file(keys, source, target, relpath, pool=None):
         head = os.pread(fd_in, HEADER.size, 0)
         if len(head) != HEADER.size:
             raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
-        prefix, plan = _plan_of(fd_in, relpath, head)
-        chunk_bytes = HEADER.unpack(head)[2]
+        magic, prefix, chunk_bytes, size = HEADER.unpack(head)
+        if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
+            raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
+        plan = _chunks(size, chunk_bytes)
+        expected = HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan)
+        if os.fstat(fd_in).st_size != expected:
+            raise DecryptError("decrypt_failed: %s has %d bytes, its header promises %d"
+                               % (relpath, os.fstat(fd_in).st_size, expected))
         sealed_buffers, plain_buffers = _Buffers(chunk_bytes + TAG_BYTES), _Buffers(chunk_bytes + SLACK)
         fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
         try:
@@ -368,14 +318,12 @@ def bounded_map(pool, function, items, window=8):
         wait(pending)
 
 
-def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None, hasher=None):
-    """Encrypt ``relpaths`` of ``source_dir`` to the same paths below ``target_dir`` (directories 0700),
-    each hashed by ``hasher`` as it is written when one is given."""
+def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None):
+    """Encrypt ``relpaths`` of ``source_dir`` to the same paths below ``target_dir`` (directories 0700)."""
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for rel in relpaths:
             paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
-            encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool,
-                         hasher=hasher)
+            encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool)
 
 
 def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None):

@@ -19,7 +19,7 @@ import tempfile
 import threading
 
 from . import container as container_record
-from . import claim, device, encryption, fleet, layout, manifest, page_pipes, paths, seal, signature, status, world
+from . import claim, device, encryption, fleet, layout, manifest, paths, seal, signature, status, world
 from .agent import protocol
 from .clients.control import AgentSocketClient, LeaseKeeper, lease_seconds
 from .clients.criu import CriuCli
@@ -75,9 +75,6 @@ class Checkpointer:
         self.encrypted = None
         self.plain_dir = None
         self.follower = None
-        self.known = {}  # digests taken while the files were written (the encryption's)
-        self.pipes = None   # page_pipes.PagePipes: CRIU's page images, encrypted as it writes them
-        self.hasher = None  # seal.StreamHasher of the ciphertext, as it is written
         self.agent = None
         self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
         self.backup_lease = None  # the lease device_backup asks for
@@ -188,12 +185,6 @@ class Checkpointer:
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
         if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: follows the ciphertext
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
-        if self.encryption_key is not None:
-            self.hasher = seal.StreamHasher() if params["hash_during_checkpoint"] else None
-            if params["engine"] == "criu" or params["method"] == "runc":  # the image directory is ours to prepare
-                self.pipes = page_pipes.PagePipes(self.encryption_key, image_dir,
-                                                  os.path.join(self.staging_dir, layout.IMAGES_DIR), layout.IMAGES_DIR,
-                                                  self.hasher, params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
         capture = threading.Thread(target=self._capture_world, name="inferops-world")
@@ -212,7 +203,6 @@ class Checkpointer:
             if self.follower:
                 self.follower.abort()
                 self.follower = None
-            self.stop_encrypting()
             raise
         finally:
             capture.join()
@@ -240,35 +230,19 @@ class Checkpointer:
         return {"actions": actions, "state": reply.get("state"), "error": None}
 
     def encrypt(self):
-        """Everything that holds the process's memory or environment, encrypted into the staging directory: the
-        page images CRIU wrote into the pipes are, once their last bytes are through; the rest is now."""
+        """Everything that holds the process's memory or environment, encrypted into the staging directory."""
+        canary = os.path.join(self.staging_dir, layout.CANARY)
+        if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
+            os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
+        relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
+        if self.params["hash_during_checkpoint"]:  # the ciphertext is hashed as it is written, not read again
+            self.follower = seal.Follower(os.path.join(self.staging_dir, layout.IMAGES_DIR), prefix=layout.IMAGES_DIR,
+                                          workers=self.params["workers"]).start()
         with self.watch.stage("encrypt"):
-            piped = []
-            if self.pipes:
-                pipes, self.pipes = self.pipes, None
-                piped = pipes.finish(self.remaining("encrypting the page images"))
-            canary = os.path.join(self.staging_dir, layout.CANARY)
-            if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
-                os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
-            relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
             encryption.encrypt_tree(self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
-                                    self.params["workers"], hasher=self.hasher)
-            self.known = self.hasher.finish() if self.hasher else {}  # never read back: hashed as it was written
-            self.hasher = None
-        self.encrypted = encryption.describe(self.encryption_key, piped + relpaths)
+                                    self.params["workers"])
+        self.encrypted = encryption.describe(self.encryption_key, relpaths)
         self.discard_plaintext()
-        self.progress.note("%d page images encrypted as CRIU wrote them, %d files after the checkpoint"
-                           % (len(piped), len(relpaths)), force=True)
-        return {"key_id": self.encrypted["key_id"], "while_checkpointing": piped, "after_checkpoint": len(relpaths)}
-
-    def stop_encrypting(self):
-        """A failure: the pipes and the hasher stop (CRIU has exited; what they wrote goes with the staging directory)."""
-        if self.pipes:
-            self.pipes.abort()
-            self.pipes = None
-        if self.hasher:
-            self.hasher.abort()
-            self.hasher = None
 
     def discard_plaintext(self):
         if self.plain_dir:
@@ -336,11 +310,11 @@ class Checkpointer:
                 self.checkpoint()
             result["resumed"] = self.resume_engine()
             if self.encryption_key is not None:
-                result["encryption"] = self.encrypt()
+                self.encrypt()
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
             self.remaining("sealing")
             with self.watch.stage("seal"):
-                known = self.follower.finish() if self.follower else self.known
+                known = self.follower.finish() if self.follower else {}
                 self.follower = None
                 document, fingerprint, hashing = seal.seal(
                     self.staging_dir, self.fields(), workers=params["workers"], progress=self.progress.bytes_done,
@@ -356,7 +330,6 @@ class Checkpointer:
                 self.keeper.stop()
             if self.follower:
                 self.follower.abort()
-            self.stop_encrypting()
             self.discard_plaintext()
             seal.discard(self.staging_dir)
             reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)

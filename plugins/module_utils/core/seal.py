@@ -18,7 +18,6 @@ __metaclass__ = type
 import hashlib
 import json
 import os
-import queue
 import stat
 import threading
 import time
@@ -184,109 +183,6 @@ class Follower(object):
         for entry in list(self.files.values()):
             entry["thread"].join()
         self.pool.shutdown(wait=True)
-
-
-class StreamHasher(object):
-    """Hashes files from the buffers their writer hands over, in order, so that nothing is read back: the
-    whole-file digest (checksum.sha256) and the chunk index's digests, each a serial SHA-256 stream on a
-    thread of its own, the two in parallel with each other and with the writer.
-
-    For a writer that makes its bytes itself (encryption): following the file from the page cache as it
-    grows (Follower) reads every byte twice more and, on two cores beside the cipher, took longer than
-    encrypting and hashing one after the other. ``feed`` blocks while ``depth`` buffers are still being
-    hashed, so memory stays bounded; ``release`` is called once a buffer is no longer needed.
-    ``finish()`` returns {relpath: (size, sha256, [chunk sha256, ...])}, as Follower.finish() does."""
-
-    def __init__(self, chunk_bytes=None, depth=12):
-        self.chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
-        self.slots = threading.Semaphore(depth)
-        self.results, self.error = {}, None
-        self.queues = [queue.Queue(), queue.Queue()]
-        self.threads = [threading.Thread(target=self._consume, args=(self.queues[0], self._whole), name="inferops-hash"),
-                        threading.Thread(target=self._consume, args=(self.queues[1], self._chunks), name="inferops-hash")]
-        self.files = {}
-        self.lock = threading.Lock()
-        for thread in self.threads:
-            thread.daemon = True
-            thread.start()
-
-    def open(self, rel):
-        self.files[rel] = {"size": 0, "whole": hashlib.sha256(), "chunks": [], "chunk": hashlib.sha256(), "pos": 0}
-        return rel
-
-    def feed(self, rel, view, release=None):
-        """Hand over ``view`` (the next bytes of ``rel``); ``release()`` once both streams have hashed it."""
-        self.slots.acquire()
-        ticket = [2, release]
-        for work in self.queues:
-            work.put((rel, view, ticket))
-
-    def close(self, rel):
-        for work in self.queues:
-            work.put((rel, None, None))
-
-    def _done_with(self, ticket):
-        with self.lock:
-            ticket[0] -= 1
-            last = ticket[0] == 0
-        if last:
-            self.slots.release()
-            if ticket[1] is not None:
-                ticket[1]()
-
-    def _consume(self, work, hash_into):
-        while True:
-            item = work.get()
-            if item is None:
-                return
-            rel, view, ticket = item
-            try:
-                if self.error is None:
-                    hash_into(self.files[rel], view)
-            except Exception as exc:  # pylint: disable=broad-except  # reported by finish(); keep draining
-                self.error = exc
-            finally:
-                if ticket is not None:
-                    self._done_with(ticket)
-
-    @staticmethod
-    def _whole(entry, view):
-        if view is None:
-            entry["digest"] = entry["whole"].hexdigest()
-        else:
-            entry["whole"].update(view)  # hashlib releases the GIL: both streams and the cipher run at once
-            entry["size"] += len(view)
-
-    def _chunks(self, entry, view):
-        if view is None:
-            if entry["pos"] % self.chunk_bytes or not entry["chunks"]:
-                entry["chunks"].append(entry["chunk"].hexdigest())
-            return
-        while view:
-            take = min(len(view), self.chunk_bytes - entry["pos"] % self.chunk_bytes)
-            entry["chunk"].update(view[:take])
-            entry["pos"] += take
-            view = view[take:]
-            if entry["pos"] % self.chunk_bytes == 0:
-                entry["chunks"].append(entry["chunk"].hexdigest())
-                entry["chunk"] = hashlib.sha256()
-
-    def _stop(self):
-        for work in self.queues:
-            work.put(None)
-        for thread in self.threads:
-            thread.join()
-
-    def finish(self):
-        """Every file closed: their digests. An error of hashing is raised (the caller then hashes as usual)."""
-        self._stop()
-        if self.error is not None:
-            raise self.error
-        return dict((rel, (entry["size"], entry["digest"], entry["chunks"])) for rel, entry in self.files.items()
-                    if "digest" in entry)
-
-    def abort(self):
-        self._stop()
 
 
 def secure_modes(root):
