@@ -49,3 +49,17 @@ def test_a_daemon_that_never_listens_fails_the_start_and_is_gone(tmp_path):
     with pytest.raises(CommandError, match="did not listen on .* within 0.3 s"):
         hung.start(0.3)
     assert hung.process.poll() is not None, "a daemon that never listened is not left running"
+
+
+def test_died_waits_a_grace_for_an_exit_about_to_show_and_not_for_a_daemon_still_working(tmp_path):
+    # what a wrapper does: its parent learns of the daemon's death a moment after the tasks saw its holes
+    dying = daemon(tmp_path, "touch lazy-pages.socket; sleep 0.3; kill -9 $$").start(5)
+    assert not dying.died(), "not dead yet: without a grace nothing is waited for"
+    assert dying.died(3.0) and dying.failure() == "killed by signal 9"
+    (tmp_path / "w").mkdir()
+    working = daemon(tmp_path / "w", "touch lazy-pages.socket; exec sleep 60").start(5)
+    assert not working.died(0.2), "a daemon still copying has not died"
+    working.stop()
+    (tmp_path / "d").mkdir()
+    finished = daemon(tmp_path / "d", "touch lazy-pages.socket; exit 0").start(5)
+    assert finished.done(5) and not finished.died(1.0)

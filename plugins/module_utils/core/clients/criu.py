@@ -226,6 +226,18 @@ class LazyPages:
             return False
         return self.status == 0
 
+    def died(self, grace=0.0):
+        """Whether the daemon ended before every page was in, waiting up to ``grace`` seconds to learn it: the
+        restored tasks fault on its holes as soon as its userfaultfd is gone, which can be before its parent
+        (this process, through a wrapper such as snapshot_node_criu) sees it exit."""
+        if self.process is None or self.status == 0:
+            return False
+        try:
+            status = self.process.wait(timeout=grace) if grace > 0 else self.process.poll()
+        except subprocess.TimeoutExpired:
+            return False
+        return status not in (None, 0)
+
     def failure(self):
         """What ended the daemon, for a reason: its exit status or signal and its log's first error."""
         status = self.process.poll() if self.process else None

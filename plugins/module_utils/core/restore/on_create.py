@@ -27,6 +27,8 @@ from . import verify
 from .pipeline import Driver, Fallback
 
 STOP_GRACE = 10.0
+# A failure path only (see failure_cause): at most this much later a cold start, for a reason that names its cause.
+LAZY_EXIT_GRACE = 1.0
 
 
 def under_mount(spec, inner_path):
@@ -203,13 +205,14 @@ class OnCreate(Driver):
 
     def release(self, attempt):
         """The tasks run only with a daemon still serving their pages (or done): one that died already left them holes."""
-        cause = self.failure_cause(attempt)
-        if cause:
-            raise Fallback(cause)
+        if self.lazy and self.lazy.died():
+            raise Fallback(self.lazy_failed())
         super(OnCreate, self).release(attempt)
 
     def failure_cause(self, attempt):
-        if self.lazy and self.lazy.process.poll() not in (None, 0):
+        """A stage failed (the agent closed its connection, say) while a lazy-pages daemon may have just died: its
+        exit is given LAZY_EXIT_GRACE to show, so that the reason names the daemon, not the fault it caused."""
+        if self.lazy and self.lazy.died(LAZY_EXIT_GRACE):
             return self.lazy_failed()
         return None
 
