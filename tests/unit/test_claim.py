@@ -60,18 +60,20 @@ def test_another_runs_cleanup_removes_nothing_of_the_holders(tmp_path):
 
 def test_a_long_task_keeps_its_short_claim_alive_and_learns_when_it_lost_it(tmp_path):
     snap = str(tmp_path / "ns" / "svc" / "p0" / "pod-a")
-    claim.take(snap, "gen-1", lease=0.3)
-    keeper = claim.Keeper(snap, "gen-1", lease=0.3).start()
+    # a 1 s lease, renewed every 1/3 s: a loaded 2-core CI machine stalls a thread or an fsync for a few tenths
+    # of a second (0.3 s leases failed on this VM once), which must not lapse the claim in this test
+    claim.take(snap, "gen-1", lease=1.0)
+    keeper = claim.Keeper(snap, "gen-1", lease=1.0).start()
     try:
-        time.sleep(0.8)  # past two leases: alive only because it was renewed
+        time.sleep(2.5)  # past two leases: alive only because it was renewed
         assert claim.live_other(snap, "gen-2")["id"] == "gen-1"
         keeper.check()
     finally:
         keeper.stop()
-    time.sleep(0.4)
+    time.sleep(1.3)
     claim.take(snap, "gen-2", lease=60)  # lapsed once nobody renews it: another generation may take the pod
-    lost = claim.Keeper(snap, "gen-1", lease=0.3).start()
-    time.sleep(0.3)
+    lost = claim.Keeper(snap, "gen-1", lease=1.0).start()
+    time.sleep(1.5)  # its first renewal, at 1/3 s, is refused
     lost.stop()
     with pytest.raises(ParameterError, match="lost its claim on the pod.*gen-2"):
         lost.check()
