@@ -218,7 +218,7 @@ class OnCreate(Driver):
 
     def lazy_failed(self):
         return ("lazy_pages_failed: the criu lazy-pages daemon %s before every page of the restored process was in; "
-                "its tasks are killed unserved, never run on zeroed memory" % self.lazy.failure())
+                "its tasks are killed before they serve (locked until every page is in)" % self.lazy.failure())
 
     def pages_in(self, attempt):
         """With lazy pages: wait until the daemon has copied every page in. A daemon that died, failed or
