@@ -99,20 +99,17 @@ def test_a_lazy_restore_comes_back_with_every_page_in_before_the_unlock(node, wa
 def test_a_lazy_pages_daemon_killed_mid_copy_ends_in_a_cold_start_never_zeros(node, warm):
     node.kill_flag.write_text("")
     c = warm.recreate(INFEROPS_RESTORE_FROM=warm.snapshot_dir)
-    try:  # the cold-started engine holds the workload's port: removed whatever the outcome, or the next test fails too
-        try:
-            c.run()
-            # whichever the restore saw first (the daemon's death, or the agent that faulted on its holes and
-            # closed its connection), the reason names the daemon first
-            record, info = assert_cold(node, c, as_dict(warm),
-                                       "lazy_pages_failed: the criu lazy-pages daemon killed by signal 9")
-        finally:
-            node.kill_flag.unlink()
+    try:
+        c.run()
+        # whichever the restore saw first (the daemon's death, or the agent that faulted on its holes and
+        # closed its connection), the reason names the daemon first
+        record, info = assert_cold(node, c, as_dict(warm), "lazy_pages_failed: the criu lazy-pages daemon killed by signal 9")
         assert node.killed.exists() and "killed after" in node.killed.read_text(), "the daemon was never killed mid-copy"
         assert "killed before they serve (locked until every page is in)" in record["reason"], record
         assert info["metadata"]["restored"] is False
         assert not lazy_daemons()
-    finally:
+    finally:  # the cold-started engine holds the workload's port: removed whatever the outcome, or the next test fails too
+        node.kill_flag.unlink()
         c.remove()
 
 
