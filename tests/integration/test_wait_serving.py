@@ -62,10 +62,16 @@ def test_a_probe_that_hangs_does_not_stretch_the_deadline(tmp_path):
 
 
 class Warming(http.server.BaseHTTPRequestHandler):
-    ready_at = 0.0
+    """Answers 503 for ``warmup`` seconds counted from the first probe (not from the test's start: on a loaded
+    machine the module may take seconds to start), then 200."""
+    warmup = 0.0
+    ready_at = None
 
     def do_GET(self):
-        self.send_response(200 if time.monotonic() >= self.ready_at else 503)
+        now = time.monotonic()
+        if Warming.ready_at is None:
+            Warming.ready_at = now + self.warmup
+        self.send_response(200 if now >= Warming.ready_at else 503)
         self.end_headers()
 
     def log_message(self, *args):
@@ -73,7 +79,7 @@ class Warming(http.server.BaseHTTPRequestHandler):
 
 
 def test_waits_through_a_warmup_until_the_url_answers_200(tmp_path):
-    Warming.ready_at = time.monotonic() + 4
+    Warming.warmup, Warming.ready_at = 3.5, None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Warming)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -82,7 +88,7 @@ def test_waits_through_a_warmup_until_the_url_answers_200(tmp_path):
     finally:
         server.shutdown()
     assert not result.get("failed") and result["status"] == 200 and result["last"] == "HTTP 200", result
-    assert result["elapsed"] >= 3 and result["attempts"] >= 5, result
+    assert result["elapsed"] >= 3.5 and result["attempts"] >= 3, result
     assert 1 <= len(progress_lines(run)) <= 3 and "last: HTTP 503" in progress_lines(run)[0], run.stdout
 
 
@@ -100,7 +106,9 @@ def test_a_file_inside_the_container_and_an_early_end_when_the_container_exits(t
         docker("exec", sleeper, "touch", "/tmp/warmed-up")
     threading.Thread(target=touch_later, daemon=True).start()
     result, run, took = wait_task(tmp_path, path="/tmp/warmed-up", container=sleeper, timeout=60, interval=0.2)
-    assert not result.get("failed") and result["last"] == "present" and result["elapsed"] >= 1.5, result
+    # The file is absent until the touch, so "present" means the module waited for it. Its elapsed time is not
+    # asserted: its clock starts after its own start-up, which on a loaded machine can outlast the 2 s.
+    assert not result.get("failed") and result["last"] == "present", result
 
     threading.Thread(target=lambda: (time.sleep(2), docker("kill", sleeper)), daemon=True).start()
     result, run, took = wait_task(tmp_path, path="/tmp/never", container=sleeper, timeout=120, interval=0.2)
