@@ -1,3 +1,8 @@
+import shutil
+import socket
+import tempfile
+import threading
+
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
@@ -61,3 +66,27 @@ def test_bad_endpoints_name_the_field(endpoint, paths, words):
 ])
 def test_lock_module_plan(current, wanted, restore, ops):
     assert plan(current, wanted, restore) == ops
+
+
+
+def test_a_socket_path_longer_than_sun_path_is_reached_through_its_directory():
+    directory = tempfile.mkdtemp(prefix="ios-", dir="/tmp")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(directory + "/agent.1.sock")
+        server.listen(1)
+
+        def answer():
+            conn, _address = server.accept()
+            conn.recv(65536)
+            conn.sendall(b'{"v": 1, "ok": true, "state": "RUNNING"}\n')
+            conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+        # the same socket, named through /proc/self/root as many times as it takes to pass sun_path's 108 bytes
+        long_path = "/proc/self/root" * 8 + directory + "/agent.1.sock"
+        with pytest.raises(OSError, match="too long"):
+            socket.socket(socket.AF_UNIX).connect(long_path)
+        assert control.AgentSocketClient(long_path).request("state", 5)["state"] == "RUNNING"
+    finally:
+        server.close()
+        shutil.rmtree(directory)

@@ -89,6 +89,22 @@ def _check_reply(op, reply, where):
     return reply
 
 
+# sun_path holds 108 bytes. A socket reached through /proc/<pid>/root/<socket dir> can be longer: then it is
+# reached through its directory, opened first (O_PATH), as /proc/self/fd/<n>/<name>.
+SUN_PATH_MAX = 107
+
+
+def _connect(sock, path):
+    if len(path.encode("utf-8")) <= SUN_PATH_MAX:
+        sock.connect(path)
+        return
+    directory = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect("/proc/self/fd/%d/%s" % (directory, os.path.basename(path)))
+    finally:
+        os.close(directory)
+
+
 class AgentSocketClient:
     """Talks to the collection's in-process agent over its unix socket."""
 
@@ -115,7 +131,7 @@ class AgentSocketClient:
         sock.settimeout(timeout + TRANSPORT_MARGIN)
         try:
             try:
-                sock.connect(self.path)
+                _connect(sock, self.path)
             except (IOError, OSError) as exc:
                 raise EndpointError(
                     "cannot reach the snapshot agent at %s (%s): is the engine running under the inferops "
