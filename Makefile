@@ -7,6 +7,8 @@ BUILD := build
 COLLECTIONS := $(BUILD)/collections
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/inferops/snapshot
 SIMULATOR := $(BUILD)/simulator/libascendcl.so
+# make test's pytest workers: 2 fits the 2-core CI machine (more only adds load to timing-bound tests)
+PYTEST_WORKERS ?= 2
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export INFEROPS_ACL_LIBRARY ?= $(CURDIR)/$(SIMULATOR)
 
@@ -63,14 +65,14 @@ build-collection: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path $(BUILD)/dist .
 
 # The README's test command: everything CI runs. pytest mostly waits (warmups, leases, engines starting:
-# a load of about 1 on 2 cores), so the other checks run beside it, at a lower priority, into
-# build/checks.log, which is printed once both are done; either failing fails the target. pytest's failure
+# a load of about 1 on 2 cores), so it runs on PYTEST_WORKERS workers (pytest-xdist, one test file per
+# worker at a time), and the other checks run beside it, at a lower priority, into build/checks.log, which is printed once both are done; either failing fails the target. pytest's failure
 # summary is printed again last (its full output, with the 30 slowest steps, is in build/pytest.log): a CI
 # log's tail should name what failed.
 test: venv simulator collection image
 	@rm -f $(BUILD)/checks.rc
 	@( nice -n 10 $(MAKE) --no-print-directory checks > $(BUILD)/checks.log 2>&1; echo $$? > $(BUILD)/checks.rc ) & \
-	set -o pipefail; $(BIN)/python -m pytest tests -q -rfEs --durations=30 2>&1 | tee $(BUILD)/pytest.log; pytest_rc=$$?; wait; \
+	set -o pipefail; $(BIN)/python -m pytest tests -q -rfEs --durations=30 -n $(PYTEST_WORKERS) --dist loadfile 2>&1 | tee $(BUILD)/pytest.log; pytest_rc=$$?; wait; \
 	echo "==== beside pytest: sanity, lint, ansible-core versions, molecule ($(BUILD)/checks.log) ===="; \
 	cat $(BUILD)/checks.log; checks_rc=$$(cat $(BUILD)/checks.rc 2>/dev/null || echo 1); \
 	echo "==== pytest's summary again ($(BUILD)/pytest.log), so that the end of the output names what failed ===="; \

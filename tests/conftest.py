@@ -1,6 +1,8 @@
 """Shared test fixtures: the simulator library, the sample workload under the agent, and a way to
 run the collection's modules exactly as Ansible runs them (ansible ad-hoc, real AnsiballZ)."""
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -28,8 +30,36 @@ def ensure_collection_link():
     if not link.is_symlink():
         if link.exists():
             shutil.rmtree(link)
-        link.symlink_to(REPO)
+        with contextlib.suppress(FileExistsError):  # another pytest worker made it just now
+            link.symlink_to(REPO)
     return COLLECTIONS
+
+
+@contextlib.contextmanager
+def node_wide():
+    """Held while a test changes what this node's dockerd knows (the snapshot_node role's read-modify-write of
+    daemon.json, then SIGHUP): make test's pytest workers run in parallel, and two of these at once would lose
+    one runtime. Everything else a test makes is its own (names, ports, directories)."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / ".node-wide.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# make test runs two pytest workers, each taking a whole test file at a time (--dist loadfile), in the order
+# collected. The slowest files go first so that the run does not end waiting on one of them (seconds per file
+# from a serial run on the 2-core CI machine, docs/dev/environment.md).
+SLOW_FILES_FIRST = (
+    "test_k8s_snapshot.py", "test_restore_on_create.py", "test_roles.py", "test_ansible_versions.py",
+    "test_fleet_k8s.py", "test_lease_kill.py", "test_demo.py", "test_llama_engine.py", "test_shared_storage.py",
+    "test_lazy_pages.py", "test_fleet_clone.py", "test_encryption.py", "test_prereqs.py", "test_multihost.py",
+    "test_staged_restore.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: index for index, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 # Unit tests import the collection's module_utils the way Ansible does.
@@ -43,7 +73,8 @@ def ensure_agent_package():
     link = AGENT_PATH / "inferops_agent"
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
-        link.symlink_to(MODULE_UTILS / "core" / "agent")
+        with contextlib.suppress(FileExistsError):  # another pytest worker made it just now
+            link.symlink_to(MODULE_UTILS / "core" / "agent")
     return AGENT_PATH
 
 

@@ -21,7 +21,7 @@ import urllib.parse
 import uuid
 
 from conftest import (BIN, COLLECTIONS, WorkloadContainer, docker, ensure_collection_link, free_port, http_get,
-                      reset_device, run_module)
+                      node_wide, reset_device, run_module)
 
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 
@@ -75,7 +75,8 @@ class Node:
             command.append("--check")
         env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_LOCALHOST_WARNING="False")
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+        with node_wide():
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
         match = RECAP.search(proc.stdout)
         assert match, "no play recap (rc=%d)\n%s\n%s" % (proc.returncode, proc.stdout[-5000:], proc.stderr[-3000:])
         ok, changed, _unreachable, failed = (int(g) for g in match.groups())

@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from conftest import BIN, COLLECTIONS, REPO, docker
+from conftest import BIN, COLLECTIONS, REPO, docker, node_wide
 
 DEMO_CONTAINER = "inferops-demo-0"
 
@@ -14,8 +14,9 @@ DEMO_CONTAINER = "inferops-demo-0"
 def test_make_demo_playbook_restores_twice_with_identical_answers(docker_env):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1")
     try:
-        run = subprocess.run([str(BIN / "ansible-playbook"), "playbooks/demo.yml"], cwd=str(REPO), env=env,
-                             capture_output=True, text=True, timeout=900, check=False)
+        with node_wide():  # the demo installs its runtime with the snapshot_node role
+            run = subprocess.run([str(BIN / "ansible-playbook"), "playbooks/demo.yml"], cwd=str(REPO), env=env,
+                                 capture_output=True, text=True, timeout=900, check=False)
         out = run.stdout + run.stderr
         assert run.returncode == 0, out[-6000:]
         assert re.search(r"failed=0\b", out), out[-3000:]
