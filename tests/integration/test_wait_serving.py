@@ -4,6 +4,7 @@ time and the last probe in the result, an early end when the container's process
 
 import http.server
 import json
+import os
 import socket
 import threading
 import time
@@ -100,6 +101,28 @@ def sleeper(docker_env):
     docker("rm", "-f", name, check=False)
 
 
+def kill_once_waited_on(container):
+    """Kill the container a while after the module started: killed before the module looks, the container is
+    not running and the module says so (a different, also right answer); on a loaded machine its start-up takes
+    seconds, so a fixed delay from the test's start races it."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            b"AnsiballZ_wait_serving" in cmdline for cmdline in process_command_lines()):
+        time.sleep(0.05)
+    time.sleep(3)
+    docker("kill", container)
+
+
+def process_command_lines():
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(os.path.join(entry.path, "cmdline"), "rb") as f:
+                    yield f.read()
+            except OSError:
+                continue
+
+
 def test_a_file_inside_the_container_and_an_early_end_when_the_container_exits(tmp_path, sleeper):
     def touch_later():
         time.sleep(2)
@@ -110,7 +133,7 @@ def test_a_file_inside_the_container_and_an_early_end_when_the_container_exits(t
     # asserted: its clock starts after its own start-up, which on a loaded machine can outlast the 2 s.
     assert not result.get("failed") and result["last"] == "present", result
 
-    threading.Thread(target=lambda: (time.sleep(2), docker("kill", sleeper)), daemon=True).start()
+    threading.Thread(target=kill_once_waited_on, args=(sleeper,), daemon=True).start()
     result, run, took = wait_task(tmp_path, path="/tmp/never", container=sleeper, timeout=120, interval=0.2)
     assert result["failed"] and result["timed_out"] is False, result
     assert result["msg"].startswith("container %s exited, so /tmp/never in container %s will never be ready"

@@ -221,13 +221,16 @@ def test_the_watchdog_waits_for_a_call_that_outlived_its_request(workload_factor
 
 
 def test_a_restore_that_fails_is_retried_and_never_followed_by_an_unlock(engine, device_dir):
-    engine.client.request("lock", 5, lease=0.3)
+    # A long lease until another process holds the released device, then a short one: a loaded machine may take
+    # longer than a short lease to start the holder, and the agent's own restore would then hold the device.
+    engine.client.request("lock", 5, lease=60)
     engine.client.request("backup", 5)
     holder = subprocess.Popen([sys.executable, str(REPO / "tests" / "simulator" / "aclsim_ctl.py"),
                                "hold", "0"], env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        engine.client.request("renew", 5, lease=0.3)
         reply = wait_until(lambda: state_if(engine, lambda r: (r["abandoned"] or {}).get("errors")), 5,
                            "a failed restore in the record")[0]
         assert reply["state"] == "BACKED_UP", "an unlock without the restore would serve released device memory"
