@@ -18,9 +18,11 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control, runner
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+
+HIDDEN = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"  # Ansible's own word for a no_log value
 
 # Matches plugins/doc_fragments/control_endpoint.py.
 CONTROL_TARGET_ARGS = dict(
@@ -87,14 +89,40 @@ def run(argument_spec, logic, requires=("jsonschema",), **module_options):
     options = dict(supports_check_mode=True)
     options.update(module_options)
     module = AnsibleModule(argument_spec=argument_spec, **options)
+    invocation = _quiet_no_log(module)
     for name in requires:
         available, error = LIBRARIES[name]()
         if not available:
-            module.fail_json(msg=missing_required_lib(name), exception=error)
+            module.fail_json(msg=missing_required_lib(name), exception=error, invocation=invocation)
     try:
         result = logic(module)
     except SnapshotError as exc:
-        module.fail_json(msg=exc.msg, **exc.result)
+        module.fail_json(msg=exc.msg, invocation=invocation, **exc.result)
     except Exception as exc:  # an unexpected bug: say so, with the traceback, instead of a bare crash
-        module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc())
+        module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc(),
+                         invocation=invocation)
+    result.setdefault("invocation", invocation)
     module.exit_json(**result)
+
+
+def _quiet_no_log(module):
+    """The invocation a result reports, every no_log parameter's value hidden whole; and Ansible's masking
+    narrowed to values that may be secrets.
+
+    Ansible masks each no_log value wherever it occurs in a result, in every string and every number that
+    contains it: snapshot_restore's env {"WORKERS": "1"} turned each 1 of a message into ******** and each
+    duration into VALUE_SPECIFIED_IN_NO_LOG_PARAMETER. Short values, numbers and booleans hide nothing; the
+    longer ones stay masked, and the invocation below shows none of them."""
+    module.no_log_values = set(value for value in module.no_log_values if runner.may_be_secret(value))
+    shown = dict(module.params)
+    for name, spec in module.argument_spec.items():
+        value = shown.get(name)
+        if not spec.get("no_log") or value is None:
+            continue
+        if isinstance(value, dict):
+            shown[name] = dict((key, HIDDEN) for key in value)  # the names are no secret, and help a reader
+        elif isinstance(value, list):
+            shown[name] = [HIDDEN] * len(value)
+        else:
+            shown[name] = HIDDEN
+    return {"module_args": shown}

@@ -179,3 +179,19 @@ def test_bad_options_are_refused_before_anything_is_created(signed, bad, message
     result = restore(s, s["snap"], name, **bad)
     assert result["failed"] and result["msg"].startswith(message), result
     assert docker("ps", "-a", "--filter", "name=^/%s$" % name, "--format", "{{.Names}}") == ""
+
+
+def test_env_values_are_hidden_and_short_plain_ones_do_not_garble_the_result(docker_env, tmp_path):
+    """Ansible masks a no_log value wherever it occurs: an env value "1" turned every 1 of the message into
+    ******** and every duration into VALUE_SPECIFIED_IN_NO_LOG_PARAMETER; a secret is still never shown."""
+    secret = "tok-%s" % uuid.uuid4().hex
+    name = "absent-%s-c1" % uuid.uuid4().hex[:6]
+    result = run_module("snapshot_restore", {
+        "snapshot_dir": str(tmp_path / "snap-1"), "identity": identity("p1"), "container": name,
+        "env": {"WORKERS": "1", "DEBUG": "true", "TOKEN": secret}}, tmp_dir=tmp_path,
+        extra_env={"ANSIBLE_VERBOSITY": "3"})  # the result keeps its invocation only when verbose
+    assert result["failed"] and result["restored"] is False, result
+    assert ("container: %r does not exist" % name) in result["msg"] and str(tmp_path / "snap-1") in result["msg"]
+    assert result["invocation"]["module_args"]["env"] == dict.fromkeys(("WORKERS", "DEBUG", "TOKEN"),
+                                                                       "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER")
+    assert secret not in json.dumps(result)

@@ -215,3 +215,11 @@ def test_a_stopped_restore_adds_leave_stopped_for_one_restore_only(tmp_path, mon
         assert not os.path.lexists(str(conf))  # CRIU ignores a file it cannot open: no options, as configured
     else:
         assert os.readlink(str(conf)) == str(custom if configured else host_conf)
+
+
+def test_values_too_short_or_plain_to_be_secrets_are_not_masked_everywhere():
+    """Masked, "1" would turn every 1 of a message into ******** (and Ansible every number holding it)."""
+    assert [runner.may_be_secret(v) for v in ("1", "on", "abc", "True", "no", "", None)] == [False] * 7
+    assert [runner.may_be_secret(v) for v in ("8080", "s3cr3t", "10.1.2.3", "truely")] == [True] * 4
+    text = runner.mask("docker create -e WORKERS=1 -e TOKEN=s3cr3t failed after 1.5 s", ["1", "s3cr3t"])
+    assert text == "docker create -e WORKERS=1 -e TOKEN=******** failed after 1.5 s"

@@ -14,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import re
 import signal
 import subprocess
 
@@ -23,13 +24,24 @@ MASK = "********"
 OUTPUT_TAIL = 2000
 
 
+# Values no one keeps a secret in: masked everywhere they occur, they would garble every message and number
+# (an env {"WORKERS": "1"} turned each 1 into ********) and hide nothing. Anything longer stays masked: an
+# address or a port may be worth hiding.
+_NOT_SECRET = re.compile(r"\A(?:.{0,3}|true|false|yes|no|on|off|none|null)\Z", re.IGNORECASE | re.DOTALL)
+
+
+def may_be_secret(value):
+    """False for values too short or too plain to be a secret: up to 3 characters, and booleans."""
+    return bool(value) and not _NOT_SECRET.match(value)
+
+
 def mask(text, secrets):
     """``text`` (a string or a list of strings) with each secret value replaced by MASK."""
     if isinstance(text, (list, tuple)):
         return [mask(item, secrets) for item in text]
     if not text:
         return text
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+    for secret in sorted((s for s in secrets if may_be_secret(s)), key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 
