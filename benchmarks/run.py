@@ -1069,7 +1069,7 @@ class Bench:
         staged = os.path.join(scratch, "inferops-snapshot")
         os.mkdir(staged, 0o700)
         with open(os.path.join(staged, "metadata.json"), "w") as handle:
-            json.dump({"env": {"INFEROPS_BENCH": "restored"}, "container": name, "restored": True}, handle)
+            json.dump({"env": {"INFEROPS_BENCH": "1"}, "container": name, "restored": True}, handle)
         docker("cp", staged, "%s:/run" % name)
         shutil.rmtree(scratch)
 
