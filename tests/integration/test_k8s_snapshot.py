@@ -577,12 +577,14 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
         svc.api.wait(lambda: os.path.exists(claim_path), "the first run's claim on %s" % pod, 60)
         holder = json.loads(open(claim_path).read())["id"]
         rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True)
-        assert rc != 0 and "another generation of this pod's snapshot is in progress: generation %s" % holder in output, \
-            output[-4000:]
-        assert svc.api.annotations(pod).get("snapshot.inferops.org/status") == "pending", "the refused run changed it"
-        assert json.loads(open(claim_path).read())["id"] == holder
+        status_after_refusal = svc.api.annotations(pod).get("snapshot.inferops.org/status")
+        claim_after_refusal = json.loads(open(claim_path).read())["id"]
     finally:
         runner.join(300)
+    assert rc != 0 and "another generation of this pod's snapshot is in progress: generation %s" % holder in output, \
+        output[-4000:]
+    assert status_after_refusal == "pending", ("the refused run changed it", output[-6000:], first["output"][-6000:])
+    assert claim_after_refusal == holder
     assert first["rc"] == 0, first["output"][-4000:]
     ann = svc.api.annotations(pod)
     snapshot_dir = svc.snapshot_dir("p0", pod)

@@ -2,6 +2,7 @@
 before anything runs, check mode, idempotence, waiting for the warmup, an instance undone as a whole
 when one pod fails, and cleanup. The molecule scenarios (extensions/molecule) cover the seed's test table."""
 
+import json
 import os
 import time
 import uuid
@@ -9,7 +10,7 @@ import uuid
 import pytest
 
 from conftest import docker, free_port, reset_device, run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, stage
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, stage, status
 from _roles_helpers import local_inventory, run_playbook, finish, status_record
 from _runtime_helpers import installed_runtime
 
@@ -253,3 +254,39 @@ def test_restore_role_through_the_restore_on_create_runtime(tmp_path, pod_factor
             assert [c.generate(p) for p in PROMPTS] == expected
         finally:
             docker("rm", "-f", pod["name"], check=False)
+
+
+def test_a_failed_run_leaves_a_pod_it_was_refused_alone_even_after_the_other_run_released_it(tmp_path):
+    """The race the claim alone cannot see: run B is refused on pod A (run A holds it), run A completes and
+    releases its claim, then B cleans up after its failure. B must not remove A's snapshot or record it failed;
+    the pods B did claim are still cleaned up."""
+    root = tmp_path / "host" / "t" / "race" / "p0"
+    pods = []
+    for name in ("pod-a", "pod-b"):
+        snap = root / name
+        snap.mkdir(parents=True, mode=0o700)
+        (snap / "manifest.json").write_text("{}\n")
+        pods.append({"pod": {"name": name, "container": "c-" + name, "instance": "p0", "snapshot_dir": str(snap),
+                             "npu_dir": str(tmp_path / "npu" / "t" / "race" / "p0" / name),
+                             "identity": {"namespace": "t", "service": "race", "instance": "p0", "pod": name}}})
+    status.update(str(root / "pod-a"), "completed", identity=pods[0]["pod"]["identity"], checksum="a" * 64)
+    assert claim.read(str(root / "pod-a")) is None, "run A has released its claim"
+    playbook = tmp_path / "cleanup-after-refusal.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role:\n        name: inferops.snapshot.snapshot_generate\n"
+        "        tasks_from: failed.yml\n      vars:\n" + "".join("        %s: %s\n" % (key, json.dumps(value)) for key, value in {
+            "_snapshot_generate_todo": pods,
+            "_snapshot_generate_held": ["pod-a"],  # refused at its claim: run A held it then
+            "_snapshot_generate_left": {"pod-b": "unlocked"},  # pod-b's engine needs nothing (keeps the test off Docker)
+            "_snapshot_generate_id": claim.new_id(),
+            "_snapshot_generate_failure": {"pod": "pod-a", "step": "claim", "reason": "another generation of this "
+                                           "pod's snapshot is in progress: generation x"},
+            "snapshot_generate_results": []}.items()))
+    run = run_playbook(tmp_path / "runs", playbook, local_inventory())
+    assert run.rc == 0, run
+    assert (root / "pod-a" / "manifest.json").exists() and status_record(root / "pod-a")["status"] == "completed"
+    assert not (root / "pod-b").exists() and status_record(root / "pod-b")["status"] == "failed"
+    results = dict((entry["pod"], entry) for entry in run.facts["npu-host"]["snapshot_generate_results"])
+    assert results["pod-a"]["removed"] == [] and "another generation" in results["pod-a"]["reason"], results
+    assert results["pod-b"]["removed"] == [str(root / "pod-b")], results
