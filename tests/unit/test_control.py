@@ -68,7 +68,6 @@ def test_lock_module_plan(current, wanted, restore, ops):
     assert plan(current, wanted, restore) == ops
 
 
-
 def test_a_socket_path_longer_than_sun_path_is_reached_through_its_directory():
     directory = tempfile.mkdtemp(prefix="ios-", dir="/tmp")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
