@@ -567,7 +567,7 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
     no device restore (org.inferops.restore-device=false). Meanwhile a second generation run of the same pods, started
     while the first waits for the warmup, is refused naming the first run's generation and changes nothing of it."""
     svc, pod = Service(cluster, tmp_path, "hostonly"), "qwen-p0-0"
-    svc.create(pod, "p0", warmup=30)  # the first run claims the pod, then waits for this warmup
+    svc.create(pod, "p0", warmup=45)  # the first run claims the pod, then waits for this warmup
     claim_path = os.path.join(os.path.dirname(svc.snapshot_dir("p0", pod)), ".%s.generation.json" % pod)
     first = {}
     runner = threading.Thread(target=lambda: first.update(zip(("rc", "output"), svc.generate(
@@ -577,14 +577,17 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
         svc.api.wait(lambda: os.path.exists(claim_path), "the first run's claim on %s" % pod, 60)
         holder = json.loads(open(claim_path).read())["id"]
         rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True)
+        # On a loaded machine the first run may have finished (and released its claim) by now: its own
+        # "completed" and no claim are right then; "failed" or another run's claim never are.
         status_after_refusal = svc.api.annotations(pod).get("snapshot.inferops.org/status")
-        claim_after_refusal = json.loads(open(claim_path).read())["id"]
+        claim_after_refusal = json.loads(open(claim_path).read())["id"] if os.path.exists(claim_path) else None
     finally:
         runner.join(300)
     assert rc != 0 and "another generation of this pod's snapshot is in progress: generation %s" % holder in output, \
         output[-4000:]
-    assert status_after_refusal == "pending", ("the refused run changed it", output[-6000:], first["output"][-6000:])
-    assert claim_after_refusal == holder
+    assert status_after_refusal in ("pending", "completed"), ("the refused run changed it", output[-6000:],
+                                                              first["output"][-6000:])
+    assert claim_after_refusal in (holder, None)
     assert first["rc"] == 0, first["output"][-4000:]
     ann = svc.api.annotations(pod)
     snapshot_dir = svc.snapshot_dir("p0", pod)
