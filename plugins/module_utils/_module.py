@@ -111,8 +111,8 @@ def _quiet_no_log(module):
 
     Ansible masks each no_log value wherever it occurs in a result, in every string and every number that
     contains it: snapshot_restore's env {"WORKERS": "1"} turned each 1 of a message into ******** and each
-    duration into VALUE_SPECIFIED_IN_NO_LOG_PARAMETER. Short values, numbers and booleans hide nothing; the
-    longer ones stay masked, and the invocation below shows none of them."""
+    duration into VALUE_SPECIFIED_IN_NO_LOG_PARAMETER. Values of up to 3 characters and booleans hide nothing
+    (runner.may_be_secret); longer ones stay masked, and the invocation below shows none of them."""
     module.no_log_values = set(value for value in module.no_log_values if runner.may_be_secret(value))
     shown = dict(module.params)
     for name, spec in module.argument_spec.items():

@@ -29,7 +29,7 @@ from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, wr
 from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, manifest, status
 
 NODE = "node-a"
 RUNTIME_CLASS = "inferops-restore"  # the pods' runtimeClassName; its handler is the runtime the role installed
@@ -575,12 +575,12 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
     runner.start()
     try:
         svc.api.wait(lambda: os.path.exists(claim_path), "the first run's claim on %s" % pod, 60)
-        holder = json.loads(open(claim_path).read())["id"]
+        holder = claim.read(svc.snapshot_dir("p0", pod))["id"]
         rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True)
         # On a loaded machine the first run may have finished (and released its claim) by now: its own
         # "completed" and no claim are right then; "failed" or another run's claim never are.
         status_after_refusal = svc.api.annotations(pod).get("snapshot.inferops.org/status")
-        claim_after_refusal = json.loads(open(claim_path).read())["id"] if os.path.exists(claim_path) else None
+        claim_after_refusal = (claim.read(svc.snapshot_dir("p0", pod)) or {}).get("id")
     finally:
         runner.join(300)
     assert rc != 0 and "another generation of this pod's snapshot is in progress: generation %s" % holder in output, \
