@@ -153,19 +153,84 @@ def test_what_is_encrypted():
     assert not encryption.encrypts("manifest.json") and not encryption.encrypts("device/device.json")
 
 
-def test_the_ciphertext_is_written_front_to_back_so_sealing_can_hash_it_as_it_grows(tmp_path):
-    """host_checkpoint follows the ciphertext with seal.Follower instead of reading it again: the digests it
-    takes while encrypt_tree writes are those of the finished files."""
+def test_the_ciphertext_is_hashed_as_it_is_written_whole_and_per_chunk(tmp_path):
+    """host_checkpoint takes sealing's digests of the ciphertext from encryption's own buffers (seal.WrittenDigest)
+    instead of reading it back: they are those of the finished files, whole and per chunk of the chunk index
+    (chunks that straddle encryption's)."""
     import hashlib
     from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
     source, target = tmp_path / "plain", tmp_path / "sealed"
     (source / "host" / "criu").mkdir(parents=True)
     (source / REL).write_bytes(os.urandom(9 * 1024 * 1024 + 5))
-    follower = seal.Follower(str(target / "host" / "criu"), prefix="host/criu", min_size=1024 * 1024,
-                             chunk_bytes=2 * 1024 * 1024, workers=2, poll=0.001).start()
-    encryption.encrypt_tree(os.urandom(32), str(source), str(target), [REL], workers=2)
-    followed = follower.finish()
-    data = (target / REL).read_bytes()
-    size, digest, chunks = followed[REL]
-    assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
-    assert chunks == [hashlib.sha256(data[i:i + 2 * 1024 * 1024]).hexdigest() for i in range(0, len(data), 2 * 1024 * 1024)]
+    (source / "canary.json").write_bytes(b"{}")
+    step = 3 * 1024 * 1024 + 7
+    digests = encryption.encrypt_tree(os.urandom(32), str(source), str(target), [REL, "canary.json"], workers=2,
+                                      digest=lambda: seal.WrittenDigest(chunk_bytes=step, depth=2))
+    for rel in (REL, "canary.json"):
+        data = (target / rel).read_bytes()
+        size, digest, chunks = digests[rel]
+        assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
+        assert chunks == [hashlib.sha256(data[i:i + step]).hexdigest() for i in range(0, len(data), step)]
+
+
+def test_hashing_as_written_reuses_the_buffers_and_a_failure_ends_its_threads(tmp_path, monkeypatch):
+    """Memory stays bounded: a buffer comes back once written and hashed, so a big file takes no more fresh
+    buffers than the pipeline holds (not one per chunk); a failure mid-file leaves no digest thread behind."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
+    plain = tmp_path / "plain"
+    plain.write_bytes(os.urandom(9 * 1024 * 1024))
+    fresh = []
+    taken = encryption._Buffers.take
+
+    def counting_take(buffers):
+        with buffers._lock:
+            fresh.append(not buffers._free)
+        return taken(buffers)
+    monkeypatch.setattr(encryption._Buffers, "take", counting_take)
+    with ThreadPoolExecutor(2) as pool:
+        digest = seal.WrittenDigest(depth=2)
+        encryption.encrypt_file(os.urandom(32), str(plain), str(tmp_path / "cipher"), REL, chunk_bytes=64 * 1024,
+                                pool=pool, digest=digest)
+        digest.finish()
+    assert len(fresh) == 2 * 144 and fresh.count(True) <= 30, fresh.count(True)
+
+    sealed = encryption._seal
+    calls = []
+
+    def failing_seal(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("the disk went away")
+        return sealed(*args)
+    monkeypatch.setattr(encryption, "_seal", failing_seal)
+    with pytest.raises(OSError, match="went away"):
+        encryption.encrypt_tree(os.urandom(32), str(tmp_path), str(tmp_path / "again"), ["plain"], workers=2,
+                                digest=lambda: seal.WrittenDigest(depth=2))
+    assert not [t for t in threading.enumerate() if t.name == "inferops-digest"]
+
+
+def test_the_written_digest_hands_every_buffer_back_once_both_digests_have_it_also_when_aborted():
+    import hashlib
+    import threading
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
+    data = os.urandom(5 * 1000 + 3)
+    digest = seal.WrittenDigest(chunk_bytes=1024, depth=1)
+    back = []
+    lock = threading.Lock()
+
+    def handed(index):
+        def done():
+            with lock:
+                back.append(index)
+        return done
+    for index, start in enumerate(range(0, len(data), 700)):
+        digest.feed(memoryview(data)[start:start + 700], handed(index))
+    assert digest.finish() == (len(data), hashlib.sha256(data).hexdigest(),
+                               [hashlib.sha256(data[i:i + 1024]).hexdigest() for i in range(0, len(data), 1024)])
+    assert sorted(back) == list(range(8))
+    aborted, back[:] = seal.WrittenDigest(chunk_bytes=1024, depth=1), []
+    aborted.feed(memoryview(data), handed(0))
+    aborted.abort()
+    assert back == [0]

@@ -26,6 +26,7 @@ __metaclass__ = type
 
 import base64
 import binascii
+import functools
 import hashlib
 import os
 import re
@@ -203,11 +204,12 @@ def _open(key, nonce, sealed, aad, out):
     return written
 
 
-def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None):
-    """Encrypt ``source`` into ``target`` (0600); returns the ciphertext's size (sealing hashes it).
+def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None, digest=None):
+    """Encrypt ``source`` into ``target`` (0600); returns the ciphertext's size.
 
-    The ciphertext is written front to back (seal.Follower hashes it as it grows); the chunks are
-    encrypted in ``pool``, at most a window ahead of the writer."""
+    The ciphertext is written front to back; the chunks are encrypted in ``pool``, at most a window ahead
+    of the writer. ``digest`` (seal.WrittenDigest) is fed every byte written, from the writer's buffers,
+    so that sealing need not read the ciphertext back to hash it."""
     prefix = os.urandom(8)
     size = os.path.getsize(source)
     plan = _chunks(size, chunk_bytes)
@@ -217,6 +219,8 @@ def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
     fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
     try:
         _write_all(fd_out, memoryview(header))
+        if digest is not None:
+            digest.feed(memoryview(header), lambda: None)
 
         def seal_chunk(item):
             index, offset, length = item
@@ -236,8 +240,12 @@ def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
 
         written = HEADER.size
         for sealed, length in bounded_map(pool, seal_chunk, plan):
-            _write_all(fd_out, memoryview(sealed)[:length])
-            sealed_buffers.give(sealed)
+            view = memoryview(sealed)[:length]
+            _write_all(fd_out, view)
+            if digest is None:
+                sealed_buffers.give(sealed)
+            else:  # the buffer is reused once the digest's threads have hashed it
+                digest.feed(view, functools.partial(sealed_buffers.give, sealed))
             written += length
     finally:
         os.close(fd_in)
@@ -318,12 +326,26 @@ def bounded_map(pool, function, items, window=8):
         wait(pending)
 
 
-def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None):
-    """Encrypt ``relpaths`` of ``source_dir`` to the same paths below ``target_dir`` (directories 0700)."""
+def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None, digest=None):
+    """Encrypt ``relpaths`` of ``source_dir`` to the same paths below ``target_dir`` (directories 0700).
+
+    With ``digest`` (a factory of seal.WrittenDigest) returns {relpath: (size, sha256, chunk digests)} of
+    the ciphertext, hashed as it was written (sealing's ``known``); else {}."""
+    digests = {}
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for rel in relpaths:
             paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
-            encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool)
+            taking = digest() if digest is not None else None
+            try:
+                encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool,
+                             digest=taking)
+            except BaseException:
+                if taking is not None:
+                    taking.abort()
+                raise
+            if taking is not None:
+                digests[rel] = taking.finish()
+    return digests
 
 
 def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None):

@@ -75,6 +75,7 @@ class Checkpointer:
         self.encrypted = None
         self.plain_dir = None
         self.follower = None
+        self.written = {}  # digests of the ciphertext, taken as encryption wrote it
         self.agent = None
         self.lease = None   # seconds of the engine's lease, renewed by self.keeper while this runs
         self.backup_lease = None  # the lease device_backup asks for
@@ -183,7 +184,7 @@ class Checkpointer:
         seconds = self.remaining("the checkpoint")
         if params["engine"] == "criu" or params["method"] == "runc":
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
-        if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: follows the ciphertext
+        if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: hashed as encryption writes it
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
@@ -235,12 +236,10 @@ class Checkpointer:
         if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
             os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
         relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
-        if self.params["hash_during_checkpoint"]:  # the ciphertext is hashed as it is written, not read again
-            self.follower = seal.Follower(os.path.join(self.staging_dir, layout.IMAGES_DIR), prefix=layout.IMAGES_DIR,
-                                          workers=self.params["workers"]).start()
-        with self.watch.stage("encrypt"):
-            encryption.encrypt_tree(self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
-                                    self.params["workers"])
+        with self.watch.stage("encrypt"):  # the ciphertext is hashed as it is written, from memory: never read back
+            self.written = encryption.encrypt_tree(
+                self.encryption_key, self.plain_dir, self.staging_dir, relpaths, self.params["workers"],
+                digest=seal.WrittenDigest if self.params["hash_during_checkpoint"] else None)
         self.encrypted = encryption.describe(self.encryption_key, relpaths)
         self.discard_plaintext()
 
@@ -314,7 +313,7 @@ class Checkpointer:
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
             self.remaining("sealing")
             with self.watch.stage("seal"):
-                known = self.follower.finish() if self.follower else {}
+                known = self.follower.finish() if self.follower else dict(self.written)
                 self.follower = None
                 document, fingerprint, hashing = seal.seal(
                     self.staging_dir, self.fields(), workers=params["workers"], progress=self.progress.bytes_done,

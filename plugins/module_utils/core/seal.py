@@ -18,6 +18,7 @@ __metaclass__ = type
 import hashlib
 import json
 import os
+import queue
 import stat
 import threading
 import time
@@ -183,6 +184,85 @@ class Follower(object):
         for entry in list(self.files.values()):
             entry["thread"].join()
         self.pool.shutdown(wait=True)
+
+
+class WrittenDigest(object):
+    """The digests a Follower takes, taken from the writer's own buffers as it writes them: nothing is read
+    back. For a writer in this process (encryption writes the ciphertext); CRIU, a process of its own, is
+    followed instead.
+
+    ``feed(view, done)`` in file order; the whole-file digest (one serial stream) and the chunk digests
+    each run in a thread of their own, at most ``depth`` buffers behind the writer (``feed`` waits beyond
+    that, so memory stays bounded), and ``done()`` is called once both have hashed ``view``: the writer
+    may reuse the buffer. ``finish()`` returns (size, sha256, [chunk sha256, ...]) as Follower does.
+    """
+
+    def __init__(self, chunk_bytes=None, depth=8):
+        self.chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
+        self.size, self.whole, self.chunks = 0, hashlib.sha256(), []
+        self._chunk, self._in_chunk, self._error = hashlib.sha256(), 0, None
+        self._queues = [queue.Queue(depth), queue.Queue(depth)]
+        self._threads = [threading.Thread(target=self._drain, args=(q, hash_view), name="inferops-digest")
+                         for q, hash_view in zip(self._queues, (self.whole.update, self._hash_chunks))]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+
+    def feed(self, view, done):
+        pending, lock = [len(self._queues)], threading.Lock()
+
+        def hashed():
+            with lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                done()
+        self.size += len(view)
+        for waiting in self._queues:
+            waiting.put((view, hashed))
+
+    def _hash_chunks(self, view):
+        while len(view):
+            take = min(len(view), self.chunk_bytes - self._in_chunk)
+            self._chunk.update(view[:take])
+            self._in_chunk += take
+            view = view[take:]
+            if self._in_chunk == self.chunk_bytes:
+                self.chunks.append(self._chunk.hexdigest())
+                self._chunk, self._in_chunk = hashlib.sha256(), 0
+
+    def _drain(self, waiting, hash_view):
+        while True:
+            item = waiting.get()
+            if item is None:
+                return
+            view, hashed = item
+            try:
+                if self._error is None:  # after a failure or abort() only hand the buffers back
+                    hash_view(view)
+            except Exception as exc:  # pylint: disable=broad-except  # reported by finish()
+                self._error = exc
+            finally:
+                hashed()
+
+    def _stop(self):
+        for waiting in self._queues:
+            waiting.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def finish(self):
+        self._stop()
+        if self._error is not None:
+            raise self._error
+        if self._in_chunk:
+            self.chunks.append(self._chunk.hexdigest())
+        return self.size, self.whole.hexdigest(), self.chunks
+
+    def abort(self):
+        """The writer failed: let the threads end (every buffer fed is still handed back, unhashed)."""
+        self._error = self._error or RuntimeError("aborted")
+        self._stop()
 
 
 def secure_modes(root):
