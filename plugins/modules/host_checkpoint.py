@@ -155,7 +155,8 @@ options:
         manifest, checksums and signature cover the ciphertext, so any node can verify the snapshot and only a node
         with the key can restore it (O(inferops.snapshot.snapshot_restore#module:encryption_keys)).
       - CRIU writes the plaintext into a private directory below O(encryption_workdir), removed right after the
-        encryption, also on failure. Needs the Python library C(cryptography) on the target. See docs/security.md.
+        encryption, also on failure; what a killed run left there is removed by the next one. Needs the Python
+        library C(cryptography) on the target. See docs/security.md.
     type: str
   encryption_workdir:
     description: Where the plaintext lives while it is encrypted (a tmpfs keeps it off every disk). Needs room for the images.

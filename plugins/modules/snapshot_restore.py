@@ -126,8 +126,9 @@ options:
         that key the engine starts cold with the reason (C(encrypted:)), and a chunk that does not authenticate (a wrong
         key, a changed byte) is a cold start too (C(decrypt_failed:)).
       - The plaintext lives in a private directory in C(/dev/shm) while CRIU reads it, removed right after the restore,
-        also on failure. O(method=docker) refuses encrypted snapshots (Docker copies the images through containerd in
-        the clear); the restore-on-create runtime (O(method=runtime)) takes its keys from the node's settings.
+        also on failure; what a killed restore left there is removed by the next one. O(method=docker) refuses
+        encrypted snapshots (Docker copies the images through containerd in the clear); the restore-on-create
+        runtime (O(method=runtime)) takes its keys from the node's settings.
     type: list
     elements: str
     default: []

@@ -34,6 +34,11 @@ def device_marker(device_dir):
     return marker
 
 
+def plaintext_left():
+    """Plaintext directories in /dev/shm (core/plaintext.py)."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith("inferops-plain-")]
+
+
 def grep(directory, needle):
     hits = []
     for base, _dirs, files in os.walk(directory):
@@ -101,8 +106,7 @@ def test_an_encrypted_snapshot_holds_neither_the_secret_nor_the_device_memory(en
     assert grep(e["snaps"]["encrypted"], e["marker"]) == []
     recorded = json.loads(open(os.path.join(e["snaps"]["encrypted"], "manifest.json")).read())["encryption"]
     assert "host/container.json" in recorded["files"] and any(f.startswith("host/criu/") for f in recorded["files"])
-    leftovers = [name for name in os.listdir("/dev/shm") if name.startswith("inferops-plain-")]
-    assert leftovers == [], "the plaintext was not removed: %s" % leftovers
+    assert plaintext_left() == [], "the plaintext was not removed"
 
 
 def test_the_runtime_with_the_key_restores_it_and_removes_the_plaintext(encrypted, node, tmp_path):
@@ -119,7 +123,7 @@ def test_the_runtime_with_the_key_restores_it_and_removes_the_plaintext(encrypte
         by_decryption = record["verify"].get("authenticated_by_decryption") or []
         assert by_decryption and all("/pages-" in f for f in by_decryption), record["verify"]
         assert [c.generate(p) for p in PROMPTS] == e["expected"]
-        assert [n for n in os.listdir("/dev/shm") if n.startswith("inferops-plain-")] == []
+        assert plaintext_left() == []
     finally:
         docker("rm", "-f", name, check=False)
         (node.lib_dir / "runtime.json").write_text(json.dumps(config))
@@ -162,7 +166,7 @@ def test_without_the_key_or_with_a_changed_ciphertext_it_starts_cold(encrypted, 
             c, record = run_restored(e, node, snap, name)
             assert record["outcome"] == "cold" and record["reason"].startswith(reason), record
             assert c.generate(PROMPTS[0]) == e["expected"][0]  # a cold start, warmed up again
-        assert [n for n in os.listdir("/dev/shm") if n.startswith("inferops-plain-")] == []
+        assert plaintext_left() == []
     finally:
         docker("rm", "-f", name, check=False)
         (node.lib_dir / "runtime.json").write_text(json.dumps(config))

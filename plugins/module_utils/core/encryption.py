@@ -274,6 +274,10 @@ def decrypt_file(keys, source, target, relpath, pool=None):
         sealed_buffers, plain_buffers = _Buffers(chunk_bytes + TAG_BYTES), _Buffers(chunk_bytes + SLACK)
         fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
         try:
+            # At its full size before the chunks land out of order (measured: 2 GiB written into /dev/shm by 2
+            # threads in 1.0 s, against 1.2 s as the writes grow it)
+            os.ftruncate(fd_out, size)
+
             def open_chunk(item):
                 index, offset, length = item
                 sealed, plain = sealed_buffers.take(), plain_buffers.take()

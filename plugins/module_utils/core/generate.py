@@ -15,11 +15,10 @@ __metaclass__ = type
 
 import contextlib
 import os
-import tempfile
 import threading
 
 from . import container as container_record
-from . import claim, device, encryption, fleet, layout, manifest, paths, seal, signature, status, world
+from . import claim, device, encryption, fleet, layout, manifest, paths, plaintext, seal, signature, status, world
 from .agent import protocol
 from .clients.control import AgentSocketClient, LeaseKeeper, lease_seconds
 from .clients.criu import CriuCli
@@ -73,7 +72,7 @@ class Checkpointer:
         self.signing_key = None
         self.encryption_key = None
         self.encrypted = None
-        self.plain_dir = None
+        self.plain = None  # plaintext.PrivateDir CRIU writes into when the snapshot is encrypted
         self.follower = None
         self.written = {}  # digests of the ciphertext, taken as encryption wrote it
         self.agent = None
@@ -178,7 +177,7 @@ class Checkpointer:
             paths.remove_tree(image_dir)  # a leftover of an interrupted run: never mix two checkpoints
         paths.ensure_dir(os.path.dirname(image_dir))
         if self.encryption_key is not None:  # CRIU writes the plaintext to private tmpfs, never to the store
-            self.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=params["encryption_workdir"])
+            self.plain = plaintext.PrivateDir(params["encryption_workdir"])
             image_dir = os.path.join(self.plain_dir, layout.IMAGES_DIR)
             paths.ensure_dir(os.path.dirname(image_dir))
         seconds = self.remaining("the checkpoint")
@@ -244,9 +243,13 @@ class Checkpointer:
         self.discard_plaintext()
 
     def discard_plaintext(self):
-        if self.plain_dir:
-            paths.remove_tree(self.plain_dir)
-            self.plain_dir = None
+        if self.plain:
+            self.plain.remove()
+            self.plain = None
+
+    @property
+    def plain_dir(self):
+        return self.plain.path if self.plain else None
 
     def _capture_world(self):
         try:

@@ -35,11 +35,10 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
-import tempfile
 import threading
 import traceback
 
-from .. import canary, device, encryption, layout, manifest, paths, proc, stage as staged_cache, status
+from .. import canary, device, encryption, layout, manifest, paths, plaintext, proc, stage as staged_cache, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import verify
@@ -75,7 +74,7 @@ class Attempt:
         self.checksum = checksum       # the fingerprint the caller knows the snapshot by (a pod annotation)
         self.keys = keys or {}         # {key id: key}: what an encrypted snapshot may be decrypted with
         self.decrypt_dir = decrypt_dir or DECRYPT_DIR
-        self.plain_dir = None          # the private plaintext of an encrypted snapshot, while it is restored
+        self.plain = None              # plaintext.PrivateDir: an encrypted snapshot's plaintext, while restored
         self.overlap = overlap         # hash the page images while CRIU restores into stopped tasks (when it can)
         self.leave_stopped = False     # the host restore leaves the tasks stopped, for release() after the verdict
         self.stage_dir = stage_dir     # the node's cache of verified snapshots (stage.py), or None
@@ -98,6 +97,10 @@ class Attempt:
     def stored_dir(self):
         """Where the snapshot's files as stored are read from: its verified staged copy, or the snapshot."""
         return self.staged.dir if self.staged else self.snapshot_dir
+
+    @property
+    def plain_dir(self):
+        return self.plain.path if self.plain else None
 
     @property
     def content_dir(self):
@@ -297,9 +300,9 @@ def run(driver, attempt):
     finally:
         if attempt.staged:  # CRIU has read the copy: retention may remove it again
             attempt.staged.release()
-        if attempt.plain_dir:  # CRIU has read the images: the plaintext goes, whatever happened
-            paths.remove_tree(attempt.plain_dir)
-            attempt.plain_dir = None
+        if attempt.plain:  # CRIU has read the images: the plaintext goes, whatever happened
+            attempt.plain.remove()
+            attempt.plain = None
         watch.total()
         if not attempt.check_mode:
             _record(driver, attempt)
@@ -415,7 +418,7 @@ def decrypt(attempt):
     described = attempt.manifest["encryption"]  # its key is here: _check_key passed before the memory check
     if not os.path.isdir(attempt.decrypt_dir):
         os.makedirs(attempt.decrypt_dir, 0o700)
-    attempt.plain_dir = tempfile.mkdtemp(prefix="inferops-plain-", dir=attempt.decrypt_dir)  # 0700, ours alone
+    attempt.plain = plaintext.PrivateDir(attempt.decrypt_dir)  # 0700, ours alone
     try:
         encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,
                                 attempt.plain_dir, described["files"], attempt.workers)
