@@ -303,13 +303,24 @@ def render_floors(result):
                     not [x for x in samples if x["variant"] == "host_checkpoint_runc_encrypted" and x["size_mb"] == size]:
                 continue
             cipher = med(samples, "floor", "aes_gcm_all_cores", size)
-            for label, plain, encrypted, section, copy in (
+
+            def unpublished(section, variant, size=size):
+                """host_checkpoint less its publish step: the plain generation replaces the snapshot its workload's
+                first generation published (removing 2 GiB takes about a second), the encrypted one publishes into
+                an empty place; without the step both do the same work."""
+                return median([x["seconds"] - x["stages"].get("publish", 0) for x in samples if x["section"] == section
+                               and x["variant"] == variant and x["size_mb"] == size and x.get("stages")])
+            for label, plain, encrypted, section, copy, measure in (
                     ("host_checkpoint", "host_checkpoint_runc", "host_checkpoint_runc_encrypted", "checkpoint",
-                     "encryption_copy_to_store"),
-                    ("%s (ansible-playbook)" % restore, restore, restore + "_encrypted", "ttfa", "encryption_copy_from_store"),
+                     "encryption_copy_to_store", None),
+                    ("host_checkpoint, publish not counted", "host_checkpoint_runc", "host_checkpoint_runc_encrypted",
+                     "checkpoint", "encryption_copy_to_store", unpublished),
+                    ("%s (ansible-playbook)" % restore, restore, restore + "_encrypted", "ttfa", "encryption_copy_from_store",
+                     None),
                     ("docker run --runtime", "docker_run_runtime", "docker_run_runtime_encrypted", "ttfa",
-                     "encryption_copy_from_store")):
-                a, b = med(samples, section, plain, size), med(samples, section, encrypted, size)
+                     "encryption_copy_from_store", None)):
+                measure = measure or (lambda section, variant, size=size: med(samples, section, variant, size))
+                a, b = measure(section, plain), measure(section, encrypted)
                 copied = med(samples, "floor", copy, size)
                 added = max(copied, cipher) if copied is not None and cipher is not None else None
                 least = a + added if a is not None and added is not None else None
@@ -321,7 +332,9 @@ def render_floors(result):
         out.append("What encryption adds at least, measured in the same run: one more copy of the snapshot's bytes "
                    "(tmpfs -> the store's filesystem for a generation, the store -> tmpfs for a restore; a kernel copy) "
                    "and AES-256-GCM over them on all cores; pipelined, the larger of the two. The last ratio is the "
-                   "lowest encrypted ÷ plain this machine allows.\n\n")
+                   "lowest encrypted ÷ plain this machine allows. \"publish not counted\": the plain generation replaces "
+                   "an older snapshot of its workload (removing it is part of its publish step), the encrypted one "
+                   "publishes into an empty place; the row without that step compares the same work.\n\n")
         out.append(table(["state", "step", "plain", "encrypted", "encrypted ÷ plain", "copy", "AES-GCM, all cores",
                           "least added", "encrypted ÷ (plain + least added)", "lowest possible ÷ plain", "problems"], rows))
 
