@@ -304,6 +304,9 @@ def render_floors(result):
                 continue
             cipher = med(samples, "floor", "aes_gcm_all_cores", size)
 
+            def measured(section, variant, size=size):
+                return med(samples, section, variant, size)
+
             def unpublished(section, variant, size=size):
                 """host_checkpoint less its publish step: the plain generation replaces the snapshot its workload's
                 first generation published (removing 2 GiB takes about a second), the encrypted one publishes into
@@ -312,14 +315,13 @@ def render_floors(result):
                                and x["variant"] == variant and x["size_mb"] == size and x.get("stages")])
             for label, plain, encrypted, section, copy, measure in (
                     ("host_checkpoint", "host_checkpoint_runc", "host_checkpoint_runc_encrypted", "checkpoint",
-                     "encryption_copy_to_store", None),
+                     "encryption_copy_to_store", measured),
                     ("host_checkpoint, publish not counted", "host_checkpoint_runc", "host_checkpoint_runc_encrypted",
                      "checkpoint", "encryption_copy_to_store", unpublished),
                     ("%s (ansible-playbook)" % restore, restore, restore + "_encrypted", "ttfa", "encryption_copy_from_store",
-                     None),
+                     measured),
                     ("docker run --runtime", "docker_run_runtime", "docker_run_runtime_encrypted", "ttfa",
-                     "encryption_copy_from_store", None)):
-                measure = measure or (lambda section, variant, size=size: med(samples, section, variant, size))
+                     "encryption_copy_from_store", measured)):
                 a, b = measure(section, plain), measure(section, encrypted)
                 copied = med(samples, "floor", copy, size)
                 added = max(copied, cipher) if copied is not None and cipher is not None else None

@@ -32,11 +32,10 @@ import os
 import re
 import stat
 import struct
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from . import layout, paths, signature
+from . import layout, paths, plaintext, signature
 from .errors import ParameterError, SnapshotError
 
 try:
@@ -370,13 +369,13 @@ def read_small(snapshot_dir, relpath, recorded, keys):
     if described["key_id"] not in keys:
         raise ParameterError("encryption_keys: the snapshot is encrypted with key %s; give that key"
                              % described["key_id"], field="encryption_keys")
-    scratch = tempfile.mkdtemp(prefix="inferops-plain-", dir="/dev/shm")
+    scratch = plaintext.PrivateDir("/dev/shm")
     try:
-        decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch, "f"), relpath)
-        with open(os.path.join(scratch, "f"), "rb") as handle:
+        decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch.path, "f"), relpath)
+        with open(os.path.join(scratch.path, "f"), "rb") as handle:
             return handle.read()
     finally:
-        paths.remove_tree(scratch)
+        scratch.remove()
 
 
 def describe(key, relpaths, chunk_bytes=CHUNK_BYTES):

@@ -316,7 +316,7 @@ class Checkpointer:
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
             self.remaining("sealing")
             with self.watch.stage("seal"):
-                known = self.follower.finish() if self.follower else dict(self.written)
+                known = self.follower.finish() if self.follower else self.written
                 self.follower = None
                 document, fingerprint, hashing = seal.seal(
                     self.staging_dir, self.fields(), workers=params["workers"], progress=self.progress.bytes_done,
