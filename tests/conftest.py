@@ -2,6 +2,7 @@
 run the collection's modules exactly as Ansible runs them (ansible ad-hoc, real AnsiballZ)."""
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -102,6 +103,13 @@ def reset_device(device_dir, device_id=0):
     """What deleting the pod (or losing the process) does to the NPU: its memory is gone."""
     subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", str(device_id)], check=True,
                    env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir)), capture_output=True)
+
+
+def renewed_at(lease):
+    """When the agent last renewed ``lease`` (a lease view in an agent's reply), as a Unix time: the agent's own clock,
+    so that a test can say "renewed after X" however slowly it gets to ask."""
+    moment = datetime.datetime.strptime(lease["renewed_at"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def free_port():
