@@ -174,9 +174,9 @@ def test_renewals_keep_the_lease_and_it_runs_out_after_the_last_one(engine):
 
 
 def test_an_unlock_ends_the_lease_and_without_a_lease_nothing_is_done_for_the_caller(engine):
-    engine.client.request("lock", 5, lease=0.5)
+    engine.client.request("lock", 5, lease=1.0)  # 1 s to unlock in, however loaded the machine
     assert engine.client.request("unlock", 5)["lease"] is None
-    time.sleep(1.0)
+    time.sleep(1.5)
     assert state(engine)["abandoned"] is None
     # An old client (no lease field) gets the behaviour from before leases: locked until it unlocks.
     locked = engine.client.request("lock", 5)
@@ -301,16 +301,16 @@ def test_a_restored_copy_drops_the_lease_of_the_process_it_was_checkpointed_from
 # ---------------------------------------------------------------------- the renewing thread (LeaseKeeper)
 
 def test_the_keeper_renews_holds_still_while_quiet_and_reports_a_lost_lease(engine):
-    engine.client.request("lock", 5, lease=0.6)
-    keeper = LeaseKeeper(engine.client, 0.6).start()
-    time.sleep(1.5)
+    engine.client.request("lock", 5, lease=1.2)
+    keeper = LeaseKeeper(engine.client, 1.2).start()  # a renewal every 0.4 s; a tick 0.8 s late still keeps it
+    time.sleep(2.5)
     assert keeper.renewals >= 4 and state(engine)["state"] == "LOCKED", keeper.renewals
     keeper.check("sealing")  # nothing lost
     with pytest.raises(RuntimeRefusedError, match="could not be renewed before sealing: renew refused by the process "
                                                   "behind .*: no lease to renew: the process is RUNNING"):
         with keeper.quiet():  # a dump that outlasts the lease
             before = keeper.renewals
-            time.sleep(1.2)
+            time.sleep(2.0)
             assert keeper.renewals == before, "a renewal while quiet"
         keeper.check("sealing")
     assert keeper.lost is not None
