@@ -112,6 +112,13 @@ def renewed_at(lease):
     return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
+def posix_locks(pid):
+    """The POSIX (fcntl) locks process ``pid`` holds, from the host's /proc/locks: sorted (type, dev:inode, start, end)."""
+    with open("/proc/locks") as handle:
+        fields = [line.split() for line in handle]
+    return sorted((f[3], f[5], f[6], f[7]) for f in fields if len(f) > 7 and f[1] == "POSIX" and f[4] == str(pid))
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -321,6 +321,14 @@ runtime_record:
       from the snapshot's status record (C(last_restore)) or the metadata file it wrote into the container.
   returned: when O(method=runtime)
   type: dict
+file_locks:
+  description:
+    - The POSIX file locks the checkpointed process held (C(checkpointed)) and how many of them its agent took back
+      after the restore (C(taken_back)). CRIU releases a lock on a file the process also maps (an SQLite C(-shm) file)
+      while it restores; a lock that cannot be held again is a cold start with a C(file_locks_failed) reason.
+  returned: when restored from a checkpoint that held POSIX locks
+  type: dict
+  sample: {checkpointed: 2, taken_back: 2}
 metadata_env_keys:
   description: Names (not values) of the variables written to the metadata file.
   returned: success

@@ -33,6 +33,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import installed_runtime
+import conftest
 from conftest import REPO, docker, free_port, run_module
 
 ENGINE_DIR = REPO / "tests" / "engines" / "llama"
@@ -350,11 +351,8 @@ def assert_cold_start(engine, record, generated, reference, reason_start, *words
 
 
 def posix_locks(engine):
-    """The POSIX (fcntl) locks the engine process holds, from the host's /proc/locks: [(type, inode), ...]."""
-    pid = engine.inspect("{{.State.Pid}}")
-    with open("/proc/locks") as handle:
-        fields = [line.split() for line in handle]
-    return [(f[3], f[5]) for f in fields if len(f) > 5 and f[1] == "POSIX" and f[4] == pid]
+    """The POSIX (fcntl) locks the engine process holds (conftest.posix_locks of its pid)."""
+    return conftest.posix_locks(engine.inspect("{{.State.Pid}}"))
 
 
 def process_start_ticks(engine):

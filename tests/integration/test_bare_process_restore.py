@@ -16,7 +16,8 @@ import uuid
 
 import pytest
 
-from conftest import WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, reset_device, run_module
+from conftest import (WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, posix_locks, reset_device,
+                      run_module)
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 
@@ -94,6 +95,8 @@ def bare(docker_env, simulator_library, tmp_path_factory):
     mark = uuid.uuid4().hex
     port = free_port()
     env = workload_env(base, simulator_library, port, device_dir, mark)
+    (base / "cache").mkdir(mode=0o700)
+    env["WORKLOAD_LOCK_DIR"] = str(base / "cache")  # read locks held, one on a mapped file, as SQLite's are
     command = agent_command(WORKLOAD)
     # Its own session, no terminal, no file CRIU would have to find again: what a restorable process needs.
     proc = subprocess.Popen(command, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
@@ -107,6 +110,8 @@ def bare(docker_env, simulator_library, tmp_path_factory):
     try:
         wait_ready(data["url"], proc)
         data["expected"] = [generate(data["url"], p) for p in PROMPTS]
+        data["locks"] = posix_locks(proc.pid)
+        assert len(data["locks"]) == 2, data["locks"]
         target = {"pid": proc.pid, "agent_socket_dir": data["socket_dir"]}
         backup = run_module("npu_snapshot_backup", dict(target, lock=True, snapshot_dir=data["snapshot_dir"],
                                                         identity=identity(data["pod"])))
@@ -225,6 +230,9 @@ def test_restore_brings_back_the_same_process_with_the_same_answers(bare):
     assert info["answers_served"] > len(PROMPTS)  # the warmed-up process, not a new one
     assert info["metadata"]["restored"] is True and info["metadata"]["env"] == {"POD_IP": "10.9.8.7"}
     assert result["metadata_env_keys"] == ["POD_IP"]
+    # CRIU gave back the database's lock and dropped the mapped index's; the engine's agent took that one back
+    assert posix_locks(b["pid"]) == b["locks"]
+    assert result["file_locks"] == {"checkpointed": 2, "taken_back": 1}, result.get("file_locks")
     assert "10.9.8.7" not in json.dumps({k: v for k, v in result.items() if k != "invocation"})
 
     again = run_module("snapshot_restore", restore_args(b))

@@ -13,8 +13,8 @@ and that a cold start is one (the probe gives a fresh process's first answer).
 
 Issue 14's problems with this engine: a model file changed in place (1) or swapped under an engine
 that read it at start (2), other engine arguments (3) now end in a cold start naming the fact;
-an engine holding file locks (4) is checkpointed and restored. What is not implemented yet is in
-llama_problems_pending.py (not collected).
+an engine holding file locks (4) is checkpointed and restored, and holds its locks again (CRIU drops
+those on a file the process maps: restore/file_locks.py has the agent take them back).
 """
 
 import os
@@ -166,11 +166,13 @@ def test_engine_holding_file_locks_is_checkpointed_and_restored(
     restored.wait_ready()
     record = llama_node.log_records(restored.id)[-1]
     assert record["outcome"] == "restored", record["reason"]
+    # SQLite in the restored process believes it holds its locks: it must (CRIU drops the lock on the mapped
+    # cache.db-shm at the restore; the engine's agent takes it back before the engine is unlocked)
+    assert posix_locks(restored) == locks, "the restored process does not hold the locks it had"
+    assert record["file_locks"]["checkpointed"] == len(locks) and record["file_locks"]["taken_back"] >= 1, record
     assert restored.probe() in after, "not the checkpointed process"
     assert restored.completions(PROMPTS) == expected, "the restored engine and its disk cache do not serve"
-    # Not asserted here: that the restored process holds its POSIX locks again. On this machine it does
-    # not (/proc/locks lists none for it after `runc restore --file-locks`), see
-    # llama_problems_pending.py::test_restored_engine_holds_its_file_locks_again.
+    assert posix_locks(restored) == locks, "the restored process lost its locks while serving"
 
 
 def test_model_changed_in_place_same_size_comes_back_cold(llama_image, llama_model, llama_node, llama_engines):

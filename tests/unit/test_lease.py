@@ -338,7 +338,7 @@ def test_an_agent_that_predates_leases_refuses_the_field_and_the_client_says_wha
     old.parent.mkdir()
     subprocess.run(["cp", "-r", str(MODULE_UTILS / "core" / "agent"), str(old)], check=True)
     text = (old / "protocol.py").read_text()
-    (old / "protocol.py").write_text(text.replace('{"v", "op", "timeout", "lease"}', '{"v", "op", "timeout"}'))
+    (old / "protocol.py").write_text(text.replace('{"v", "op", "timeout", "lease", "locks"}', '{"v", "op", "timeout"}'))
     monkeypatch.setattr(conftest, "ensure_agent_package", lambda: old.parent)  # the image's copy of the agent
     w = Workload(tmp_path, simulator_library, device_dir, WORKLOAD_WARMUP_SECONDS="0.1").start()
     monkeypatch.undo()

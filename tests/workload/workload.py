@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 import ctypes
+import fcntl
+import mmap
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -42,6 +44,9 @@ CONFIG = {
     "npu_snapshot_path": os.environ.get("VLLM_NPU_SNAPSHOT_PATH"),
     "metadata_file": os.environ.get("INFEROPS_METADATA_FILE", "/run/inferops-snapshot/metadata.json"),
     "library": os.environ.get(_agent.LIBRARY_ENV),
+    # a directory for a cache the way SQLite in WAL mode keeps one (llama.cpp's disk cache): a database file and
+    # its index, each with a POSIX read lock held, the index also mapped into memory
+    "lock_dir": os.environ.get("WORKLOAD_LOCK_DIR"),
 }
 CHUNK = 4 * 1024 * 1024
 # Ready for traffic; after an engine-triggered device snapshot requests wait until the resume.
@@ -72,6 +77,7 @@ class Engine:
         self.cache = None
         self.answers_served = 0
         self._thread_ctx = threading.local()
+        self.locked = []  # (descriptor, mapping) kept open: closing either would drop the process's locks on it
 
     def _bind_thread(self):
         """ACL contexts are per thread: every serving thread sets the device once."""
@@ -102,6 +108,8 @@ class Engine:
         self.cache = b"".join(blocks)
         self.controller.report(device_memory_bytes=cfg["device_bytes"], host_cache_bytes=len(self.cache),
                                model="inferops-sample")
+        if cfg["lock_dir"]:
+            self._lock_cache(cfg["lock_dir"])
         self.phase = "compiling"
         remaining = cfg["warmup_seconds"] - (time.monotonic() - began)
         while remaining > 0:
@@ -114,6 +122,16 @@ class Engine:
         else:
             self.phase = "serving"
         self.ready_at = time.time()
+
+    def _lock_cache(self, directory):
+        """SQLite's shared locks: on the database (byte 1073741824 + 2, its SHARED range) and on its -shm index,
+        which is also mapped (a lock CRIU drops when it closes the descriptor it maps the file through)."""
+        for name, mapped in (("cache.db", False), ("cache.db-shm", True)):
+            fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT, 0o600)
+            os.ftruncate(fd, 32768)
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 510, 1073741826 if not mapped else 120)
+            self.locked.append((fd, mmap.mmap(fd, 32768) if mapped else None))
+        log("holding read locks on %s/cache.db and cache.db-shm (mapped)" % directory)
 
     def _device_snapshot(self, path):
         """Engine-triggered device snapshot: lock + backup, record it, then report ready."""

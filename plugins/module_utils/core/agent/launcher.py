@@ -26,6 +26,8 @@ __metaclass__ = type
 
 import argparse
 import datetime
+import errno
+import fcntl
 import os
 import runpy
 import socket
@@ -180,6 +182,8 @@ class Controller:
             return reply
         if op == protocol.OP_RENEW:
             return self._renew(lease)
+        if op == protocol.OP_RELOCK:
+            return self._relock(protocol.parse_locks(message))
         if self.runtime is None:
             return protocol.error_reply(op, protocol.KIND_UNAVAILABLE, self.runtime_error, state=self.state)
         if not self._serial.acquire(timeout=min(timeout, 1.0)):
@@ -195,6 +199,28 @@ class Controller:
             return self._leased(op, timeout, lease)
         finally:
             self._serial.release()
+
+    # ------------------------------------------------------------------ file locks after a restore
+    def _relock(self, locks):
+        """Take the POSIX locks of this process back (see protocol.OP_RELOCK). F_SETLK, never waiting: a lock
+        that another process holds now is refused, with the others kept, and the caller starts cold."""
+        refused = []
+        for fd, kind, start, length in locks:
+            try:
+                fcntl.lockf(fd, (fcntl.LOCK_SH if kind == "read" else fcntl.LOCK_EX) | fcntl.LOCK_NB, length, start,
+                            os.SEEK_SET)
+            except (IOError, OSError) as exc:
+                why = "held by another process" if exc.errno in (errno.EAGAIN, errno.EACCES) else \
+                    os.strerror(exc.errno or 0)
+                refused.append("fd %d %s lock at %d+%d: %s" % (fd, kind, start, length, why))
+        if refused:
+            message = "%d of %d lock(s) not taken: %s" % (len(refused), len(locks), "; ".join(refused))
+            return protocol.error_reply(protocol.OP_RELOCK, protocol.KIND_FILE_LOCK, message, state=self.state)
+        _log("took back %d POSIX file lock(s) after a restore" % len(locks))
+        reply = {"v": protocol.PROTOCOL_VERSION, "ok": True, "op": protocol.OP_RELOCK, "changed": True,
+                 "locks": len(locks)}
+        reply.update(self.describe())
+        return reply
 
     # ------------------------------------------------------------------ the lease
     def _leased(self, op, timeout, lease):

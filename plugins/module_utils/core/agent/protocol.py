@@ -36,7 +36,8 @@ OP_BACKUP = "backup"
 OP_RESTORE = "restore"
 OP_UNLOCK = "unlock"
 OP_RENEW = "renew"  # extends the lease of whoever holds the lock (no ACL call)
-OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW)
+OP_RELOCK = "relock"  # takes POSIX file locks back for the process after a restore (no ACL call)
+OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW, OP_RELOCK)
 
 # The lease (an optional field, added within version 1): a lock or a backup that carries
 # "lease": <seconds> tells the agent that the caller will come back -- unlock, or renew the lease --
@@ -45,6 +46,14 @@ OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW)
 # without the field gets the behaviour from before leases: no lease, the engine waits for its caller.
 LEASE_OPERATIONS = (OP_LOCK, OP_BACKUP, OP_RENEW)
 MAX_LEASE = 86400.0
+
+# Relock (added within version 1): "locks": [{"fd", "type": "read"|"write", "start", "len"}], the POSIX
+# locks the process held at its checkpoint. CRIU restores them, then releases those on a file the process
+# also maps when it closes the descriptor it mapped the file through (a POSIX lock belongs to the process
+# and any close of that file drops it); only the process itself can take them again. An agent that
+# predates the operation refuses it as a bad request.
+MAX_LOCKS = 256
+LOCK_TYPES = ("read", "write")
 
 STATE_RUNNING = "RUNNING"
 STATE_LOCKED = "LOCKED"
@@ -59,6 +68,7 @@ KIND_BUSY = "busy"                # an earlier operation is still running (reque
 KIND_UNAVAILABLE = "unavailable"  # no ACL runtime loaded in this process
 KIND_INTERNAL = "internal"
 KIND_LEASE = "lease"              # renew refused: no lease to renew, or it already ran out
+KIND_FILE_LOCK = "file_lock"      # relock: a lock another process holds now, or a descriptor not open
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 3600.0
@@ -97,10 +107,12 @@ def decode(data):
     return message
 
 
-def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None):
+def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None, locks=None):
     request = {"v": PROTOCOL_VERSION, "op": op, "timeout": float(timeout)}
     if lease is not None:
         request["lease"] = float(lease)
+    if locks is not None:
+        request["locks"] = list(locks)
     return request
 
 
@@ -118,10 +130,11 @@ def parse_request(message):
         raise ProtocolError("field 'timeout': expected a number of seconds, got %r" % (timeout,))
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ProtocolError("field 'timeout': %r is outside (0, %d] seconds" % (timeout, MAX_TIMEOUT))
-    unknown = sorted(set(message) - {"v", "op", "timeout", "lease"})
+    unknown = sorted(set(message) - {"v", "op", "timeout", "lease", "locks"})
     if unknown:
         raise ProtocolError("unknown field(s) %s" % ", ".join(repr(k) for k in unknown))
     parse_lease(message)
+    parse_locks(message)
     return op, float(timeout)
 
 
@@ -138,6 +151,29 @@ def parse_lease(message):
     if not 0 < lease <= MAX_LEASE:
         raise ProtocolError("field 'lease': %r is outside (0, %d] seconds" % (lease, MAX_LEASE))
     return float(lease)
+
+
+def parse_locks(message):
+    """The relock request's locks as [(fd, type, start, len)]; ProtocolError naming what is malformed."""
+    if message.get("op") != OP_RELOCK:
+        if "locks" in message:
+            raise ProtocolError("field 'locks': only %s takes locks, not %r" % (OP_RELOCK, message.get("op")))
+        return None
+    locks = message.get("locks")
+    if not isinstance(locks, list) or not 0 < len(locks) <= MAX_LOCKS:
+        raise ProtocolError("field 'locks': expected a list of 1 to %d locks, got %r" % (MAX_LOCKS, locks))
+    parsed = []
+    for index, lock in enumerate(locks):
+        if not isinstance(lock, dict) or sorted(lock) != ["fd", "len", "start", "type"]:
+            raise ProtocolError("field 'locks[%d]': expected exactly fd, type, start and len, got %r" % (index, lock))
+        numbers = [lock[key] for key in ("fd", "start", "len")]
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in numbers):
+            raise ProtocolError("field 'locks[%d]': fd, start and len must be integers >= 0, got %r" % (index, lock))
+        if lock["type"] not in LOCK_TYPES:
+            raise ProtocolError("field 'locks[%d].type': %r is not one of %s"
+                                % (index, lock["type"], ", ".join(LOCK_TYPES)))
+        parsed.append((lock["fd"], lock["type"], lock["start"], lock["len"]))
+    return parsed
 
 
 def error_reply(op, kind, message, state=None, code=None, name=None):

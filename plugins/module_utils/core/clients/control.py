@@ -124,9 +124,10 @@ class AgentSocketClient:
             return os.path.exists(self.path), "no socket at %s" % self.path
         return wait_for(listening, timeout, interval=0.01, what="the agent socket %s" % self.path)
 
-    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None):
-        """One request; ``lease`` (seconds) goes with lock, backup and renew (see protocol.py)."""
-        data = protocol.encode(protocol.make_request(op, timeout, lease))
+    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, locks=None):
+        """One request; ``lease`` (seconds) goes with lock, backup and renew, ``locks`` with relock (see
+        protocol.py)."""
+        data = protocol.encode(protocol.make_request(op, timeout, lease, locks))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout + TRANSPORT_MARGIN)
         try:
@@ -171,9 +172,9 @@ class HttpEndpointClient:
         self.base_url = base_url.rstrip("/")
         self.paths = dict(DEFAULT_HTTP_PATHS)
         for op, path in (paths or {}).items():
-            if op not in protocol.OPERATIONS:
+            if op not in DEFAULT_HTTP_PATHS:  # relock is the in-process agent's, after a restore
                 raise ParameterError("endpoint_paths: unknown operation %r; use keys from %s"
-                                     % (op, ", ".join(protocol.OPERATIONS)))
+                                     % (op, ", ".join(DEFAULT_HTTP_PATHS)))
             if not isinstance(path, str) or not path.startswith("/"):
                 raise ParameterError("endpoint_paths.%s: expected a path starting with '/', got %r" % (op, path))
             self.paths[op] = path

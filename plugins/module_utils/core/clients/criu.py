@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one client for the CRIU binary, CRIU's logs and the one CRIU image the collection reads.
+"""The one client for the CRIU binary, CRIU's logs and the two CRIU images the collection reads.
 PRIVATE to the inferops.snapshot collection.
 
 A failed CRIU run (directly, or through runc) keeps its log: ``keep_log`` copies it into
@@ -32,6 +32,11 @@ PSTREE_IMAGE = "pstree.img"
 IMG_COMMON_MAGIC = 0x54564319
 IMG_SERVICE_MAGIC = 0x55105940
 PSTREE_MAGIC = 0x50273030
+FILE_LOCKS_IMAGE = "filelocks.img"
+FILE_LOCKS_MAGIC = 0x54323616
+# criu/include/file-lock.h: the lock's style (flag) and, for POSIX locks, fcntl's F_RDLCK / F_WRLCK (type)
+FL_POSIX = 1
+F_RDLCK, F_WRLCK = 0, 1
 # CRIU error lines that are not the cause: a harmless early one, and the unwinding after the cause.
 NOT_THE_CAUSE = ("rlimit: Can't setup RLIMIT_NOFILE", "Restoring FAILED", "cgroupd: recv req error",
                  "Dumping FAILED")
@@ -258,7 +263,7 @@ class LazyPages:
             self.status = self.process.returncode
 
 
-# -- the one image we read: the process tree ---------------------------------------------------------
+# -- the images we read: the process tree and the file locks ------------------------------------------
 
 def _varint(data, pos):
     result = shift = 0
@@ -273,8 +278,13 @@ def _varint(data, pos):
         shift += 7
 
 
+def _signed(value, bits=64):
+    """A protobuf int32/int64 read as a varint: negative values are two's complement on 64 bits."""
+    return value - (1 << 64) if value >= 1 << (bits - 1) else value
+
+
 def _pb_fields(message):
-    """(field number, wire type, value) of a protobuf message; enough of the wire format for pstree entries."""
+    """(field number, wire type, value) of a protobuf message; enough of the wire format for CRIU's entries."""
     pos = 0
     while pos < len(message):
         key, pos = _varint(message, pos)
@@ -294,29 +304,35 @@ def _pb_fields(message):
         yield number, wire, value
 
 
+def _image_entries(images_dir, name, magic, what):
+    """The protobuf messages of one CRIU image (``what`` it holds): its magic, then (size, message) records."""
+    with open(os.path.join(images_dir, name), "rb") as handle:
+        data = handle.read()
+    if len(data) < 8:
+        raise ValueError("%s is too short to be a CRIU image" % name)
+    first, second = struct.unpack_from("<II", data, 0)
+    found, pos = (second, 8) if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else (first, 4)
+    if found != magic:
+        raise ValueError("%s has magic 0x%08x, not CRIU's %s magic" % (name, found, what))
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError("%s is truncated" % name)
+        size = struct.unpack_from("<I", data, pos)[0]
+        message = data[pos + 4:pos + 4 + size]
+        if len(message) != size:
+            raise ValueError("%s is truncated" % name)
+        pos += 4 + size
+        yield message
+
+
 def read_pstree(images_dir):
     """The checkpointed process tree from CRIU's ``pstree.img``: [(pid, [thread ids])], root first.
 
     A bare process is restored with these very pids and thread ids, so they must be free. Raises
     ValueError (IOError/OSError when the file cannot be read) for an image this parser does not know.
     """
-    with open(os.path.join(images_dir, PSTREE_IMAGE), "rb") as handle:
-        data = handle.read()
-    if len(data) < 8:
-        raise ValueError("%s is too short to be a CRIU image" % PSTREE_IMAGE)
-    first, second = struct.unpack_from("<II", data, 0)
-    magic, pos = (second, 8) if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else (first, 4)
-    if magic != PSTREE_MAGIC:
-        raise ValueError("%s has magic 0x%08x, not CRIU's pstree magic" % (PSTREE_IMAGE, magic))
     tree = []
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ValueError("%s is truncated" % PSTREE_IMAGE)
-        size = struct.unpack_from("<I", data, pos)[0]
-        message = data[pos + 4:pos + 4 + size]
-        if len(message) != size:
-            raise ValueError("%s is truncated" % PSTREE_IMAGE)
-        pos += 4 + size
+    for message in _image_entries(images_dir, PSTREE_IMAGE, PSTREE_MAGIC, "pstree"):
         pid, threads = None, []
         for number, wire, value in _pb_fields(message):
             if number == 1 and wire == 0:  # pstree_entry.pid
@@ -334,6 +350,28 @@ def read_pstree(images_dir):
     if not tree:
         raise ValueError("%s holds no process" % PSTREE_IMAGE)
     return tree
+
+
+def read_posix_locks(images_dir):
+    """The POSIX (fcntl) locks the checkpointed processes held, from CRIU's ``filelocks.img`` (written with
+    --file-locks): [{"pid" (in the checkpoint's pid namespace), "fd", "type" ("read"/"write"), "start",
+    "len" (0: to the end of the file)}]. An image without the file held none. flock, OFD locks and leases
+    belong to the open file, not the process, and are left out. ValueError for an image this parser does not
+    know."""
+    if not os.path.exists(os.path.join(images_dir, FILE_LOCKS_IMAGE)):
+        return []
+    locks = []
+    for message in _image_entries(images_dir, FILE_LOCKS_IMAGE, FILE_LOCKS_MAGIC, "file locks"):
+        entry = dict((number, value) for number, wire, value in _pb_fields(message) if wire == 0)
+        if not {1, 2, 3, 4, 5, 6} <= set(entry):
+            raise ValueError("%s has an entry without all of flag, type, pid, fd, start and len" % FILE_LOCKS_IMAGE)
+        if not entry[1] & FL_POSIX:
+            continue
+        if entry[2] not in (F_RDLCK, F_WRLCK):
+            raise ValueError("%s has a POSIX lock of unknown type %d" % (FILE_LOCKS_IMAGE, entry[2]))
+        locks.append({"pid": _signed(entry[3]), "fd": _signed(entry[4]), "type": "read" if entry[2] == F_RDLCK
+                      else "write", "start": _signed(entry[5]), "len": _signed(entry[6])})
+    return locks
 
 
 # -- work directories ------------------------------------------------------------------------------

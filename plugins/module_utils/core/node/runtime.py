@@ -330,7 +330,7 @@ class Runtime:
                   "authenticated": bool((attempt.verdict or {}).get("authenticated"))}
         record["verify"].update(image_checked=bool(request["image_id"] or driver.docker.get("image_id")),
                                 identity_checked=request["identity"] is not None)
-        for detail in ("record_error", "lazy_pages"):
+        for detail in ("record_error", "lazy_pages", "file_locks"):
             if detail in attempt.details:
                 record[detail] = attempt.details[detail]
         self.log.write(record)

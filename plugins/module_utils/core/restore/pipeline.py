@@ -6,8 +6,8 @@
 Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the node's restore-on-create
 runtime, a bare process -- runs these stages on one stopwatch:
 
-    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> device_restore -> pages_in
-        -> canary
+    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> file_locks -> device_restore
+        -> pages_in -> canary
                  any failure, at any stage: undo what was started -> cold_start, with the reason
 
 and records the attempt in the snapshot's status record. A driver supplies only what differs
@@ -41,7 +41,7 @@ import traceback
 from .. import canary, device, encryption, layout, manifest, paths, plaintext, proc, stage as staged_cache, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
-from . import verify
+from . import file_locks, verify
 
 
 DECRYPT_DIR = "/dev/shm"   # tmpfs: the plaintext of an encrypted snapshot never reaches a disk
@@ -264,6 +264,11 @@ def run(driver, attempt):
                 driver.release(attempt)
         with stage("metadata"):
             driver.after_host_restore(attempt)
+        with stage("file_locks"):  # the POSIX locks CRIU dropped at the restore, held again before anything serves
+            locks = file_locks.hold_again(attempt.images_dir, attempt.pid, driver.agent_socket_dir(attempt),
+                                          min(attempt.remaining(1.0), 10.0), gone=lambda: not driver.alive(attempt))
+            if locks:
+                attempt.details["file_locks"] = locks
         if attempt.device_restore and attempt.manifest.get("device"):
             with stage("device_restore"):  # the device copy overlaps a lazy restore's page copy; unlock waits for it
                 attempt.device_actions = driver.device_resume(attempt)
