@@ -90,6 +90,19 @@ def agent_env(env=None):
     return env
 
 
+def old_agent_package(tmp_path):
+    """A copy of the agent as an image built before leases has it: its protocol knows none of the request fields
+    added since (lease, locks). Its PYTHONPATH entry, for ``ensure_agent_package``'s place."""
+    old = tmp_path / "old_agent" / "inferops_agent"
+    shutil.copytree(str(MODULE_UTILS / "core" / "agent"), str(old))
+    protocol = old / "protocol.py"
+    known = '{"v", "op", "timeout", "lease", "locks"}'
+    text = protocol.read_text()
+    assert known in text, "the agent's known request fields changed: make old_agent_package follow"
+    protocol.write_text(text.replace(known, '{"v", "op", "timeout"}'))
+    return old.parent
+
+
 @pytest.fixture(scope="session")
 def simulator_library():
     out = BUILD / "simulator"
@@ -316,8 +329,9 @@ class WorkloadContainer:
     """The workload image run the way an operator would: host network, the simulated NPU's device
     files bind-mounted from the host (so they outlive the container, like a real device)."""
 
-    def __init__(self, name, image, device_dir, port, **env):
+    def __init__(self, name, image, device_dir, port, mounts=(), **env):
         self.name, self.image, self.device_dir, self.port = name, image, device_dir, port
+        self.mounts = list(mounts)  # more host directories, each at the same path in the container
         self.env = {"ACL_SIM_DEVICE_DIR": str(device_dir), "ACL_SIM_DEVICE_MEM_BYTES": "256M",
                     "WORKLOAD_PORT": str(port), "WORKLOAD_DEVICE_MB": "32", "WORKLOAD_HOST_MB": "16",
                     "WORKLOAD_WARMUP_SECONDS": "2"}
@@ -329,6 +343,8 @@ class WorkloadContainer:
 
     def create_args(self):
         args = ["--name", self.name, "--network", "host", "-v", "%s:%s" % (self.device_dir, self.device_dir)]
+        for directory in self.mounts:
+            args += ["-v", "%s:%s" % (directory, directory)]
         for key, value in sorted(self.env.items()):
             args += ["-e", "%s=%s" % (key, value)]
         return args + [self.image]
@@ -360,6 +376,9 @@ class WorkloadContainer:
 
     def info(self):
         return http_get(self.url + "/v1/info")[1]
+
+    def pid(self):
+        return int(docker("inspect", "--format", "{{.State.Pid}}", self.name))
 
     def remove(self):
         docker("rm", "-f", self.name, check=False)

@@ -54,8 +54,8 @@ class ActionModule(ActionBase):
                 outcome = self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars)
                 attempts += outcome.get("attempts") or 0
                 left = deadline - time.monotonic()
-                if not (outcome.get("failed") and outcome.get("timed_out")) or left <= 0.1:
-                    break
+                if not (outcome.get("failed") and outcome.get("timed_out")) or left <= 0:
+                    break  # "not ready within <timeout> s" only once the whole timeout has passed
                 self._display.display("[%s] wait_serving: %s: not ready after %d s (last: %s); %s left"
                                       % (host, what(args), time.monotonic() - started, outcome.get("last"),
                                          "%d s" % round(left) if left >= 1 else "under 1 s"))

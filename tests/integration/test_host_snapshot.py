@@ -17,7 +17,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core import gene
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak
 from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint as host_checkpoint_module
-from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
+from conftest import WorkloadContainer, docker, free_port, posix_locks, reset_device, run_module
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
 WARMUP = 20.0
@@ -53,11 +53,16 @@ def warm_snapshot(docker_env, tmp_path_factory):
     device_dir.mkdir(mode=0o700)
     root = base / "snapshots"
     pod = "pod-%s" % uuid.uuid4().hex[:6]
-    container = WorkloadContainer(pod, docker_env, device_dir, free_port(), WORKLOAD_WARMUP_SECONDS=WARMUP)
+    cache = base / "cache"  # read locks held on a bind mount, one on a mapped file, as SQLite's are
+    cache.mkdir(mode=0o700)
+    container = WorkloadContainer(pod, docker_env, device_dir, free_port(), mounts=[cache],
+                                  WORKLOAD_WARMUP_SECONDS=WARMUP, WORKLOAD_LOCK_DIR=cache)
     started = time.monotonic()
     container.run()
     container.wait_ready(timeout=WARMUP + 60)
     expected = [container.generate(p) for p in PROMPTS]
+    locks = posix_locks(container.pid())
+    assert len(locks) == 2, locks
     cold_seconds = time.monotonic() - started
 
     # Requests keep flowing during generation: they may wait while the process is locked, never fail.
@@ -78,7 +83,7 @@ def warm_snapshot(docker_env, tmp_path_factory):
     finally:
         stop.set()
         thread.join(60)
-    data = dict(container=container, root=root, pod=pod, device_dir=device_dir, expected=expected,
+    data = dict(container=container, root=root, pod=pod, device_dir=device_dir, expected=expected, locks=locks,
                 cold_seconds=cold_seconds, checkpoint=checkpoint, failures=failures, served=served,
                 image=docker_env, base=base)
     yield data
@@ -217,6 +222,9 @@ def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
     assert info["metadata"]["env"]["POD_IP"] == "10.1.2.3" and info["metadata"]["restored"] is True
     assert "10.1.2.3" not in json.dumps({k: v for k, v in result.items() if k != "invocation"})
     assert "POD_IP" in result["metadata_env_keys"]
+    # docker start --checkpoint restores no file lock (Docker does not ask CRIU to): the engine's agent took both back
+    assert posix_locks(w["container"].pid()) == w["locks"]
+    assert result["file_locks"] == {"checkpointed": 2, "taken_back": 2}, result.get("file_locks")
     # containerd copies the images into its temp dir for the restore and never removes them (#10166)
     assert containerd_tmp, "no containerd process found"
     leaked = [path for path in containerd_leak.list_copies(containerd_tmp) - copies_before

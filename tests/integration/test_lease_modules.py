@@ -3,13 +3,12 @@ workload under the real agent on the simulated NPU: npu_snapshot_lock and npu_sn
 lease, a second state=locked renews it, lease=0 asks for none, the agent's record of an abandoned lock
 comes back in the results, and an engine's own HTTP endpoint carries the lease too."""
 
-import subprocess
 import time
 
 import pytest
 
 import conftest
-from conftest import MODULE_UTILS, Workload, run_module
+from conftest import Workload, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 
@@ -75,12 +74,8 @@ def test_a_lease_through_the_engines_own_http_endpoint(engine):
 
 def test_an_agent_that_predates_leases_is_refused_with_the_fix(tmp_path, simulator_library, device_dir, monkeypatch):
     """An image built with an older agent (no lease field): nothing is locked, the message says what to do."""
-    old = tmp_path / "old_agent" / "inferops_agent"
-    old.parent.mkdir()
-    subprocess.run(["cp", "-r", str(MODULE_UTILS / "core" / "agent"), str(old)], check=True)
-    text = (old / "protocol.py").read_text()
-    (old / "protocol.py").write_text(text.replace('{"v", "op", "timeout", "lease"}', '{"v", "op", "timeout"}'))
-    monkeypatch.setattr(conftest, "ensure_agent_package", lambda: old.parent)  # the image's copy of the agent
+    old = conftest.old_agent_package(tmp_path)
+    monkeypatch.setattr(conftest, "ensure_agent_package", lambda: old)  # the image's copy of the agent
     w = Workload(tmp_path, simulator_library, device_dir).start()
     monkeypatch.undo()
     try:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import conftest
-from conftest import MODULE_UTILS, REPO, Workload, ensure_agent_package, renewed_at, reset_device
+from conftest import REPO, Workload, ensure_agent_package, renewed_at, reset_device
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (
@@ -334,12 +334,8 @@ def test_the_keeper_stops_with_one_last_renewal(engine):
 def test_an_agent_that_predates_leases_refuses_the_field_and_the_client_says_what_to_do(
         tmp_path, simulator_library, device_dir, monkeypatch):
     """An image built with an older agent (no lease field): nothing is locked, the message names the fix."""
-    old = tmp_path / "old_agent" / "inferops_agent"
-    old.parent.mkdir()
-    subprocess.run(["cp", "-r", str(MODULE_UTILS / "core" / "agent"), str(old)], check=True)
-    text = (old / "protocol.py").read_text()
-    (old / "protocol.py").write_text(text.replace('{"v", "op", "timeout", "lease", "locks"}', '{"v", "op", "timeout"}'))
-    monkeypatch.setattr(conftest, "ensure_agent_package", lambda: old.parent)  # the image's copy of the agent
+    old = conftest.old_agent_package(tmp_path)
+    monkeypatch.setattr(conftest, "ensure_agent_package", lambda: old)  # the image's copy of the agent
     w = Workload(tmp_path, simulator_library, device_dir, WORKLOAD_WARMUP_SECONDS="0.1").start()
     monkeypatch.undo()
     try:
