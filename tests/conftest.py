@@ -377,7 +377,9 @@ class WorkloadContainer:
     def info(self):
         return http_get(self.url + "/v1/info")[1]
 
+    @property
     def pid(self):
+        """The container's process, as the host sees it."""
         return int(docker("inspect", "--format", "{{.State.Pid}}", self.name))
 
     def remove(self):

@@ -39,10 +39,6 @@ class Instance(WorkloadContainer):
             args += ["-e", "%s=%s" % (key, value)]
         return args + [self.image]
 
-    @property
-    def pid(self):
-        return int(docker("inspect", "--format", "{{.State.Pid}}", self.name))
-
     def get(self, path, timeout=30):
         """GET inside the container's own network namespace (a clone's port is not on the host's)."""
         code, body = netns.request(self.pid, "http://127.0.0.1:%d%s" % (self.port, path), timeout=timeout)

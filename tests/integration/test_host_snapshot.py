@@ -61,7 +61,7 @@ def warm_snapshot(docker_env, tmp_path_factory):
     container.run()
     container.wait_ready(timeout=WARMUP + 60)
     expected = [container.generate(p) for p in PROMPTS]
-    locks = posix_locks(container.pid())
+    locks = posix_locks(container.pid)
     assert len(locks) == 2, locks
     cold_seconds = time.monotonic() - started
 
@@ -223,7 +223,7 @@ def test_delete_reset_recreate_restores_identical_answers_fast(warm_snapshot):
     assert "10.1.2.3" not in json.dumps({k: v for k, v in result.items() if k != "invocation"})
     assert "POD_IP" in result["metadata_env_keys"]
     # docker start --checkpoint restores no file lock (Docker does not ask CRIU to): the engine's agent took both back
-    assert posix_locks(w["container"].pid()) == w["locks"]
+    assert posix_locks(w["container"].pid) == w["locks"]
     assert result["file_locks"] == {"checkpointed": 2, "taken_back": 2}, result.get("file_locks")
     # containerd copies the images into its temp dir for the restore and never removes them (#10166)
     assert containerd_tmp, "no containerd process found"
