@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -130,6 +131,29 @@ def posix_locks(pid):
     with open("/proc/locks") as handle:
         fields = [line.split() for line in handle]
     return sorted((f[3], f[5], f[6], f[7]) for f in fields if len(f) > 7 and f[1] == "POSIX" and f[4] == str(pid))
+
+
+def protobuf_varint(value):
+    """``value`` in protobuf's varint encoding (a negative int32/int64 as two's complement on 64 bits)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def criu_image(directory, name, magic, messages, common=True):
+    """Write CRIU image ``name`` into ``directory`` as CRIU does: (common magic,) its magic, then each protobuf
+    message after its 4-byte size. Returns ``directory``."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
+    directory.mkdir(parents=True, exist_ok=True)
+    data = (struct.pack("<I", criu.IMG_COMMON_MAGIC) if common else b"") + struct.pack("<I", magic)
+    for message in messages:
+        data += struct.pack("<I", len(message)) + message
+    (directory / name).write_bytes(data)
+    return directory
 
 
 def free_port():

@@ -10,22 +10,12 @@ import sys
 
 import pytest
 
+from conftest import criu_image, protobuf_varint as varint
+
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, proc as proc_facts, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import CommandError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import bare, verify
-
-
-def varint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def pstree_entry(pid, ppid, threads, packed=False, extra=b""):
@@ -39,12 +29,7 @@ def pstree_entry(pid, ppid, threads, packed=False, extra=b""):
 
 
 def write_pstree(directory, entries, common=True):
-    directory.mkdir(parents=True, exist_ok=True)
-    data = (struct.pack("<I", criu.IMG_COMMON_MAGIC) if common else b"") + struct.pack("<I", criu.PSTREE_MAGIC)
-    for entry in entries:
-        data += struct.pack("<I", len(entry)) + entry
-    (directory / criu.PSTREE_IMAGE).write_bytes(data)
-    return directory
+    return criu_image(directory, criu.PSTREE_IMAGE, criu.PSTREE_MAGIC, entries, common)
 
 
 @pytest.mark.parametrize("packed", [False, True])

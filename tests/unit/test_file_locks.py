@@ -9,13 +9,12 @@ dropped it leaves. The restore with the real CRIU is in tests/integration/test_b
 import fcntl
 import os
 import re
-import struct
 import subprocess
 import sys
 
 import pytest
 
-from conftest import posix_locks
+from conftest import criu_image, posix_locks, protobuf_varint
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import launcher, protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
@@ -24,36 +23,19 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore imp
 DB_SHARED = 1073741826  # where the workload's read lock on cache.db starts (SQLite's SHARED range)
 
 
-def _varint(value):
-    value &= (1 << 64) - 1  # negative int32/int64: two's complement on 64 bits, as protobuf writes them
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _message(*fields):
-    return b"".join(_varint(number << 3) + _varint(value) for number, value in fields)
-
-
-def write_image(directory, name, magic, messages):
-    data = struct.pack("<II", criu.IMG_COMMON_MAGIC, magic)
-    for message in messages:
-        data += struct.pack("<I", len(message)) + message
-    (directory / name).write_bytes(data)
+    return b"".join(protobuf_varint(number << 3) + protobuf_varint(value) for number, value in fields)
 
 
 def checkpoint_images(directory, root, locks, flock=None):
     """pstree.img with ``root`` and filelocks.img with ``locks`` [(pid, fd, type, start, len)] (+ one flock)."""
-    write_image(directory, criu.PSTREE_IMAGE, criu.PSTREE_MAGIC, [_message((1, root), (2, 0), (3, root), (4, root),
-                                                                           (5, root))])
+    root_entry = _message((1, root), (2, 0), (3, root), (4, root), (5, root))
+    criu_image(directory, criu.PSTREE_IMAGE, criu.PSTREE_MAGIC, [root_entry])
     entries = [_message((1, criu.FL_POSIX), (2, criu.F_RDLCK if kind == "read" else criu.F_WRLCK), (3, pid),
                         (4, fd), (5, start), (6, length)) for pid, fd, kind, start, length in locks]
     if flock:
         entries.append(_message((1, 2), (2, criu.F_WRLCK), (3, root), (4, flock), (5, 0), (6, 0)))
-    write_image(directory, criu.FILE_LOCKS_IMAGE, criu.FILE_LOCKS_MAGIC, entries)
+    criu_image(directory, criu.FILE_LOCKS_IMAGE, criu.FILE_LOCKS_MAGIC, entries)
     return str(directory)
 
 
@@ -64,10 +46,10 @@ def test_the_lock_image_reader_keeps_posix_locks_only_and_knows_its_format(tmp_p
         {"pid": 7, "fd": 4, "type": "write", "start": 120, "len": 0}]
     os.unlink(os.path.join(images, criu.FILE_LOCKS_IMAGE))
     assert criu.read_posix_locks(images) == []  # CRIU writes none when nothing was locked
-    write_image(tmp_path, criu.FILE_LOCKS_IMAGE, criu.PSTREE_MAGIC, [])
+    criu_image(tmp_path, criu.FILE_LOCKS_IMAGE, criu.PSTREE_MAGIC, [])
     with pytest.raises(ValueError, match="filelocks.img has magic 0x50273030, not CRIU's file locks magic"):
         criu.read_posix_locks(images)
-    write_image(tmp_path, criu.FILE_LOCKS_IMAGE, criu.FILE_LOCKS_MAGIC, [_message((1, 1), (2, 0), (3, 7))])
+    criu_image(tmp_path, criu.FILE_LOCKS_IMAGE, criu.FILE_LOCKS_MAGIC, [_message((1, 1), (2, 0), (3, 7))])
     with pytest.raises(ValueError, match="without all of flag, type, pid, fd, start and len"):
         criu.read_posix_locks(images)
 
@@ -111,7 +93,6 @@ def test_the_agent_takes_back_a_dropped_lock_and_the_check_sees_it(engine, tmp_p
     assert len(held) == 2, held
     assert file_locks.held(engine.pid, db) == {("read", DB_SHARED, 510)}
     # the checkpoint held one more: a write lock on the database's first page, which the restore dropped
-    (tmp_path / "images").mkdir()
     images = checkpoint_images(tmp_path / "images", engine.pid, [(engine.pid, db, "read", DB_SHARED, 510),
                                                                  (engine.pid, db, "write", 0, 4096)])
     assert [lock["start"] for lock in file_locks.missing(engine.pid, criu.read_posix_locks(images))] == [0]
@@ -125,7 +106,6 @@ def test_the_agent_takes_back_a_dropped_lock_and_the_check_sees_it(engine, tmp_p
 
 def test_a_lock_another_process_took_meanwhile_is_a_failure_naming_it(engine, tmp_path):
     db = engine.fds[str(engine.cache / "cache.db")]
-    (tmp_path / "images").mkdir()
     images = checkpoint_images(tmp_path / "images", engine.pid, [(engine.pid, db, "write", 0, 4096)])
     other = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'r+b'); "
                               "fcntl.lockf(f, fcntl.LOCK_EX, 4096, 0); print('held', flush=True); sys.stdin.read()",
@@ -144,7 +124,6 @@ def test_a_lock_another_process_took_meanwhile_is_a_failure_naming_it(engine, tm
 
 def test_without_an_agent_or_in_another_process_a_lost_lock_is_a_failure(engine, tmp_path):
     db = engine.fds[str(engine.cache / "cache.db")]
-    (tmp_path / "images").mkdir()
     images = checkpoint_images(tmp_path / "images", engine.pid, [(engine.pid, db, "write", 0, 4096)])
     with pytest.raises(file_locks.LocksLost, match="its agent could not take them back: the agent socket .* did "
                                                    "not happen within 0.5 s"):

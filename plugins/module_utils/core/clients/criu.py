@@ -278,9 +278,9 @@ def _varint(data, pos):
         shift += 7
 
 
-def _signed(value, bits=64):
+def _signed(value):
     """A protobuf int32/int64 read as a varint: negative values are two's complement on 64 bits."""
-    return value - (1 << 64) if value >= 1 << (bits - 1) else value
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _pb_fields(message):

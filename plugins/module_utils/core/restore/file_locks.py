@@ -8,7 +8,9 @@ process's files; it then closes the descriptors it mapped them through, and clos
 file releases every POSIX lock the process holds on that file (POSIX semantics). An engine that maps a
 file it locks -- SQLite's ``-shm`` index, which llama.cpp's disk cache uses -- comes back believing it
 holds locks it no longer has, and another writer is not kept out. Seen with CRIU 4.2.1 on these nodes,
-bare and in containers (tests/integration/test_file_locks.py).
+bare and in containers; ``docker start --checkpoint`` restores no POSIX lock at all (Docker does not ask
+CRIU to). Tested in tests/unit/test_file_locks.py and, with the real CRIU, test_bare_process_restore.py,
+test_host_snapshot.py and test_llama_engine.py.
 
 Only the process itself can take a POSIX lock again: its agent does (protocol.OP_RELOCK), before the
 engine is unlocked. What a process holds is read from /proc/<pid>/fdinfo/<fd>. A lock still missing
@@ -57,8 +59,8 @@ def held(pid, fd, proc_root="/proc"):
 
 def missing(pid, locks, proc_root="/proc"):
     """Those of ``locks`` (criu.read_posix_locks entries) that process ``pid`` does not hold."""
-    return [lock for lock in locks
-            if (lock["type"], lock["start"], lock["len"]) not in held(pid, lock["fd"], proc_root)]
+    by_fd = dict((fd, held(pid, fd, proc_root)) for fd in set(lock["fd"] for lock in locks))
+    return [lock for lock in locks if (lock["type"], lock["start"], lock["len"]) not in by_fd[lock["fd"]]]
 
 
 def host_pids(root_pid, proc_root="/proc"):
