@@ -124,6 +124,30 @@ def test_the_agent_folder_is_self_contained():
                 assert node.module.split(".")[0] in sys.stdlib_module_names | {"__future__"}, (path, node.module)
 
 
+def test_core_imports_the_standard_library_and_the_two_agreed_libraries_only():
+    """core/ runs on the nodes' bare python3 (the restore-on-create runtime): the standard library, jsonschema (every
+    document is validated; snapshot_prereqs and snapshot_node install python3-jsonschema) and cryptography (signing,
+    encryption; python3-cryptography), each in its one home. Python 2 fallbacks only inside a try."""
+    homes = {"jsonschema": {"schema.py"}, "cryptography": {"signature.py", "encryption.py"}}
+    found = []
+    for path in python_files(PLUGINS / "module_utils" / "core"):
+        tree = ast.parse(path.read_text())
+        guarded = set(id(inner) for node in ast.walk(tree) if isinstance(node, ast.Try)
+                      and any("ImportError" in ast.dump(handler) for handler in node.handlers)
+                      for statement in node.body + node.handlers for inner in ast.walk(statement))
+        for node in ast.walk(tree):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for top in (name.split(".")[0] for name in names):
+                if top in sys.stdlib_module_names or top == "__future__":
+                    continue
+                if path.name not in homes.get(top, set()) and not (top not in homes and id(node) in guarded):
+                    found.append("%s imports %s" % (path.relative_to(REPO), top))
+                elif top in homes and id(node) not in guarded:
+                    found.append("%s imports %s unguarded (a missing library must be a clear error)" % (path.name, top))
+    assert not found
+
+
 def test_the_agent_runs_as_a_package_copied_under_any_name(tmp_path):
     copy = tmp_path / "inferops_agent"
     subprocess.run(["cp", "-r", str(PLUGINS / "module_utils" / "core" / "agent"), str(copy)], check=True)

@@ -54,3 +54,23 @@ def test_identity_names_are_restricted():
     assert schema.errors("manifest", good, definition="identity") == []
     for bad in ("../x", "a/b", "", "-x"):
         assert schema.errors("manifest", dict(good, pod=bad), definition="identity"), bad
+
+
+def test_one_validator_and_without_it_nothing_is_accepted(monkeypatch):
+    """jsonschema is the only validator (no hand-written subset beside it): where it is missing, a document is
+    refused with what to install, never taken unchecked."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import MissingLibrary
+    assert not hasattr(schema, "Subset")
+    monkeypatch.setattr(schema, "HAS_JSONSCHEMA", False)
+    for call in (lambda: schema.validate("snapshot-config", GOOD, "snapshot_config"),
+                 lambda: schema.errors("snapshot-config", GOOD)):
+        with pytest.raises(MissingLibrary, match="has no jsonschema library.*python3-jsonschema"):
+            call()
+
+
+def test_a_subschema_is_checked_with_its_references_resolved():
+    status = schema.SCHEMAS["status"]
+    item = status["properties"]["history"]["items"]
+    assert schema.errors("status", {"status": "completed", "reason": None, "at": "2026-11-01T00:00:00Z"},
+                         subschema=item) == []
+    assert schema.errors("status", {"status": "bogus"}, subschema=item)

@@ -43,3 +43,7 @@ class CommandError(SnapshotError):
 
 class SnapshotTimeout(SnapshotError):
     """A wait or an operation ran out of time; the result carries the last observed state."""
+
+
+class MissingLibrary(SnapshotError):
+    """A Python library the operation needs (jsonschema, cryptography) is not installed; the message says which."""

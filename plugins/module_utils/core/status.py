@@ -93,7 +93,7 @@ def _valid_parts(record):
     for key, value in record.items():
         if key in ("restores", "history") and isinstance(value, list):
             item_schema = properties[key]["items"]
-            kept[key] = [item for item in value if not schema.Subset(schema.SCHEMAS["status"]).errors(item_schema, item)]
-        elif key in properties and not schema.Subset(schema.SCHEMAS["status"]).errors(properties[key], value):
+            kept[key] = [item for item in value if not schema.errors("status", item, subschema=item_schema)]
+        elif key in properties and not schema.errors("status", value, subschema=properties[key]):
             kept[key] = value
     return kept
