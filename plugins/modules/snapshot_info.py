@@ -240,14 +240,12 @@ import os
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, signature, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import world
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu import CriuCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc import RuncCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import docker_world_now
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],
@@ -306,7 +304,10 @@ def main_logic(module):
                   checksum=manifest.fingerprint(snapshot_dir) if published else None)
     result["npu_dir_exists"] = (os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
                                 if params["npu_dir"] else None)
-    if params["verify"]:
+    if published:
+        # The restore pipeline's own verdict (hashing only with verify): valid, why not, and which of its reasons
+        # say the snapshot no longer belongs to the container as it runs now (a new model, other arguments) -- a
+        # stale snapshot is never restored, so it is not usable and the next generation replaces it.
         image = params["image"]
         if image and not image.startswith("sha256:"):
             image = docker.image_id(image)
@@ -314,26 +315,19 @@ def main_logic(module):
             image = container["image_id"]
         expect = verify.expectations(identity, image, params["criu_version"], params["runtime_version"])
         trusted = signature.load_public_keys(params["trusted_keys"], "trusted_keys")
-        valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"],
-                                                  trusted=trusted)
-        result["authenticated"] = details["authenticated"]
-        hashing = details["hashing"] or {}
-        result.update(valid=valid, reasons=reasons, bytes=details["bytes"],
-                      throughput_mb_s=hashing.get("throughput_mb_s"))
-        result["usable"] = bool(valid and (record is None or record.get("status") == "completed"))
-        if valid and record is not None and record.get("status") != "completed":
-            result["reasons"] = ["status: the record says %s, not completed" % record.get("status")]
-    if published and container.get("exists"):
-        # Whether it belongs to the container as it runs now (a new model, other arguments): a stale
-        # snapshot is never restored, so it is not usable and the next generation replaces it.
-        try:
-            recorded = manifest.load_manifest(snapshot_dir)
-        except (IOError, OSError, ValueError):
-            recorded = None
-        result["stale_reasons"] = world.stale(recorded, docker.inspect_container(params["container"]),
-                                              CriuCli().version(), RuncCli().version()) if recorded else []
-        if result["stale_reasons"]:
-            result.update(usable=False, reasons=result["reasons"] + result["stale_reasons"])
+        world_now = (lambda recorded: docker_world_now(docker, params["container"], recorded)) \
+            if container.get("exists") else None
+        verdict = verify.for_restore(snapshot_dir, None, expect, params["min_size"], params["workers"],
+                                     hash_files=params["verify"], trusted=trusted, world_now=world_now)
+        result["stale_reasons"] = verify.stale_reasons(verdict) if container.get("exists") else []
+        if params["verify"]:
+            result.update(valid=verdict["valid"], reasons=verdict["reasons"], bytes=verdict["bytes"],
+                          throughput_mb_s=verdict["throughput_mb_s"], authenticated=verdict["authenticated"])
+            result["usable"] = bool(verdict["valid"] and (record is None or record.get("status") == "completed"))
+            if verdict["valid"] and record is not None and record.get("status") != "completed":
+                result["reasons"] = ["status: the record says %s, not completed" % record.get("status")]
+        elif result["stale_reasons"]:
+            result["reasons"] = list(result["stale_reasons"])
     else:
         result["stale_reasons"] = []
     if params["device_state"]:

@@ -150,7 +150,7 @@ progress:
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, paths, schema, signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths, schema, signature
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
@@ -187,21 +187,21 @@ def main_logic(module):
     expect = verify.expectations(params["identity"], image, params["criu_version"], params["runtime_version"])
     progress = Progress("verify %s" % snapshot_dir, module.log, watch=watch)
     trusted = signature.load_public_keys(params["trusted_keys"], "trusted_keys")
-    valid, reasons, details = manifest.verify(snapshot_dir, params["min_size"], expect, params["workers"],
-                                              progress=progress.bytes_done, trusted=trusted)
-    hashing = details["hashing"] or {}
-    recorded = details["manifest"] or {}
-    progress.final("valid" if valid else "invalid")
+    # The restore pipeline's own verdict, so that this module and a restore never disagree.
+    verdict = verify.for_restore(snapshot_dir, None, expect, params["min_size"], params["workers"],
+                                 progress=progress.bytes_done, trusted=trusted)
+    recorded = verdict["manifest"] or {}
+    progress.final("valid" if verdict["valid"] else "invalid")
     result = dict(
-        changed=False, valid=valid, reasons=reasons, authenticated=details["authenticated"], key_id=details["key_id"],
-        checksum=details["fingerprint"], bytes=details["bytes"], files=details["files"],
-        throughput_mb_s=hashing.get("throughput_mb_s"), workers=hashing.get("workers"),
+        changed=False, valid=verdict["valid"], reasons=verdict["reasons"], authenticated=verdict["authenticated"],
+        key_id=verdict["key_id"], checksum=verdict["fingerprint"], bytes=verdict["bytes"], files=verdict["files"],
+        throughput_mb_s=verdict["throughput_mb_s"], workers=verdict["workers"],
         manifest={key: recorded.get(key) for key in ("identity", "created_at", "image", "engine", "runtime", "devices")},
-        durations={"hash": hashing.get("seconds", 0.0), "total": round(watch.elapsed(), 6)},
+        durations={"hash": verdict["hashing_s"], "total": round(watch.elapsed(), 6)},
         progress=progress.lines, snapshot_dir=snapshot_dir,
     )
-    if not valid and params["fail_on_invalid"]:
-        raise SnapshotError("snapshot %s is invalid: %s" % (snapshot_dir, "; ".join(reasons)), **result)
+    if not verdict["valid"] and params["fail_on_invalid"]:
+        raise SnapshotError("snapshot %s is invalid: %s" % (snapshot_dir, verify.reason(verdict)), **result)
     return result
 
 

@@ -96,12 +96,17 @@ def write(staging_dir, spec, seen):
 
 
 def load(snapshot_dir):
-    """The recorded canary of a (verified) snapshot, or None when it has none."""
+    """The recorded canary of a snapshot being generated (its staging directory), or None when it has none."""
     path = os.path.join(snapshot_dir, layout.CANARY)
     if not os.path.isfile(path):
         return None
-    with open(path) as handle:
-        doc = json.load(handle)
+    with open(path, "rb") as handle:
+        return parse(handle.read())
+
+
+def parse(data):
+    """The canary document from its bytes (as a restore verified them)."""
+    doc = json.loads(data.decode("utf-8"))
     schema.validate("manifest", doc, "canary.json", definition="canary")
     return doc
 

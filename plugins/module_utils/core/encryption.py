@@ -358,6 +358,33 @@ def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None):
             decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool)
 
 
+def decrypt_bytes(keys, data, relpath):
+    """The plaintext of a small encrypted file held in memory (as verified), with the right one of ``keys``;
+    DecryptError otherwise. Authenticated chunk by chunk, as decrypt_file does."""
+    if len(data) < HEADER.size:
+        raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
+    magic, prefix, chunk_bytes, size = HEADER.unpack(data[:HEADER.size])
+    if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
+        raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
+    plan = _chunks(size, chunk_bytes)
+    if len(data) != HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan):
+        raise DecryptError("decrypt_failed: %s does not have the size its header promises" % relpath)
+    plain = bytearray(size + SLACK)
+    for index, offset, length in plan:
+        start = HEADER.size + offset + index * TAG_BYTES
+        nonce, aad = prefix + struct.pack("<I", index), _aad(relpath, index, index == len(plan) - 1)
+        for key in keys.values():
+            try:
+                _open(key, nonce, memoryview(data)[start:start + length + TAG_BYTES], aad, memoryview(plain)[offset:])
+                break
+            except InvalidTag:
+                continue
+        else:
+            raise DecryptError("decrypt_failed: chunk %d of %s does not authenticate (a wrong key, or the ciphertext "
+                               "was changed)" % (index, relpath))
+    return bytes(plain[:size])
+
+
 def read_small(snapshot_dir, relpath, recorded, keys):
     """The plaintext bytes of a small file of a snapshot whose manifest is ``recorded`` (decrypted when it is
     stored encrypted); for the container record a module needs before the node's runtime takes over."""

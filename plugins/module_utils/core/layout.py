@@ -129,6 +129,10 @@ ENV_RESTORE_FROM = "INFEROPS_RESTORE_FROM"
 ANNOTATION_RESTORE_SOURCE = "org.inferops.restore-source"
 ENV_RESTORE_SOURCE = "INFEROPS_RESTORE_SOURCE"
 ENV_RESTORE_IDENTITY = "INFEROPS_RESTORE_IDENTITY"
+ENV_RESTORE_DEVICE = "INFEROPS_RESTORE_DEVICE"
+# A snapshot that does not verify is a refused create, not a cold start (snapshot_restore method=runtime sets it on
+# the containers it creates from a snapshot's record: nothing built from a record that may be forged runs).
+ENV_RESTORE_STRICT = "INFEROPS_RESTORE_STRICT"
 RESTORE_REQUEST_KEYS = (
     ("snapshot", ANNOTATION_RESTORE_FROM, ENV_RESTORE_FROM),
     ("timeout", "org.inferops.restore-timeout", "INFEROPS_RESTORE_TIMEOUT"),
@@ -136,7 +140,8 @@ RESTORE_REQUEST_KEYS = (
     ("identity", "org.inferops.restore-identity", ENV_RESTORE_IDENTITY),
     # a clone (fleet.py): namespace/service/instance/pod of the snapshot's own pod, another instance of the same service
     ("source", ANNOTATION_RESTORE_SOURCE, ENV_RESTORE_SOURCE),
-    ("device", "org.inferops.restore-device", "INFEROPS_RESTORE_DEVICE"),
+    ("device", "org.inferops.restore-device", ENV_RESTORE_DEVICE),
+    ("strict", "org.inferops.restore-strict", ENV_RESTORE_STRICT),
     ("runtime_version", "org.inferops.restore-runtime-version", "INFEROPS_RESTORE_RUNTIME_VERSION"),
     ("image_id", "org.inferops.restore-image-id", None),
     ("checksum", ANNOTATION_RESTORE_CHECKSUM, "INFEROPS_RESTORE_CHECKSUM"),  # the fingerprint it must have

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import layout, schema, signature, status
 from .clients.criu import major as criu_major
+from .world import image_reason
 
 MANIFEST = layout.MANIFEST
 CHECKSUMS = layout.CHECKSUMS
@@ -206,7 +207,34 @@ def load_manifest(directory):
         return json.load(handle)
 
 
-def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None, defer=None):
+# The documents a restore acts on besides the CRIU images: read once, hashed from those same bytes, and handed back
+# (``verify(keep=...)``) so that nothing reads them again by path after the verdict.
+DOCUMENTS = (MANIFEST, layout.CONTAINER_RECORD, layout.CANARY, layout.DEVICE_PART, CHUNK_INDEX)
+DOCUMENT_LIMIT = 16 * 1024 * 1024
+
+
+def read_document(path, limit=DOCUMENT_LIMIT):
+    """The bytes of a small regular file, never through a link; a larger one is an error, not a partial read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("%s is not a regular file" % path)
+        chunks, total = [], 0
+        while True:
+            data = os.read(fd, 1 << 20)
+            if not data:
+                break
+            total += len(data)
+            if total > limit:
+                raise ValueError("%s is larger than %d bytes" % (path, limit))
+            chunks.append(data)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None, defer=None,
+           keep=DOCUMENTS, unhashed=None):
     """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
 
     ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
@@ -216,20 +244,25 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     them; ``details["authenticated"]`` says whether it did.
 
     ``hash_files=False`` checks everything but the content of the files other than the manifest
-    (listing, sizes, manifest, identity, versions): for a caller whose next step hands the
-    snapshot to a component that hashes every file right before it uses them, so that no file is
-    read twice. ``details["checksums"]`` says which was done.
+    (listing, sizes, manifest, identity, versions); ``unhashed`` (relpath -> bool) does so for some files
+    only: for a caller whose next step hands those files to a component that hashes them right before it
+    uses them (the node's runtime), so that no file is read twice. ``details["checksums"]`` says which was done.
 
     ``defer`` (relpath -> bool): files whose content is checked later, by ``verify_deferred``, while the
     caller already uses them in a way that runs nothing of theirs (CRIU copying page images into tasks it
     leaves stopped). Everything else, and their listing and size, is checked now; ``details["deferred"]``
     is what ``verify_deferred`` needs (None when nothing was deferred). Until it has passed, the verdict
     covers everything but those files' bytes.
+
+    ``keep``: the small files whose bytes are read once, hashed from memory and returned in
+    ``details["documents"]`` ({relpath: bytes}, only those whose digest is the listed one): the manifest is
+    parsed from its own, and a restore acts on these bytes, never on the file again. ``checksum.sha256`` is read
+    once too: its fingerprint, its parse and the signature check are of the same bytes.
     """
     expect = expect or {}
     reasons = []
     details = {"path": directory, "bytes": 0, "files": 0, "hashing": None, "manifest": None, "authenticated": False,
-               "key_id": None, "fingerprint": None}
+               "key_id": None, "fingerprint": None, "documents": {}}
     if not os.path.isdir(directory):
         return False, ["missing: no snapshot at %s" % directory], details
     for name in (MANIFEST, CHECKSUMS):
@@ -239,14 +272,13 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
         return False, reasons, details
 
     try:
-        with open(os.path.join(directory, CHECKSUMS), "rb") as handle:
-            raw = handle.read()
+        raw = read_document(os.path.join(directory, CHECKSUMS))
         listed = parse_checksums(raw.decode("utf-8"))
-    except (ChecksumFormatError, UnicodeDecodeError) as exc:
+    except (ChecksumFormatError, UnicodeDecodeError, ValueError, IOError, OSError) as exc:
         return False, ["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)], details
     details["fingerprint"] = hashlib.sha256(raw).hexdigest()
     # Who made it, before anything else is read: an untrusted snapshot is refused whatever it holds.
-    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted)
+    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw)
     if refused:
         return False, [refused], details
     reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
@@ -261,18 +293,24 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
 
     to_hash = sorted(set(listed) & present)
     hashes, plan, chunk_bytes = {}, {}, None
-    details["checksums"] = "verified" if hash_files else "sizes only"
-    if not hash_files:
-        # Taken as listed; a file whose size differs from the manifest's record is still caught below.
-        hashes.update((rel, (os.lstat(os.path.join(directory, rel)).st_size, listed[rel]))
-                      for rel in to_hash if rel != MANIFEST)
-    if CHUNK_INDEX in to_hash and hash_files:
-        # Read once: hash these bytes and, if they are the listed ones, plan the chunked checks from them.
-        with open(os.path.join(directory, CHUNK_INDEX), "rb") as handle:
-            index_data = handle.read()
-        hashes[CHUNK_INDEX] = (len(index_data), hashlib.sha256(index_data).hexdigest())
-        if hashes[CHUNK_INDEX][1] == listed[CHUNK_INDEX]:
-            plan, chunk_bytes = _chunk_plan(index_data, listed)
+    unhashed = (lambda rel: rel != MANIFEST) if not hash_files else (unhashed or (lambda rel: False))
+    taken = [rel for rel in to_hash if rel != MANIFEST and unhashed(rel)]
+    details["checksums"] = "verified" if not taken else ("sizes only" if not hash_files else
+                                                         "verified but %d files taken as listed" % len(taken))
+    # Taken as listed; a file whose size differs from the manifest's record is still caught below.
+    hashes.update((rel, (os.lstat(os.path.join(directory, rel)).st_size, listed[rel])) for rel in taken)
+    documents = details["documents"]
+    for rel in to_hash:
+        if rel in keep and rel not in hashes:
+            try:
+                data = read_document(os.path.join(directory, rel))
+            except (IOError, OSError, ValueError) as exc:
+                return False, ["unreadable: %s: %s" % (rel, exc)], details
+            hashes[rel] = (len(data), hashlib.sha256(data).hexdigest())
+            if hashes[rel][1] == listed[rel]:
+                documents[rel] = data
+    if CHUNK_INDEX in documents:  # plan the chunked checks from the listed bytes of the index
+        plan, chunk_bytes = _chunk_plan(documents[CHUNK_INDEX], listed)
     chunked = {}
     for rel, entry in plan.items():
         if rel not in to_hash:
@@ -300,6 +338,8 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     for rel in chunked:
         good = [digest for _length, digest in chunk_hashes[rel]] == plan[rel]["chunks"]
         hashes[rel] = (plan[rel]["size"], listed[rel] if good else None)
+    stats["bytes"] += sum(size for rel, (size, _digest) in hashes.items() if rel in keep and rel not in taken
+                          and rel not in whole_hashes)  # the documents, hashed apart
     stats["chunked_files"] = len(chunked)
     if details["deferred"]:
         stats["deferred_files"] = len(details["deferred"]["listed"])
@@ -310,10 +350,10 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     reasons.extend("checksum_mismatch: %s" % rel for rel in sorted(corrupted))
 
     manifest = None
-    if MANIFEST in hashes:
+    if MANIFEST in documents:  # parsed from the bytes just hashed, never read again
         try:
-            manifest = load_manifest(directory)
-        except ValueError as exc:
+            manifest = json.loads(documents[MANIFEST].decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
             reasons.append("manifest_invalid: %s is not JSON: %s" % (MANIFEST, exc))
     if manifest is not None:
         problems = schema.errors("manifest", manifest)
@@ -351,10 +391,9 @@ def _compare(manifest, hashes, expect, already_reported):
     if expect.get("identity") is not None and manifest["identity"] != expect["identity"]:
         reasons.append("identity_mismatch: snapshot belongs to %s, not %s"
                        % (_identity_str(manifest["identity"]), _identity_str(expect["identity"])))
-    image = (manifest.get("image") or {}).get("id")
-    if expect.get("image_id") is not None and image != expect["image_id"]:
-        reasons.append("image_mismatch: snapshot was taken from image %s, the container would run %s"
-                       % (image, expect["image_id"]))
+    wrong = image_reason((manifest.get("image") or {}).get("id"), expect.get("image_id"))
+    if wrong:
+        reasons.append(wrong)
     wanted_criu = criu_major(expect.get("criu_version"))
     taken_criu = criu_major(manifest["engine"].get("criu_version"))
     if wanted_criu is not None and taken_criu != wanted_criu:

@@ -147,9 +147,10 @@ def sign(directory, private_key):
     return document
 
 
-def check(directory, trusted):
+def check(directory, trusted, checksums=None):
     """(authenticated, reason or None, key id or None) of a published snapshot against ``trusted``
-    ({key id: public key}). Without trusted keys nothing is authenticated and nothing is refused."""
+    ({key id: public key}). Without trusted keys nothing is authenticated and nothing is refused.
+    ``checksums``: the bytes of checksum.sha256 the caller read (and goes on using); read here otherwise."""
     path = os.path.join(directory, layout.SIGNATURE)
     if not trusted:
         return False, None, None
@@ -159,8 +160,9 @@ def check(directory, trusted):
         with open(path, "rb") as handle:
             raw = handle.read(64 * 1024)
         document = json.loads(raw.decode("utf-8"))
-        with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
-            checksums = handle.read()
+        if checksums is None:
+            with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
+                checksums = handle.read()
         signature = base64.b64decode(document["signature"], validate=True)
         claimed = document["key_id"]
         if document.get("algorithm") != ALGORITHM or document.get("schema_version") != 1:

@@ -258,9 +258,9 @@ def stale(recorded_manifest, info=None, criu_version=None, runc_version=None):
     reasons = []
     process = None
     if info is not None:
-        taken = (recorded_manifest.get("image") or {}).get("id")
-        if taken != info.get("Image"):
-            reasons.append("image_mismatch: snapshot of image %s, the container runs %s" % (taken, info.get("Image")))
+        wrong = image_reason((recorded_manifest.get("image") or {}).get("id"), info.get("Image"))
+        if wrong:
+            reasons.append(wrong)
         process = docker_facts(info)
     return reasons + compare(recorded_manifest.get("world"), process, criu_version, runc_version)
 
@@ -306,6 +306,17 @@ def _one_file_reason(path, was):
     except (OSError, WorldError):
         now = None
     return _difference(path, was, now)
+
+def image_reason(recorded, running=None, present=None):
+    """The one image check of every path (restore/verify.py exports it): why a snapshot of image ``recorded``
+    cannot come back here -- the container would run ``running`` (None: not known), or the image is not on this
+    host (``present`` False). None when it can."""
+    if running is not None and recorded != running:
+        return "image_mismatch: snapshot was taken from image %s, the container would run %s" % (recorded, running)
+    if present is False:
+        return "image_mismatch: image %s recorded in the snapshot is not on this host" % recorded
+    return None
+
 
 
 def _difference(where, was, cur):

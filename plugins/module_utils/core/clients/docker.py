@@ -133,6 +133,10 @@ class DockerCli:
         version, _sep, experimental = out.strip().partition(" ")
         return version, experimental == "true"
 
+    def remove(self, container):
+        """`docker rm --force`: a container that must not run (and must not be left behind)."""
+        return self.run(["rm", "--force", container])
+
     def checkpoint_support(self):
         """(data root, experimental flag): where `docker start --checkpoint` looks for checkpoints
         (``<root>/containers/<id>/checkpoints``; not always /var/lib/docker), and whether it offers them."""

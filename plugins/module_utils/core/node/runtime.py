@@ -30,28 +30,21 @@ __metaclass__ = type
 import json
 import os
 import re
-import subprocess
 import time
 import traceback
 
-from .. import encryption, fleet, layout, paths, proc, signature
-from ..clients import criu as criu_client
-from ..clients.criu import CriuCli
+from .. import encryption, fleet, layout, signature
 from ..clients.docker import env_dict
 from ..clients.runc import RuncCli, split_argv
-from ..clock import utc_now
 from ..errors import SnapshotError
 from ..restore import pipeline
-from ..restore.on_create import OnCreate
+from ..restore.node_state import NodeState
+from ..restore.on_create import OnCreate, Refused
 
 # Node settings (the role writes them to runtime.json; see roles/snapshot_node/defaults/main.yml).
 DEFAULTS = layout.RUNTIME_DEFAULTS
 REQUEST_KEYS = layout.RESTORE_REQUEST_KEYS
 POLICIES = layout.RESTORE_POLICIES
-ONCE_DIR = "restored-once"     # <state_dir>/restored-once/<id>: this container id was restored once
-RESTORED_FILE = "restored"     # <state_dir>/<id>/restored: the next `start` is a no-op
-ONCE_MARKER_DAYS = 30
-STOP_GRACE = 10.0
 # create options runc restore accepts as well, and which of them take a value.
 CREATE_VALUE_OPTIONS = ("--bundle", "-b", "--pid-file", "--console-socket", "--preserve-fds")
 CREATE_FLAGS = ("--no-pivot", "--no-new-keyring")
@@ -139,7 +132,8 @@ def restore_request(spec, config):
     if not raw.get("snapshot"):
         return None
     request = {"snapshot": raw["snapshot"], "timeout": config["timeout"], "policy": config["policy"],
-               "identity": None, "device": config["device_restore"], "runtime_version": raw.get("runtime_version"),
+               "identity": None, "device": config["device_restore"], "strict": False,
+               "runtime_version": raw.get("runtime_version"),
                "image_id": raw.get("image_id"), "checksum": raw.get("checksum"),
                "metadata_file": raw.get("metadata_file") or config["metadata_file"],
                "agent_socket_dir": raw.get("agent_socket_dir") or config["agent_socket_dir"], "problems": [],
@@ -157,11 +151,12 @@ def restore_request(spec, config):
             request["policy"] = raw["policy"]
         else:
             problems.append("restore-policy: %r is not one of %s" % (raw["policy"], ", ".join(POLICIES)))
-    if "device" in raw:
-        try:
-            request["device"] = _bool(raw["device"])
-        except ValueError as exc:
-            problems.append("restore-device: %s" % exc)
+    for key in ("device", "strict"):
+        if key in raw:
+            try:
+                request[key] = _bool(raw[key])
+            except ValueError as exc:
+                problems.append("restore-%s: %s" % (key, exc))
     if "identity" in raw:
         parts = raw["identity"].split("/")
         if len(parts) == 4 and all(parts):
@@ -182,32 +177,6 @@ def restore_request(spec, config):
 
 
 # -- small helpers -----------------------------------------------------------------------------------
-
-class Log:
-    """One JSON object per line, appended to the runtime's log file (0600). Never raises."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def write(self, record):
-        try:
-            line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
-            directory = os.path.dirname(self.path)
-            if directory and not os.path.isdir(directory):
-                paths.ensure_dir(directory)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
-        except Exception:  # logging must never break a container start
-            pass
-
-    def event(self, event, **fields):
-        record = {"ts": utc_now(), "event": event, "pid": os.getpid()}
-        record.update(fields)
-        self.write(record)
-
 
 def read_json(path):
     with open(path) as handle:
@@ -232,31 +201,23 @@ def docker_record(config, container_id):
 # -- the runtime ----------------------------------------------------------------------------------
 
 class Runtime:
+    """One call of the runtime: hands it to runc, or (create, start, delete of a container it restores) handles it
+    with the node's state (restore/node_state.py) and the restore pipeline's on-create driver."""
+
     def __init__(self, config, argv, execv=os.execv, clock=time.monotonic):
         self.config = config
         self.argv = list(argv)
         self.globals, self.command, self.args = split_argv(argv)
-        self.runc = RuncCli(config["runc"], self.globals, criu=config.get("criu"))
-        self._criu = None
-        self.log = Log(config["log_file"])
+        self.node = NodeState(config, RuncCli(config["runc"], self.globals, criu=config.get("criu")))
+        self.runc = self.node.runc
+        self.log = self.node.log
         self._execv = execv
         self._clock = clock
-
-    @property
-    def criu(self):
-        """The one CRIU client of a restore (its version, the lazy-pages daemon); made on first use, not on the
-        calls that only pass through to runc."""
-        if self._criu is None:
-            self._criu = CriuCli(self.config["criu"] or "criu")
-        return self._criu
 
     def exec_runc(self):
         argv = self.runc.exec_argv(self.argv)
         self._execv(argv[0], argv)
         return 127  # only reached when execv is replaced (tests)
-
-    def state_path(self, *parts):
-        return os.path.join(self.config["state_dir"], *parts)
 
     # entry point -----------------------------------------------------------------------------------
     def main(self):
@@ -273,9 +234,7 @@ class Runtime:
 
     def start(self):
         container_id = self.args[-1] if self.args else None
-        marker = self.state_path(container_id or "-", RESTORED_FILE)
-        if container_id and os.path.exists(marker):
-            os.unlink(marker)
+        if self.node.take_start_marker(container_id):
             self.log.event("start", container=container_id, action="noop: restored on create, already running")
             return 0
         return self.exec_runc()
@@ -284,21 +243,13 @@ class Runtime:
         container_id = self.args[-1] if self.args else None
         rc = self.runc.call("delete", *self.args, stdin=None, stdout=None, stderr=None)
         if container_id and rc == 0:
-            self.drop_state(container_id)
+            self.node.drop_state(container_id)
         return rc
-
-    def drop_state(self, container_id):
-        path = self.state_path(container_id)
-        if os.path.isdir(path) and not criu_client.remove_work_dir(path):
-            self.log.event("cleanup", container=container_id,
-                           action="left %s in place: mounts below it (%s)" % (path, criu_client.mounts_below(path)))
-
-    def restored_once(self, container_id):
-        self._prune()
-        return os.path.exists(self.state_path(ONCE_DIR, container_id))
 
     # create ----------------------------------------------------------------------------------------
     def create(self):
+        """The restore pipeline with the on-create driver, which writes its outcome (status record, log) and the
+        markers of a restore that counts; anything but a restore is ``exec runc create`` (a cold start)."""
         create = parse_create(self.args)
         bundle = create["bundle"] or os.getcwd()
         try:
@@ -308,9 +259,8 @@ class Runtime:
         request = restore_request(spec, self.config)
         if request is None or not create["id"]:
             return self.exec_runc()
-        container_id = create["id"]
-        driver = OnCreate(self, spec, bundle, create, request, docker_record(self.config, container_id),
-                          self.criu.version())
+        driver = OnCreate(self.node, spec, bundle, create, request, docker_record(self.config, create["id"]),
+                          self.node.criu.version())
         trusted = keys = None
         try:
             trusted = signature.load_public_keys(self.config["trusted_keys"], "trusted_keys")
@@ -321,89 +271,11 @@ class Runtime:
                                    min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"],
                                    keys=keys, decrypt_dir=self.config["decrypt_dir"],
                                    stage_dir=self.config.get("stage_dir"))
-        pipeline.run(driver, attempt)
-        record = {"event": "restore", "ts": utc_now(), "pid": os.getpid(), "container": container_id,
-                  "name": driver.docker.get("name"), "snapshot": request["snapshot"], "policy": request["policy"],
-                  "outcome": "restored" if attempt.restored else "cold", "reason": attempt.reason,
-                  "durations": attempt.watch.durations, "restored_pid": attempt.pid,
-                  "device_actions": attempt.device_actions, "verify": _verify_summary(attempt),
-                  "authenticated": bool((attempt.verdict or {}).get("authenticated"))}
-        record["verify"].update(image_checked=bool(request["image_id"] or driver.docker.get("image_id")),
-                                identity_checked=request["identity"] is not None)
-        for detail in ("record_error", "lazy_pages", "file_locks"):
-            if detail in attempt.details:
-                record[detail] = attempt.details[detail]
-        self.log.write(record)
-        if not attempt.restored:
-            return self.exec_runc()
         try:
-            paths.ensure_dir(self.state_path(container_id))
-            with open(self.state_path(container_id, RESTORED_FILE), "w"):
-                pass
-            if request["policy"] == "once":
-                paths.ensure_dir(self.state_path(ONCE_DIR))
-                with open(self.state_path(ONCE_DIR, container_id), "w") as handle:
-                    handle.write(utc_now() + "\n")
-        except (IOError, OSError, ValueError) as exc:  # without its markers `start` would run it twice: start cold
-            self.log.event("error", container=container_id, action="restored, but cannot record it: %s; "
-                           "undone, starting cold" % exc)
-            self.undo_restore(container_id)
-            return self.exec_runc()
-        return 0
-
-    def undo_restore(self, container_id):
-        """Remove a half-done or rejected restore so that `runc create` of the same id can follow."""
-        try:
-            state = read_json(os.path.join(self.runc.root, container_id, "state.json"))
-            pid = state.get("init_process_pid")
-        except (IOError, OSError, ValueError):
-            pid = None
-        if pid and proc.alive(pid):
-            self.runc.kill(container_id, "KILL")
-            try:
-                proc.wait_gone(pid, STOP_GRACE)
-            except Exception:  # still there: runc delete --force below kills it
-                pass
-        self.runc.delete(container_id, force=True)
-        work = self.state_path(container_id, "work")
-        runc_state = os.path.join(self.runc.root, container_id)
-        for base in (work, runc_state):
-            for point in sorted(criu_client.mounts_below(base), reverse=True):
-                rc = _umount_lazy(point)
-                self.log.event("cleanup", container=container_id, action="umount -l %s" % point, rc=rc)
-        if os.path.isdir(runc_state) and not os.path.exists(os.path.join(runc_state, "state.json")):
-            criu_client.remove_work_dir(runc_state)
-        if os.path.lexists(work) and not criu_client.remove_work_dir(work):
-            self.log.event("cleanup", container=container_id, action="left %s in place: mounts below it" % work)
-
-    def _prune(self):
-        """Forget once-markers older than ONCE_MARKER_DAYS."""
-        directory = self.state_path(ONCE_DIR)
-        try:
-            entries = [os.path.join(directory, name) for name in os.listdir(directory)]
-        except (IOError, OSError):
-            return
-        now = time.time()
-        for path in entries:
-            try:
-                if now - os.lstat(path).st_mtime > ONCE_MARKER_DAYS * 86400:
-                    os.unlink(path)
-            except OSError:
-                pass
-
-
-def _umount_lazy(point):
-    return subprocess.call(["umount", "-l", point], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-
-
-def _verify_summary(attempt):
-    verdict = attempt.verdict or {}
-    return {"valid": verdict.get("valid"), "bytes": verdict.get("bytes"), "files": verdict.get("files"),
-            "throughput_mb_s": verdict.get("throughput_mb_s"), "overlapped": verdict.get("overlapped"),
-            "hashed_bytes": verdict.get("hashed_bytes"), "checksums": verdict.get("checksums"),
-            "staged": verdict.get("staged"), "staged_miss": verdict.get("staged_miss"),
-            "authenticated_by_decryption": verdict.get("authenticated_by_decryption")}
+            pipeline.run(driver, attempt)
+        except Refused:  # recorded as failed by the driver's commit; the container does not start
+            return 1
+        return 0 if attempt.restored else self.exec_runc()
 
 
 def main(argv, config_path=None):

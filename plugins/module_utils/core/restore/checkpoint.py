@@ -23,6 +23,7 @@ from .. import layout, metadata, paths, world
 from ..clients.runc import RuncCli
 from ..clients.docker import env_dict
 from ..errors import CommandError, ParameterError
+from . import verify
 from .containerd_leak import LeakGuard
 from .pipeline import Driver, Fallback
 
@@ -48,6 +49,19 @@ def place_checkpoint(images_dir, container_id, name, docker_root):
         shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target)
     return target, "copy"
+
+
+def recreate_or_refuse(container, attempt):
+    """A container that does not exist is recreated to start cold only from a record the verification vouches for
+    (verify.record_usable: intact, authentic where keys are configured, merely stale): a pod is never left down
+    because its snapshot went stale, and nothing of a snapshot that may be forged is ever run."""
+    if attempt.verdict is not None and (attempt.verdict["valid"] or verify.record_usable(attempt.verdict,
+                                                                                         attempt.documents)):
+        return
+    raise ParameterError(
+        "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it first (for "
+        "example with community.docker.docker_container state=present)" % (container, attempt.reason),
+        restored=False, reason=attempt.reason, verify=attempt.verdict)
 
 
 def docker_world_now(docker, container_id, recorded):
@@ -83,9 +97,10 @@ class DockerCheckpoint(Driver):
             raise Fallback("encrypted: docker start --checkpoint copies the images through containerd's content store "
                            "and a temporary directory in plaintext; restore encrypted snapshots with method=runtime")
         if not self.container_id:
-            recorded = container_record.read_container_record(attempt.content_dir)["image_id"]
-            if not self.docker.has_image(recorded):
-                raise Fallback("image_mismatch: image %s recorded in the snapshot is not on this host" % recorded)
+            recorded = self.record(attempt)["image_id"]
+            wrong = verify.image_reason(recorded, present=self.docker.has_image(recorded))
+            if wrong:
+                raise Fallback(wrong)
         self.docker_root, experimental = self.docker.checkpoint_support()
         if not experimental:
             raise Fallback("docker_not_experimental: method=docker needs the Docker daemon in experimental mode for "
@@ -118,11 +133,7 @@ class DockerCheckpoint(Driver):
 
     def cold_start(self, attempt):
         if not self.container_id:
-            if attempt.verdict is None or not attempt.verdict["valid"]:
-                raise ParameterError(
-                    "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it "
-                    "first (for example with community.docker.docker_container state=present)"
-                    % (self.container, attempt.reason), restored=False, reason=attempt.reason)
+            recreate_or_refuse(self.container, attempt)
             self.ensure_container(attempt)
         self.write_metadata(attempt, restored=False)
         self.docker.start(self.container_id, attempt.remaining(30.0), what="docker start (cold)")
@@ -131,27 +142,36 @@ class DockerCheckpoint(Driver):
         return {"container": self.container_id, "name": self.container}
 
     # -- this path's own steps ----------------------------------------------------------------------
+    def record(self, attempt):
+        return container_record.parse_container_record(attempt.document(layout.CONTAINER_RECORD))
+
     def ensure_container(self, attempt):
         if self.container_id:
             return
-        record = container_record.read_container_record(attempt.content_dir)
+        record = self.record(attempt)
         self.docker.create(container_record.create_args(record, self.container, self.env), env=self.env)
         self.container_id = self.docker.container_id(self.container)
         self.created = True
 
     def write_metadata(self, attempt, restored):
-        """The new environment, where the engine reads it: `docker cp` into the created container."""
-        env = env_dict((self.docker.inspect_container(self.container_id).get("Config") or {}).get("Env"))
-        env.update(self.env)
-        doc = metadata.document(env, restored, attempt.snapshot_dir, "snapshot_restore", attempt.reason,
-                                engine="docker", container=self.container, container_id=self.container_id)
-        inner_dir, name = os.path.split(self.metadata_path)
-        scratch = tempfile.mkdtemp(prefix="inferops-meta-")
-        try:
-            staged = os.path.join(scratch, os.path.basename(inner_dir) or "metadata")
-            os.mkdir(staged, 0o700)
-            paths.write_file_atomic(os.path.join(staged, name), metadata.encode(doc))
-            self.docker.copy_into(self.container_id, staged, os.path.dirname(inner_dir) or "/")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        attempt.details["metadata_env_keys"] = metadata.env_keys(doc)
+        write_metadata(self.docker, self.container_id, self.metadata_path, self.env, attempt, restored)
+
+
+def write_metadata(docker, container_id, metadata_path, env, attempt, restored):
+    """The new environment, where the engine reads it: `docker cp` into the created (not started) container."""
+    info = docker.inspect_container(container_id)
+    merged = env_dict((info.get("Config") or {}).get("Env"))
+    merged.update(env)
+    doc = metadata.document(merged, restored, attempt.snapshot_dir, "snapshot_restore", attempt.reason,
+                            engine="docker", container=(info.get("Name") or "").lstrip("/") or container_id,
+                            container_id=container_id)
+    inner_dir, name = os.path.split(metadata_path)
+    scratch = tempfile.mkdtemp(prefix="inferops-meta-")
+    try:
+        staged = os.path.join(scratch, os.path.basename(inner_dir) or "metadata")
+        os.mkdir(staged, 0o700)
+        paths.write_file_atomic(os.path.join(staged, name), metadata.encode(doc))
+        docker.copy_into(container_id, staged, os.path.dirname(inner_dir) or "/")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    attempt.details["metadata_env_keys"] = metadata.env_keys(doc)

@@ -1,12 +1,21 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""``snapshot_restore method=runtime``: hand the restore to the node's restore-on-create runtime. PRIVATE.
+"""Restore driver: ``snapshot_restore method=runtime`` hands the restore to the node's restore-on-create runtime.
+PRIVATE to the inferops.snapshot collection.
 
-The module creates the container with ``--runtime <name>`` and ``INFEROPS_RESTORE_FROM`` and starts
-it; the runtime runs the restore pipeline (with its own verification: every file is hashed right
-before it is used, so the module checks everything but the content) inside that start. What it did
-is read back from the snapshot's status record, or from the metadata file it wrote.
+The pipeline's verification here hashes what this side acts on -- the manifest and the container record, from
+which the container is created -- and takes the CRIU images as listed: the runtime hashes them right before it
+restores (no file is read twice). The container is created from the verified bytes of the record with
+``--runtime <name>``, the restore request and ``INFEROPS_RESTORE_STRICT`` (the runtime refuses the create, rather
+than starting it cold, when the snapshot does not verify there: nothing built from a record that may be forged
+ever runs), and ``docker start`` makes the runtime run this same pipeline with the on-create driver. Its outcome,
+which the runtime writes (status record), is what this driver reports; it writes one itself only when the
+runtime was never reached.
+
+A snapshot that does not verify here: a container the operator made is started (the runtime decides, and starts
+it cold); one that does not exist is created from the record only when the record is intact and merely stale
+(verify.record_usable), without the request, and started cold; otherwise nothing is created and the task fails.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -20,7 +29,10 @@ import shlex
 from .. import container as container_record
 from .. import layout, metadata, status
 from ..clients.docker import env_dict
-from ..errors import ParameterError
+from ..errors import CommandError, ParameterError, SnapshotError
+from . import verify
+from .checkpoint import docker_world_now, recreate_or_refuse, write_metadata
+from .pipeline import Driver, Fallback
 
 
 def runtime_settings(registered):
@@ -48,28 +60,34 @@ def covers(settings, snapshot_dir):
     return any(target.startswith(os.path.normpath(root).rstrip("/") + "/") for root in roots if isinstance(root, str))
 
 
-class RuntimeHandover:
-    def __init__(self, docker, container, env, runtime_name, metadata_path, device_restore):
+class Handover(Driver):
+    path = "runtime"
+    engine = "docker"
+    delegates = True
+    can_use_staged = False  # the runtime reads the snapshot itself (from its own cache, when it has one)
+
+    def __init__(self, docker, container, runtime_name, device_restore=True, source=None, **wishes):
+        super(Handover, self).__init__(**wishes)
         self.docker = docker
         self.container = container
-        self.env = dict(env or {})
         self.runtime_name = runtime_name
-        self.metadata_path = metadata_path
         self.device_restore = device_restore
+        self.source = source
         self.container_id = docker.container_id(container)
+        self.existed = bool(self.container_id)
         self.created = False
+        self.started = False            # docker start ran: the runtime decided what happened
+        self.runtime_record = None      # what the runtime recorded of it
 
-    def require_runtime(self):
+    # -- what is checked before the pipeline runs (the request, not the snapshot) -----------------------
+    def require(self, snapshot_dir):
+        """The runtime is registered, and a container that exists was made to be restored by it."""
         known = self.docker.runtimes()
         if self.runtime_name not in known:
             raise ParameterError(
                 "runtime_name: dockerd has no runtime %r (it knows %s); install it on this node with the "
                 "inferops.snapshot.snapshot_node role, or use method=docker"
                 % (self.runtime_name, ", ".join(sorted(known)) or "none"), runtimes=sorted(known))
-
-    def ensure_container(self, snapshot_dir, record=None):
-        """The container, created with the restore-on-create runtime and the snapshot it restores from
-        (``record``: its container record, as read -- and decrypted -- by the caller)."""
         if self.container_id:
             info = self.docker.inspect_container(self.container_id)
             env = env_dict((info.get("Config") or {}).get("Env"))
@@ -78,27 +96,102 @@ class RuntimeHandover:
                 raise ParameterError(
                     "container: %r exists but was not created with --runtime %s and %s=%s, so the runtime would "
                     "not restore it; remove it and let this module create it, or use method=docker"
-                    % (self.container, self.runtime_name, layout.ENV_RESTORE_FROM, snapshot_dir))
+                    % (self.container, self.runtime_name, layout.ENV_RESTORE_FROM, snapshot_dir), field="container")
+
+    # -- the pipeline's steps -------------------------------------------------------------------------
+    def image_id(self, attempt):
+        return self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
+
+    def expectations(self, attempt):
+        return verify.expectations(self.identity, self.image_id(attempt), self.criu_version, self.runtime_version,
+                                   source=self.source)
+
+    def world_now(self, recorded):
+        return docker_world_now(self.docker, self.container_id, recorded)
+
+    def check(self, attempt):
+        if not self.container_id:
+            recorded = self.record(attempt)["image_id"]
+            wrong = verify.image_reason(recorded, present=self.docker.has_image(recorded))
+            if wrong:
+                raise Fallback(wrong)
+
+    def prepare(self, attempt):
+        if self.container_id:
             return
-        record = record or container_record.read_container_record(snapshot_dir)
-        record = dict(record, host_config=dict(record["host_config"], Runtime=self.runtime_name))
         env = dict(self.env)
-        env[layout.ENV_RESTORE_FROM] = snapshot_dir
+        env[layout.ENV_RESTORE_FROM] = attempt.snapshot_dir
+        env[layout.ENV_RESTORE_STRICT] = "true"
         if not self.device_restore:
-            env["INFEROPS_RESTORE_DEVICE"] = "false"
-        self.docker.create(container_record.create_args(record, self.container, env), env=self.env)
+            env[layout.ENV_RESTORE_DEVICE] = "false"
+        self.create(attempt, env, runtime=self.runtime_name)
+
+    def host_restore(self, attempt):
+        """`docker start`: the runtime restores (or starts cold, or refuses) inside it; returns the restored pid."""
+        before = (status.read(attempt.snapshot_dir) or {}).get("last_restore")
+        self.started = True
+        try:
+            self.docker.start(self.container_id, attempt.remaining(1.0),
+                              what="docker start with the restore-on-create runtime")
+        except CommandError:
+            self.runtime_record = self.runtime_outcome(attempt, before)
+            attempt.details["runtime_record"] = self.runtime_record
+            if self.runtime_record.get("outcome") == "failed":  # the runtime refused it, and said why
+                raise Fallback("refused by the restore-on-create runtime: %s" % self.runtime_record.get("reason"))
+            raise
+        self.runtime_record = self.runtime_outcome(attempt, before)
+        attempt.details.update(runtime_record=self.runtime_record, placement="runtime",
+                               metadata_env_keys=self.env_keys())
+        if self.runtime_record.get("outcome") != "restored":
+            raise Fallback("the restore-on-create runtime started the container cold: %s"
+                           % self.runtime_record.get("reason"))
+        return self.docker.running_pid(self.container_id)
+
+    def undo(self, attempt):
+        """Nothing: the runtime undid its own restore, and a container it started cold serves."""
+
+    def cold_start(self, attempt):
+        if self.started:
+            if self.docker.is_running(self.container_id):
+                return  # the runtime started it cold, with its reason
+            if self.created:  # refused by the runtime: the container was made from the record, nothing of it runs
+                self.docker.remove(self.container_id)
+                self.container_id, self.created = None, False
+            raise SnapshotError("restore refused: %s" % attempt.reason, restored=False, reason=attempt.reason,
+                                verify=attempt.verdict, runtime_record=self.runtime_record)
+        if not self.container_id:
+            recreate_or_refuse(self.container, attempt)
+            self.create(attempt, dict(self.env))  # without the request: the runtime hands it to runc as it is
+            write_metadata(self.docker, self.container_id, self.metadata_path, self.env, attempt, restored=False)
+        self.docker.start(self.container_id, attempt.remaining(30.0), what="docker start (cold)")
+
+    def record_fields(self, attempt):
+        return {"container": self.container_id, "name": self.container}
+
+    def commit(self, attempt):
+        """The runtime's own record stands when it wrote one; this side writes only what the runtime never saw."""
+        if not (self.runtime_record and self.runtime_record.get("source") == "status record"):
+            super(Handover, self).commit(attempt)
+
+    # -- this path's own steps ----------------------------------------------------------------------
+    def record(self, attempt):
+        return container_record.parse_container_record(attempt.document(layout.CONTAINER_RECORD))
+
+    def create(self, attempt, env, runtime=None):
+        record = self.record(attempt)
+        if runtime:
+            record = dict(record, host_config=dict(record["host_config"], Runtime=runtime))
+        self.docker.create(container_record.create_args(record, self.container, env), env=env)
         self.container_id = self.docker.container_id(self.container)
         self.created = True
 
-    def start(self, snapshot_dir, timeout):
-        """`docker start`; the runtime restores (or starts cold) inside it. Returns what it recorded."""
-        before = (status.read(snapshot_dir) or {}).get("last_restore")
-        self.docker.start(self.container_id, timeout, what="docker start with the restore-on-create runtime")
-        last = (status.read(snapshot_dir) or {}).get("last_restore")
+    def runtime_outcome(self, attempt, before):
+        """What the runtime recorded of this start: the snapshot's status record, else the metadata file."""
+        last = (status.read(attempt.snapshot_dir) or {}).get("last_restore")
         if last and last != before and last.get("container") == self.container_id:
-            return last
-        # No status record (the runtime refused the path, or could not write it): ask the metadata file.
-        doc = metadata.read_in_process(self.docker.running_pid(self.container_id), self.metadata_path)
+            return dict(last, source="status record")
+        doc = metadata.read_in_process(self.docker.running_pid(self.container_id), self.metadata_path) \
+            if self.docker.is_running(self.container_id) else None
         if doc and doc.get("container_id") == self.container_id:
             return {"container": self.container_id, "outcome": "restored" if doc.get("restored") else "cold",
                     "reason": doc.get("reason"), "source": "metadata file"}

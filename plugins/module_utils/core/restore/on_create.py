@@ -2,7 +2,8 @@
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Restore driver: a container restored inside its own ``runc create`` by the node's restore-on-create
-runtime (core/node/runtime.py). PRIVATE to the inferops.snapshot collection.
+runtime (core/node/runtime.py, which hands it the node's state: restore/node_state.py). PRIVATE to the
+inferops.snapshot collection.
 
 Instead of creating the container's process, ``runc restore --detach`` brings the checkpointed one
 back into the new container (same bundle, same containerd stdio). Its new environment is written
@@ -21,12 +22,15 @@ from .. import fleet, layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
 from ..clients.runc import StoppedRestore
 from ..clients.docker import env_dict
-from ..container import read_container_record
+from ..container import parse_container_record
 from ..errors import SnapshotError
 from . import verify
 from .pipeline import Driver, Fallback
 
 STOP_GRACE = 10.0
+# What of the verdict the runtime's log line keeps.
+VERIFY_SUMMARY = ("valid", "bytes", "files", "throughput_mb_s", "overlapped", "hashed_bytes", "checksums", "staged",
+                  "staged_miss", "authenticated_by_decryption")
 # A failure path only (see failure_cause): at most this much later a cold start, for a reason that names its cause.
 LAZY_EXIT_GRACE = 1.0
 
@@ -57,15 +61,19 @@ def restored_process_paths(request, recorded_env, config):
     return tuple(found)
 
 
+class Refused(SnapshotError):
+    """The create is refused rather than started cold (a strict request whose snapshot does not verify)."""
+
+
 class OnCreate(Driver):
     path = "runtime"
     engine = "docker"
     can_leave_stopped = True   # through runc's CRIU configuration file (clients/runc.StoppedRestore)
 
-    def __init__(self, runtime, spec, bundle, create, request, docker, criu_version):
+    def __init__(self, node, spec, bundle, create, request, docker, criu_version):
         super(OnCreate, self).__init__(identity=request["identity"], criu_version=criu_version,
                                        runtime_version=request["runtime_version"])
-        self.runtime = runtime          # the node runtime: config, log, runc client, state paths
+        self.node = node                # node_state.NodeState: settings, log, runc and CRIU clients, state dir
         self.spec = spec
         self.bundle = bundle
         self.create = create
@@ -95,10 +103,10 @@ class OnCreate(Driver):
             raise Fallback("unsupported: runc create options %s have no restore equivalent"
                            % (create["unknown"] + (["--preserve-fds"] if create["preserve_fds"] else [])
                               + [f for f in create["flags"] if f == "--no-new-keyring"]))
-        if request["policy"] == "once" and self.runtime.restored_once(self.container_id):
+        if request["policy"] == "once" and self.node.restored_once(self.container_id):
             raise Fallback("policy_once: container %s was restored before; its restarts start cold (set "
                            "restore-policy=always to restore on every start)" % self.container_id[:12])
-        roots = self.runtime.config["snapshot_roots"] or []
+        roots = self.node.config["snapshot_roots"] or []
         last = "no snapshot root is configured on this node (snapshot_node_snapshot_roots)"
         for root in roots:
             try:
@@ -119,14 +127,15 @@ class OnCreate(Driver):
                                    source=self.source)
 
     def world_now(self, recorded):
-        return world.oci_facts(self.spec), self.runtime.runc.version()
+        return world.oci_facts(self.spec), self.node.runc.version()
 
     def check(self, attempt):
         try:
-            old_env = env_dict((read_container_record(attempt.content_dir).get("config") or {}).get("Env"))
-        except (IOError, OSError, ValueError):
+            old_env = env_dict((parse_container_record(attempt.document(layout.CONTAINER_RECORD)).get("config")
+                                or {}).get("Env"))
+        except (IOError, OSError, ValueError, Fallback):
             old_env = {}
-        self.paths = restored_process_paths(self.request, old_env, self.runtime.config)
+        self.paths = restored_process_paths(self.request, old_env, self.node.config)
         try:  # never two processes restored from one snapshot on one device (fleet.py)
             self.entry = fleet.begin(attempt.snapshot_dir, fleet.device_keys(self.spec), attempt.timeout,
                                      identity=self.identity)
@@ -157,20 +166,20 @@ class OnCreate(Driver):
 
     def host_restore(self, attempt):
         """runc restore --detach within the deadline; returns the restored pid or raises Fallback."""
-        runtime, container_id = self.runtime, self.container_id
-        state = paths.ensure_dir(runtime.state_path(container_id))
+        node, container_id = self.node, self.container_id
+        state = paths.ensure_dir(node.path(container_id))
         work = os.path.join(state, "work")
         if os.path.lexists(work) and not criu_client.remove_work_dir(work):
             raise Fallback("busy: %s has mounts below it from an earlier restore; unmount them" % work)
         paths.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
-        lazy = bool(runtime.config.get("lazy_pages"))
-        argv = runtime.runc.restore_argv(container_id, self.bundle, attempt.images_dir, work,
+        lazy = bool(node.config.get("lazy_pages"))
+        argv = node.runc.restore_argv(container_id, self.bundle, attempt.images_dir, work,
                                          pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"],
                                          lazy_pages=lazy)
         if lazy:  # listening before runc starts: CRIU hands it the tasks' memory as they are created
             try:
-                self.lazy = criu_client.LazyPages(runtime.criu, attempt.images_dir, work).start(
+                self.lazy = criu_client.LazyPages(node.criu, attempt.images_dir, work).start(
                     min(5.0, attempt.remaining()))
             except SnapshotError as exc:
                 raise Fallback("lazy_pages_failed: %s" % exc.msg)
@@ -178,7 +187,7 @@ class OnCreate(Driver):
         if stopped:
             stopped.enter(self.spec)
         try:
-            process = runtime.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
+            process = node.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
             try:
                 rc = process.wait(timeout=attempt.remaining())
             except subprocess.TimeoutExpired:
@@ -238,7 +247,7 @@ class OnCreate(Driver):
         try:  # the restored process holds the devices now, for as long as it runs
             fleet.running(attempt.snapshot_dir, self.entry, attempt.pid, attempt.pid_start_time)
         except (IOError, OSError) as exc:
-            self.runtime.log.event("restores_record", container=self.container_id, action="not updated: %s" % exc)
+            self.node.log.event("restores_record", container=self.container_id, action="not updated: %s" % exc)
         try:
             self.write_metadata(attempt, "/proc/%d/root" % attempt.pid, True)
         except (IOError, OSError, ValueError) as exc:
@@ -248,33 +257,64 @@ class OnCreate(Driver):
         return self.paths[1]
 
     def undo(self, attempt):
-        self.runtime.undo_restore(self.container_id)
+        self.node.undo_restore(self.container_id)
         if self.lazy:  # after the tasks: while they live, a page it has not copied yet must not turn into zeros
             self.lazy.stop()
 
     def cold_start(self, attempt):
         """Write the metadata file into the rootfs (unless a mount of the config would hide it); the runtime
-        then hands the call to runc create."""
-        self.runtime.drop_state(self.container_id)
+        then hands the call to runc create. A strict request (a container made from the snapshot's own record)
+        whose snapshot may be forged is refused instead: Refused, and nothing runs."""
+        self.node.drop_state(self.container_id)
         if self.entry:
             fleet.end(attempt.snapshot_dir, self.entry)
             self.entry = None
+        if self.request.get("strict") and attempt.verdict is not None and not attempt.verdict["valid"] and \
+                not verify.record_usable(attempt.verdict, attempt.documents):
+            raise Refused("refused: %s=true and the snapshot does not verify (%s); the container was made from its "
+                          "record, which nothing vouches for" % (layout.ENV_RESTORE_STRICT, attempt.reason))
         inner = self.request["metadata_file"]
         hidden = under_mount(self.spec, inner)
         if hidden:
-            self.runtime.log.event("metadata", container=self.container_id,
+            self.node.log.event("metadata", container=self.container_id,
                                    action="not written: %s is below the mount %s" % (inner, hidden))
             return
         try:
             self.write_metadata(attempt, self.rootfs, False, inner)
         except (IOError, OSError, ValueError) as exc:
-            self.runtime.log.event("metadata", container=self.container_id, action="not written: %s" % exc)
+            self.node.log.event("metadata", container=self.container_id, action="not written: %s" % exc)
+
+    def complete(self, attempt):
+        """The markers that make the following ``start`` a no-op (and, with policy once, the next create cold):
+        without them ``start`` would run the container a second time, so a restore that cannot write them is
+        undone and starts cold."""
+        try:
+            self.node.mark_restored(self.container_id, self.request["policy"])
+        except (IOError, OSError, ValueError) as exc:
+            raise Fallback("state_failed: restored, but the runtime cannot record it in %s: %s"
+                           % (self.node.path(self.container_id), exc))
 
     def record_fields(self, attempt):
         fields = {"container": self.container_id, "name": self.docker.get("name"), "policy": self.request["policy"]}
         if self.source is not None:
             fields.update(identity=self.identity, source=self.source)
         return fields
+
+    def commit(self, attempt):
+        """The outcome in the snapshot's status record and one line of the runtime's log."""
+        super(OnCreate, self).commit(attempt)
+        verdict = attempt.verdict or {}
+        record = {"container": self.container_id, "name": self.docker.get("name"),
+                  "snapshot": self.request["snapshot"], "policy": self.request["policy"], "outcome": attempt.outcome,
+                  "reason": attempt.reason, "durations": attempt.watch.durations, "restored_pid": attempt.pid,
+                  "device_actions": attempt.device_actions, "authenticated": bool(verdict.get("authenticated")),
+                  "verify": dict(dict((key, verdict.get(key)) for key in VERIFY_SUMMARY),
+                                 image_checked=bool(self.image_id(attempt)),
+                                 identity_checked=self.identity is not None)}
+        for detail in ("record_error", "lazy_pages", "file_locks"):
+            if detail in attempt.details:
+                record[detail] = attempt.details[detail]
+        self.node.log.event("restore", **record)
 
     # -- this path's own steps ----------------------------------------------------------------------
     def write_metadata(self, attempt, root, restored, inner=None):
@@ -292,7 +332,7 @@ class OnCreate(Driver):
 
     def keep_log(self, work):
         return criu_client.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
-                                    self.runtime.config["criu_log_dir"])
+                                    self.node.config["criu_log_dir"])
 
     def stop_restore(self, process):
         """Stop a hung restore gently: kill the half-restored tasks (the leaves of runc's tree).
@@ -303,7 +343,7 @@ class OnCreate(Driver):
         """
         tree = proc.children()
         leaves = [pid for pid in proc.descendants(process.pid, tree) if not tree.get(pid)]
-        self.runtime.log.event("restore_stop", container=self.container_id,
+        self.node.log.event("restore_stop", container=self.container_id,
                                action="killing the half-restored tasks", pids=leaves)
         proc.kill_quietly(leaves)
         try:
@@ -312,7 +352,7 @@ class OnCreate(Driver):
         except subprocess.TimeoutExpired:
             pass
         everything = proc.descendants(process.pid)
-        self.runtime.log.event("restore_stop", container=self.container_id, action="runc still running, killing its tree",
+        self.node.log.event("restore_stop", container=self.container_id, action="runc still running, killing its tree",
                                pids=everything)
         proc.kill_quietly(everything)
         try:

@@ -7,14 +7,26 @@ Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the no
 runtime, a bare process -- runs these stages on one stopwatch:
 
     locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> file_locks -> device_restore
-        -> pages_in -> canary
+        -> pages_in -> canary -> complete
                  any failure, at any stage: undo what was started -> cold_start, with the reason
+    then, whatever happened: commit (the outcome, written once)
 
-and records the attempt in the snapshot's status record. A driver supplies only what differs
-between paths (how to find the snapshot, what to expect of it, how to put the process back, how
-to start it cold). Every guarantee lives here once: a snapshot that does not verify is never
-restored; a failure, an unexpected error included, ends in a cold start with its reason, never in a
-half-restored process; the outcome says ``restored`` only after the device state is back too.
+A driver supplies only what differs between paths (how to find the snapshot, what to expect of it, how
+to put the process back, how to start it cold, where the outcome is written). Every guarantee lives here
+once: a snapshot that does not verify is never restored; a failure, an unexpected error included, ends in a
+cold start with its reason, never in a half-restored process; the outcome says ``restored`` only after the
+device state is back too and the driver has made the restore stick (``complete``); ``commit`` writes what
+really happened and nothing else writes it.
+
+Verified bytes are the bytes used: the small documents a restore acts on (the manifest, the container record,
+the canary, the device part) are read once, hashed in that read, and used from memory
+(``attempt.document``); the CRIU images are read by CRIU from the verified copy (staged, decrypted) or hashed
+as described below.
+
+Four drivers: ``docker start --checkpoint`` (checkpoint.py), the node's restore-on-create runtime (on_create.py),
+a bare process (bare.py), and the hand-over of ``snapshot_restore method=runtime`` to that runtime
+(handover.py), whose ``host_restore`` is another run of this pipeline, in the runtime: the stages after it are
+that run's (``Driver.delegates``).
 
 Overlap without trusting early: a driver that can leave the restored tasks stopped (CRIU's leave-stopped)
 has the CRIU page images -- process memory, which CRIU copies into the tasks and never interprets --
@@ -89,6 +101,31 @@ class Attempt:
         self.failed = False            # neither restored nor started cold (the cold start itself failed)
         self.reason = None
         self.details = {}              # driver facts for the caller's result (container id, placement, ...)
+        self.documents = {}            # {relpath: bytes} of the small files, as read and hashed by the verification
+
+    @property
+    def outcome(self):
+        return "restored" if self.restored else ("failed" if self.failed else "cold")
+
+    def document(self, relpath):
+        """The bytes of a small file of the snapshot (manifest.DOCUMENTS) as verified: from the verified copy the
+        restore reads (the plaintext of an encrypted snapshot, a staged copy), or as they were hashed; never read
+        again from the store. Raises Fallback when the verification did not hand them over."""
+        described = (self.manifest or {}).get("encryption") or {}
+        if self.plain and relpath in described.get("files", ()):
+            return manifest.read_document(os.path.join(self.plain.path, relpath))
+        if self.staged:
+            return manifest.read_document(os.path.join(self.staged.dir, relpath))
+        if relpath not in self.documents:
+            raise Fallback("unverified: %s was not read by the verification (not listed in %s?)"
+                           % (relpath, layout.CHECKSUMS))
+        data = self.documents[relpath]
+        if relpath in described.get("files", ()):
+            data = encryption.decrypt_bytes(self.keys, data, relpath)
+        return data
+
+    def has_document(self, relpath):
+        return any(item["path"] == relpath for item in (self.manifest or {}).get("files", ()))
 
     def remaining(self, floor=0.1):
         return self.deadline.remaining(floor)
@@ -124,6 +161,8 @@ class Driver:
     engine = "docker"
     can_leave_stopped = False  # host_restore honours attempt.leave_stopped, and release() lets the tasks run
     can_use_staged = True      # host_restore only reads the images (a link to them would change the copy's ctime)
+    delegates = False          # host_restore hands the snapshot to another run of this pipeline (the node's runtime),
+                               # which hashes the images, decrypts, restores and resumes: the stages after it are its
 
     def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
                  runtime_version=None):
@@ -194,9 +233,19 @@ class Driver:
         """Start the engine normally (the reason is in ``attempt.reason``)."""
         raise NotImplementedError
 
+    def complete(self, attempt):
+        """The last step of a restore, after the canary: what makes it stick (the node runtime's marker that the
+        next ``start`` is done). Raising here is a cold start like any other failure."""
+
     def record_fields(self, attempt):
         """Fields of this path for the status record's restore entry (container, name, policy)."""
         return {}
+
+    def commit(self, attempt):
+        """Write the outcome -- restored, cold with the reason, or failed -- once, after everything else; nothing
+        else writes it. The default: the attempt in the snapshot's status record (informative: a failure to write
+        it is not one of the restore)."""
+        record_attempt(self, attempt)
 
 
 def run(driver, attempt):
@@ -215,10 +264,14 @@ def run(driver, attempt):
             staged_why = _find_staged(driver, attempt)
             defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
                 and not attempt.staged else None
+            # A delegate hashes the images right before it restores them; this run hashes what it acts on itself.
+            unhashed = _is_image if driver.delegates and not attempt.check_mode else None
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
                                                  attempt.workers, attempt.hash_files and not attempt.staged,
-                                                 trusted=attempt.trusted, world_now=driver.world_now, defer=defer)
+                                                 trusted=attempt.trusted, world_now=driver.world_now, defer=defer,
+                                                 unhashed=unhashed)
             deferred = attempt.verdict.pop("deferred", None)
+            attempt.documents = attempt.verdict.pop("documents", None) or {}
             if attempt.staged:
                 attempt.verdict.update(checksums="staged", staged=attempt.staged.summary())
                 if attempt.verdict["fingerprint"] != attempt.staged.fingerprint:  # regenerated since the lookup
@@ -229,6 +282,7 @@ def run(driver, attempt):
                 attempt.verdict["staged"] = None
                 attempt.verdict["staged_miss"] = staged_why
             if not attempt.verdict["valid"]:
+                attempt.manifest = attempt.verdict.pop("manifest", None)  # a cold start may still use the record
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
             _check_key(attempt)  # a host without the key says so, not that it lacks the room to decrypt
@@ -237,7 +291,7 @@ def run(driver, attempt):
             if deferred:
                 pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers).start()
                 attempt.leave_stopped = True
-        if attempt.manifest.get("encryption"):
+        if attempt.manifest.get("encryption") and not driver.delegates:
             with stage("decrypt"):
                 decrypt(attempt)
         with stage("check"):
@@ -250,6 +304,11 @@ def run(driver, attempt):
         attempt.started = True
         with stage("host_restore"):
             attempt.pid = driver.host_restore(attempt)
+        if driver.delegates:  # the delegate's own run did every stage below, and decided
+            with stage("complete"):
+                driver.complete(attempt)
+            attempt.restored = True
+            return attempt
         if pages is not None:
             with stage("verify_pages"):  # nothing restored has run yet: the verdict decides whether it ever does
                 wrong = pages.result(attempt.remaining())
@@ -274,13 +333,15 @@ def run(driver, attempt):
                 attempt.device_actions = driver.device_resume(attempt)
         with stage("pages_in"):  # every page in before anything serves from it (at once unless lazy, or done above)
             driver.pages_in(attempt)
-        recorded = canary.load(attempt.content_dir)
+        recorded = canary.parse(attempt.document(layout.CANARY)) if attempt.has_document(layout.CANARY) else None
         if recorded is not None:
             with stage("canary"):  # the restored engine answers as the checkpointed one did, or it is not restored
                 wrong = canary.mismatch(recorded, attempt.pid, attempt.remaining(5.0))
                 if wrong:
                     raise Fallback(wrong)
                 attempt.details["canary"] = "answered as recorded"
+        with stage("complete"):
+            driver.complete(attempt)
         attempt.restored = True
     except Exception as exc:  # every failure, a bug included, is a cold start with its reason
         attempt.reason = _reason(exc, stage.current)
@@ -310,8 +371,12 @@ def run(driver, attempt):
             attempt.plain = None
         watch.total()
         if not attempt.check_mode:
-            _record(driver, attempt)
+            driver.commit(attempt)
     return attempt
+
+
+def _is_image(relpath):
+    return relpath.startswith(layout.IMAGES_DIR + "/")
 
 
 def _check_memory(attempt):
@@ -453,12 +518,12 @@ def _reason(exc, stage):
     return "internal_error: %s failed with %s: %s (%s)" % (stage, type(exc).__name__, exc, where)
 
 
-def _record(driver, attempt):
+def record_attempt(driver, attempt):
     """The attempt in the snapshot's status record; informative, so a failure to write it is not one of the restore."""
     if not attempt.snapshot_dir or not os.path.isdir(os.path.dirname(attempt.snapshot_dir.rstrip("/"))):
         return
     fields = dict(driver.record_fields(attempt))
-    outcome = "restored" if attempt.restored else ("failed" if attempt.failed else "cold")
+    outcome = attempt.outcome
     entry = status.restore_entry(driver.path, outcome, attempt.reason,
                                  pid=attempt.pid, pid_start_time=attempt.pid_start_time,
                                  device_actions=attempt.device_actions, durations=attempt.watch.durations, **fields)

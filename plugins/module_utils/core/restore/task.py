@@ -4,8 +4,9 @@
 """What one ``snapshot_restore`` task does, for each engine and method. PRIVATE to inferops.snapshot.
 
 The module hands its parameters here (as community.docker's modules hand over to an engine driver):
-leave a running engine alone, choose the driver, run the restore pipeline (or hand it to the
-node's runtime), wait until the engine serves, and say what happened and why.
+leave a running engine alone, choose the driver (docker start --checkpoint, the hand-over to the node's
+runtime, a bare process), run the restore pipeline with it, wait until the engine serves, and say what
+happened and why.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -14,19 +15,14 @@ __metaclass__ = type
 
 import os
 
-try:
-    from urllib.parse import urlparse
-except ImportError:  # pragma: no cover
-    from urlparse import urlparse
+from urllib.parse import urlparse
 
-from .. import container as container_record
 from .. import encryption, fleet, health, layout, paths, schema, signature, stage
 from ..clients.docker import DockerCli, env_dict
-from ..clock import Stopwatch
 from ..errors import ParameterError
-from . import bare, pipeline, verify
-from .checkpoint import DockerCheckpoint, docker_world_now
-from .handover import RuntimeHandover, covers, runtime_settings
+from . import bare, pipeline
+from .checkpoint import DockerCheckpoint
+from .handover import Handover, covers, runtime_settings
 
 
 def check_options(params):
@@ -103,9 +99,11 @@ def restore(params, check_mode=False, warn=lambda text: None):
         method, why = choose_method(params, snapshot_dir, docker)
         params = dict(params, method=method)
         chosen = dict(method=method, method_reason=why)
-    if params["method"] == "runtime":
-        return dict(_via_runtime(params, snapshot_dir, docker, check_mode, warn), **chosen)
-    return dict(_via_docker(params, snapshot_dir, docker, check_mode, warn), **chosen)
+    if params["method"] == RUNTIME:
+        driver = _handover(params, snapshot_dir, docker)
+    else:
+        driver = DockerCheckpoint(docker, params["container"], **_wishes(params))
+    return dict(_container(params, snapshot_dir, driver, check_mode, warn), **chosen)
 
 
 DOCKER = "docker"    # snapshot_restore's methods
@@ -134,9 +132,34 @@ def choose_method(params, snapshot_dir, docker):
     return RUNTIME, "the restore-on-create runtime %s is installed and its snapshot roots hold the snapshot" % name
 
 
-def _via_docker(params, snapshot_dir, docker, check_mode, warn):
-    driver = DockerCheckpoint(docker, params["container"], **_wishes(params))
+def _handover(params, snapshot_dir, docker):
+    """The runtime's driver, once the request is one it can take: the runtime is installed, a container that exists
+    was made for it, and a clone has a container of its own that carries the clone's request."""
+    source = params.get("source_identity")
+    driver = Handover(docker, params["container"], params["runtime_name"], params["device_restore"], source=source,
+                      **_wishes(params))
+    if source is not None:
+        lacking = ["the container"] if not driver.container_id else clone_request_problems(
+            env_dict((docker.inspect_container(driver.container_id).get("Config") or {}).get("Env")),
+            snapshot_dir, params["identity"], source)
+        if lacking:
+            raise ParameterError(
+                "container: a clone needs a container of its own, created with --runtime %s, its own device and its "
+                "own network namespace (a clone on the source's device or port would break both), and the env %s; "
+                "it lacks %s" % (params["runtime_name"], " ".join(clone_request_problems({}, snapshot_dir,
+                                                                                         params["identity"], source)),
+                                 ", ".join(lacking)), field="container")
+    if not (driver.container_id and docker.is_running(driver.container_id)):
+        driver.require(snapshot_dir)
+    return driver
+
+
+def _container(params, snapshot_dir, driver, check_mode, warn):
+    """A container's restore through ``driver`` (docker start --checkpoint, or the hand-over to the runtime)."""
+    docker = driver.docker
     base = dict(snapshot_dir=snapshot_dir, container=params["container"])
+    if params.get("source_identity") is not None:
+        base["source"] = params["source_identity"]
     if driver.container_id and docker.is_running(driver.container_id):
         return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
                     verify=None, container_id=driver.container_id, created=False, durations={})
@@ -155,9 +178,9 @@ def _wishes(params):
                                                "runtime_version"))
 
 
-def _attempt(params, snapshot_dir, check_mode, hash_files=True):
+def _attempt(params, snapshot_dir, check_mode):
     return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
-                            check_mode=check_mode, hash_files=hash_files, min_size=params["min_size"],
+                            check_mode=check_mode, min_size=params["min_size"],
                             workers=params["workers"], trusted=trusted_keys(params),
                             keys=encryption.load_keys(params.get("encryption_keys") or []),
                             stage_dir=params.get("stage_dir"))
@@ -173,7 +196,7 @@ def _result(attempt, base, warn):
         warn("cold start instead of a restore: %s" % attempt.reason)
     result = dict(base, changed=True, restored=attempt.restored, reason=attempt.reason, verify=attempt.verdict,
                   durations=attempt.watch.durations)
-    for key in ("placement", "metadata_env_keys", "file_locks"):
+    for key in ("placement", "metadata_env_keys", "file_locks", "runtime_record"):
         if key in attempt.details:
             result[key] = attempt.details[key]
     if attempt.device_actions is not None:
@@ -186,78 +209,6 @@ def _wait_serving(params, attempt, gone=None):
         with attempt.watch.stage("health"):
             health.wait_serving(params["health_url"], params["health_timeout"], gone=gone)
         attempt.watch.total()
-
-
-def _via_runtime(params, snapshot_dir, docker, check_mode, warn):
-    """method=runtime: verify what can be verified without reading the files, then hand over."""
-    job = RuntimeHandover(docker, params["container"], params["env"], params["runtime_name"], params["metadata_path"],
-                          params["device_restore"])
-    source = params.get("source_identity")
-    base = dict(snapshot_dir=snapshot_dir, container=params["container"])
-    if source is not None:
-        base["source"] = source
-        lacking = ["the container"] if not job.container_id else clone_request_problems(
-            env_dict((docker.inspect_container(job.container_id).get("Config") or {}).get("Env")),
-            snapshot_dir, params["identity"], source)
-        if lacking:
-            raise ParameterError(
-                "container: a clone needs a container of its own, created with --runtime %s, its own device and its "
-                "own network namespace (a clone on the source's device or port would break both), and the env %s; "
-                "it lacks %s" % (params["runtime_name"], " ".join(clone_request_problems({}, snapshot_dir,
-                                                                                         params["identity"], source)),
-                                 ", ".join(lacking)), field="container")
-    if job.container_id and docker.is_running(job.container_id):
-        return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
-                    verify=None, container_id=job.container_id, created=False, durations={})
-    watch = Stopwatch()
-    with watch.stage("verify"):
-        image = docker.inspect_container(job.container_id)["Image"] if job.container_id else None
-        # The runtime hashes every file right before it restores; hashing here too would read the whole
-        # snapshot twice. Check mode hashes, to predict truthfully.
-        verdict = verify.for_restore(snapshot_dir, "docker", verify.expectations(
-            params["identity"], image, params["criu_version"], params["runtime_version"], source=source),
-            params["min_size"],
-            params["workers"], hash_files=check_mode, trusted=trusted_keys(params),
-            world_now=lambda recorded: docker_world_now(docker, job.container_id, recorded))
-        recorded_manifest = verdict.pop("manifest")
-        keys = encryption.load_keys(params.get("encryption_keys") or [])
-        record = None
-        if verdict["valid"] and not job.container_id:
-            record = container_record.parse_container_record(encryption.read_small(
-                snapshot_dir, layout.CONTAINER_RECORD, recorded_manifest, keys))
-            recorded = record["image_id"]
-            if not docker.has_image(recorded):
-                verdict.update(valid=False, reasons=["image_mismatch: image %s recorded in the snapshot is not on "
-                                                     "this host" % recorded])
-    reason = None if verdict["valid"] else verify.reason(verdict)
-    result = dict(base, verify=verdict, durations=watch.durations)
-    if check_mode:
-        return dict(result, changed=True, restored=verdict["valid"], reason=reason)
-    if not verdict["valid"]:
-        if not job.container_id:
-            raise ParameterError(
-                "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it "
-                "first (for example with community.docker.docker_container state=present)" % (params["container"], reason),
-                restored=False, reason=reason, **result)
-        warn("cold start instead of a restore: %s" % reason)
-        with watch.stage("cold_start"):
-            docker.start(job.container_id, params["timeout"], what="docker start (cold)")
-        record = None
-    else:
-        with watch.stage("prepare"):
-            job.require_runtime()
-            job.ensure_container(snapshot_dir, record)
-        with watch.stage("host_restore"):  # the runtime restores host and device state within the start
-            record = job.start(snapshot_dir, params["timeout"])
-        if record.get("outcome") != "restored":
-            reason = "the restore-on-create runtime started the container cold: %s" % record.get("reason")
-            warn(reason)
-    if params["health_url"]:
-        with watch.stage("health"):
-            health.wait_serving(params["health_url"], params["health_timeout"])
-    watch.total()
-    return dict(result, changed=True, restored=reason is None, reason=reason, container_id=job.container_id,
-                created=job.created, metadata_env_keys=job.env_keys(), placement="runtime", runtime_record=record)
 
 
 def _bare(params, snapshot_dir, check_mode, warn):

@@ -18,6 +18,13 @@ import os
 from .. import fleet, layout, manifest, world
 from ..clients.criu import CriuCli
 from ..errors import ParameterError
+from ..world import image_reason  # noqa: F401 -- the one image check, for every path
+
+# ``<fact>_mismatch`` reasons say nothing against the bytes the snapshot holds -- it is intact and, where keys are
+# configured, authentic -- only that it does not fit what would run here now (image, versions, kernel, mounts,
+# files, arguments...). Its container record can still recreate the container, to start cold (``record_usable``).
+# These mismatches, and every other reason, may mean tampering or another pod's snapshot: nothing of it is used.
+NOT_STALE = ("checksum_mismatch", "manifest_mismatch", "identity_mismatch", "engine_mismatch")
 
 ENGINE_HINTS = {"docker": "a Docker container: restore it with engine=docker",
                 "criu": "a bare process: restore it with engine=criu"}
@@ -43,27 +50,29 @@ def expectations(identity=None, image_id=None, criu_version="auto", runtime_vers
 
 
 def engine_reason(recorded, engine):
-    """Why a verified snapshot cannot be restored by ``engine`` (None when it can, or is unknown)."""
+    """Why a verified snapshot cannot be restored by ``engine`` (None when it can, is unknown, or not asked)."""
     taken = ((recorded or {}).get("engine") or {}).get("name")
-    if not taken or taken == engine:
+    if not taken or not engine or taken == engine:
         return None
     return "engine_mismatch: snapshot was taken with engine %s (%s), not %s" % (
         taken, ENGINE_HINTS.get(taken, "another engine"), engine)
 
 
 def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
-                world_now=None, defer=None):
-    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest}; never raises for a
-    bad snapshot. ``trusted``: the public keys a signature must come from (signature.py). ``world_now``:
-    (manifest) -> (process facts of what would run, or None for a bare process; runc version): the world
-    the process would come back into, compared with the one it was taken in (world.py).
+                world_now=None, defer=None, unhashed=None):
+    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest, documents}; never raises
+    for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
+    ``engine``: docker or criu, the engine that would restore it (None: any). ``trusted``: the public keys a
+    signature must come from (signature.py). ``world_now``: (manifest) -> (process facts of what would run, or
+    None for a bare process; runc version): the world the process would come back into, compared with the one
+    it was taken in (world.py).
 
-    ``hash_files=False`` checks everything but the content of the files (for a caller that hands the
-    snapshot to the node's runtime, which hashes every file right before it restores). ``defer``: see
-    manifest.verify; the verdict's ``deferred`` is then what ``manifest.verify_deferred`` must still pass.
+    ``documents``: the small files (manifest.DOCUMENTS) as read and hashed -- what a restore acts on instead of
+    reading them again. ``hash_files=False`` / ``unhashed``: see manifest.verify. ``defer``: see manifest.verify;
+    the verdict's ``deferred`` is then what ``manifest.verify_deferred`` must still pass.
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
-                                              hash_files=hash_files, trusted=trusted, defer=defer)
+                                              hash_files=hash_files, trusted=trusted, defer=defer, unhashed=unhashed)
     recorded = details["manifest"]
     mismatch = engine_reason(recorded, engine)
     if mismatch:
@@ -80,9 +89,33 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
             "bytes": details["bytes"], "files": details["files"],
             "checksums": details.get("checksums"), "deferred": details.get("deferred"),
             "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
-            "hashed_bytes": hashing.get("bytes", 0),
-            "manifest": recorded}
+            "hashed_bytes": hashing.get("bytes", 0), "workers": hashing.get("workers"),
+            "hashing_s": hashing.get("seconds", 0.0),
+            "manifest": recorded, "documents": details["documents"]}
 
 
 def reason(verdict):
     return "; ".join((verdict or {}).get("reasons") or []) or "not verified"
+
+
+def stale_kind(text):
+    """Whether a reason is only staleness: a ``<fact>_mismatch`` not in NOT_STALE."""
+    kind = text.split(":", 1)[0]
+    return kind.endswith("_mismatch") and kind not in NOT_STALE
+
+
+def stale_reasons(verdict):
+    """The reasons of a verdict that say the snapshot does not belong to what would run now (image, versions,
+    world); not those that say it is damaged or not this pod's."""
+    return [text for text in (verdict or {}).get("reasons") or [] if stale_kind(text)]
+
+
+def record_usable(verdict, documents):
+    """Whether a verdict still vouches for the snapshot's container record (host/container.json) when it is
+    invalid: the record and the manifest were hashed in the read that returned them (``documents``), the checksum
+    list is authentic (signed, where keys are configured), and every reason is only staleness (a
+    ``<fact>_mismatch`` but NOT_STALE). Then the container may be recreated from it, to start cold."""
+    verdict = verdict or {}
+    if layout.CONTAINER_RECORD not in (documents or {}) or manifest.MANIFEST not in documents:
+        return False
+    return all(stale_kind(text) for text in verdict.get("reasons") or [])

@@ -1,0 +1,240 @@
+"""The one restore pipeline (core/restore/pipeline.py) with a driver that fails where it is told to: every stage's
+failure is a cold start with that stage's reason, what was started is undone, the outcome is written once, and
+nothing is left behind (no half-restored process, no plaintext, no held staged copy)."""
+
+import json
+import os
+
+import pytest
+
+from test_stage import IDENTITY, PAGES, fields, make
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, layout, seal, stage, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import file_locks, pipeline
+
+# driver method -> the stage the pipeline runs it in
+STAGES = {"locate": "verify", "check": "check", "prepare": "prepare", "host_restore": "host_restore",
+          "release": "verify_pages", "after_host_restore": "metadata", "device_resume": "device_restore",
+          "pages_in": "pages_in", "complete": "complete"}
+KEY = b"k" * 32
+
+
+class Broken(pipeline.Driver):
+    """Every step recorded; ``fail``: the step that raises ``error``. Resources: what is live on the 'host'."""
+
+    path = "criu"
+    engine = "docker"
+    can_leave_stopped = True
+
+    def __init__(self, fail=None, error=RuntimeError):
+        super(Broken, self).__init__(identity=IDENTITY, criu_version="skip")
+        self.world_now = None  # the fake manifests record no world
+        self.fail, self.error = fail, error
+        self.calls = []
+        self.live = set()
+        self.images_seen = None
+
+    def _step(self, name):
+        self.calls.append(name)
+        if name == self.fail:
+            raise self.error("%s broke" % name) if self.error is not pipeline.Fallback else \
+                pipeline.Fallback("injected: %s broke" % name)
+
+    def locate(self, attempt):
+        self._step("locate")
+        return super(Broken, self).locate(attempt)
+
+    def check(self, attempt):
+        self._step("check")
+
+    def prepare(self, attempt):
+        self._step("prepare")
+        self.live.add("container")
+
+    def host_restore(self, attempt):
+        self.images_seen = sorted(os.listdir(attempt.images_dir))
+        self.live.add("restored process")
+        self._step("host_restore")
+        return os.getpid()
+
+    def release(self, attempt):
+        self._step("release")
+
+    def after_host_restore(self, attempt):
+        self._step("after_host_restore")
+
+    def device_resume(self, attempt):
+        self._step("device_resume")
+        return ["restore", "unlock"]
+
+    def pages_in(self, attempt):
+        self._step("pages_in")
+
+    def complete(self, attempt):
+        self._step("complete")
+
+    def undo(self, attempt):
+        self.calls.append("undo")
+        self.live.discard("restored process")
+
+    def cold_start(self, attempt):
+        self.calls.append("cold_start")
+        self.live.add("cold process")
+
+
+@pytest.fixture
+def no_locks(monkeypatch):
+    """The fake 'process' is this test: it has no agent to take locks back, and the images record none."""
+    monkeypatch.setattr(file_locks, "hold_again", lambda *args, **kwargs: None)
+
+
+DEVICE = {"schema_version": 1, "pid": 1, "state": "BACKED_UP", "devices": [0],
+          "runtime": {"name": "ascend-acl", "version": "9.1.0"}, "created_at": "2026-11-29T12:00:00Z"}
+
+
+def snapshot(tmp_path, encrypted=False):
+    """A published snapshot with a device part, so that the device stage runs."""
+    snap = make(tmp_path, encryption_key=KEY if encrypted else None)
+    staging = layout.staging_dir(snap)
+    os.rename(snap, staging)
+    for name in (layout.MANIFEST, layout.CHECKSUMS):
+        os.unlink(os.path.join(staging, name))
+    os.mkdir(os.path.join(staging, layout.DEVICE_DIR))
+    with open(os.path.join(staging, layout.DEVICE_PART), "w") as handle:
+        json.dump(DEVICE, handle)
+    extra = {"encryption": encryption.describe(KEY, [PAGES, "host/criu/inventory.img"])} if encrypted else {}
+    seal.seal(staging, dict(fields(), device=DEVICE, **extra))
+    seal.publish(staging, snap)
+    return snap
+
+
+def run(snap, driver, **kwargs):
+    kwargs.setdefault("decrypt_dir", os.path.join(os.path.dirname(snap), "..", "..", "..", "..", "shm"))
+    os.makedirs(kwargs["decrypt_dir"], exist_ok=True)
+    attempt = pipeline.Attempt(snap, 30, keys={encryption.key_id(KEY): KEY}, **kwargs)
+    return pipeline.run(driver, attempt)
+
+
+def test_a_restore_that_nothing_breaks_runs_every_stage_in_order_and_says_restored(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    driver = Broken()
+    attempt = run(snap, driver)
+    assert attempt.restored and attempt.reason is None and attempt.outcome == "restored"
+    assert driver.calls == ["locate", "check", "prepare", "host_restore", "release", "after_host_restore",
+                            "device_resume", "pages_in", "complete"]
+    assert list(attempt.watch.durations)[:2] == ["verify", "check"] and "complete" in attempt.watch.durations
+    record = status.read(snap)
+    assert record["last_restore"]["outcome"] == "restored" and len(record["restores"]) == 1
+
+
+@pytest.mark.parametrize("error", [RuntimeError, SnapshotError, pipeline.Fallback])
+@pytest.mark.parametrize("step", sorted(STAGES))
+def test_a_failure_at_any_stage_is_a_cold_start_with_that_stages_reason_and_nothing_left(tmp_path, no_locks, step,
+                                                                                           error):
+    snap = snapshot(tmp_path)
+    driver = Broken(fail=step, error=error)
+    attempt = run(snap, driver)
+    stage_name = STAGES[step]
+    expected = {RuntimeError: "internal_error: %s failed with RuntimeError: %s broke" % (stage_name, step),
+                SnapshotError: "%s_failed: %s broke" % (stage_name, step),
+                pipeline.Fallback: "injected: %s broke" % step}[error]
+    assert not attempt.restored and attempt.reason.startswith(expected), attempt.reason
+    assert driver.calls[-1] == "cold_start" and driver.calls.count("cold_start") == 1
+    # undone exactly when the host restore had begun (everything after prepare)
+    assert ("undo" in driver.calls) is (step not in ("locate", "check", "prepare")), driver.calls
+    assert "restored process" not in driver.live, "a half-restored process is undone before the cold start"
+    assert "cold process" in driver.live
+    record = status.read(snap)
+    if step == "locate":  # a path that was not validated is never written to
+        assert record is None
+        return
+    assert record["last_restore"]["outcome"] == "cold" and record["last_restore"]["reason"] == attempt.reason
+    assert len(record["restores"]) == 1, "the outcome is written once"
+
+
+@pytest.mark.parametrize("step", ["check", "host_restore", "device_resume", "complete"])
+def test_an_encrypted_snapshots_plaintext_is_gone_whatever_failed(tmp_path, no_locks, step):
+    snap = snapshot(tmp_path, encrypted=True)
+    shm = str(tmp_path / "shm")
+    driver = Broken(fail=step)
+    attempt = run(snap, driver, decrypt_dir=shm)
+    assert not attempt.restored and driver.calls[-1] == "cold_start"
+    if step != "check":
+        assert driver.images_seen == ["inventory.img", "pages-1.img"], "CRIU read the decrypted images"
+    assert os.listdir(shm) == [], "no plaintext is left in the decrypt dir"
+
+
+def test_a_staged_copy_is_released_whatever_failed(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    cache = str(tmp_path / "stage")
+    stage.stage(snap, cache)
+    attempt = run(snap, Broken(fail="host_restore"), stage_dir=cache)
+    assert not attempt.restored and attempt.verdict["checksums"] == "staged"
+    assert stage.drop_entry(cache, attempt.verdict["fingerprint"]) is True, "not held after the restore"
+
+
+def test_the_canary_stage_refuses_an_engine_that_does_not_answer_as_recorded(tmp_path, no_locks):
+    snap = make(tmp_path / "c")
+    staging = layout.staging_dir(snap)
+    os.rename(snap, staging)
+    for name in (layout.MANIFEST, layout.CHECKSUMS):
+        os.unlink(os.path.join(staging, name))
+    canary.write(staging, canary.check_spec({"url": "http://127.0.0.1:9/never"}), {"status": 200})
+    seal.seal(staging, fields())
+    seal.publish(staging, snap)
+    driver = Broken()
+    attempt = run(snap, driver)
+    assert not attempt.restored and attempt.reason.startswith("canary_failed:"), attempt.reason
+    assert driver.calls[-2:] == ["undo", "cold_start"] and "complete" not in driver.calls
+
+
+def test_a_snapshot_that_does_not_verify_starts_nothing_but_the_cold_start(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    with open(os.path.join(snap, PAGES), "r+b") as handle:
+        handle.write(b"X")
+    driver = Broken()
+    attempt = run(snap, driver)
+    assert attempt.reason.startswith("checksum_mismatch: " + PAGES), attempt.reason
+    # the page images are hashed while the host restore leaves the tasks stopped: they never run
+    assert "release" not in driver.calls and driver.calls[-2:] == ["undo", "cold_start"]
+    assert attempt.verdict["overlapped"]["released"] is False
+
+
+def test_check_mode_verifies_and_checks_only_and_writes_nothing(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    driver = Broken()
+    attempt = run(snap, driver, check_mode=True)
+    assert attempt.restored and driver.calls == ["locate", "check"] and status.read(snap) is None
+
+
+class Delegating(Broken):
+    """A driver whose host restore is another run of the pipeline (the hand-over to the node runtime)."""
+    delegates = True
+
+
+def test_a_delegated_restore_hashes_only_what_it_acts_on_and_runs_no_stage_of_its_delegate(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    driver = Delegating()
+    attempt = run(snap, driver)
+    assert attempt.restored
+    assert driver.calls == ["locate", "check", "prepare", "host_restore", "complete"]
+    assert attempt.verdict["checksums"].startswith("verified but"), attempt.verdict["checksums"]
+    images = sum(os.lstat(os.path.join(snap, layout.IMAGES_DIR, name)).st_size
+                 for name in os.listdir(os.path.join(snap, layout.IMAGES_DIR)))
+    assert attempt.verdict["hashed_bytes"] < images, "the images are the delegate's to hash"
+    assert layout.MANIFEST in attempt.documents and layout.DEVICE_PART in attempt.documents
+
+
+def test_documents_are_used_as_verified_not_read_again(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+
+    class Swapping(Broken):
+        def check(self, attempt):  # a writer swaps the device part after the verification
+            with open(os.path.join(attempt.snapshot_dir, layout.DEVICE_PART), "w") as handle:
+                handle.write('{"forged": true}')
+            self.seen = attempt.document(layout.DEVICE_PART)
+
+    driver = Swapping()
+    attempt = run(snap, driver)
+    assert attempt.restored and b"forged" not in driver.seen and b"BACKED_UP" in driver.seen
