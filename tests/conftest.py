@@ -97,7 +97,7 @@ def old_agent_package(tmp_path):
     old = tmp_path / "old_agent" / "inferops_agent"
     shutil.copytree(str(MODULE_UTILS / "core" / "agent"), str(old))
     protocol = old / "protocol.py"
-    known = '{"v", "op", "timeout", "lease", "locks"}'
+    known = '{"v", "op", "timeout", "lease", "locks", "device_memory"}'
     text = protocol.read_text()
     assert known in text, "the agent's known request fields changed: make old_agent_package follow"
     protocol.write_text(text.replace(known, '{"v", "op", "timeout"}'))

@@ -8,7 +8,17 @@ Run it with python3:
                                       (K/M/G suffixes; default ACL_SIM_DEVICE_MEM_BYTES or 1G), memory allocated
   aclsim_ctl.py peek   DEV OFF LEN    print LEN bytes at offset OFF of the device, hex
   aclsim_ctl.py busy   DEV            exit 0 and print "busy" if a process holds DEV, else "free" (exit 1)
-  aclsim_ctl.py hold   DEV            hold DEV (exclusive flock) until stdin closes; prints "held"
+  aclsim_ctl.py hold   DEV            hold DEV (exclusive flock, and its node when installed) until stdin closes;
+                                      prints "held"
+  aclsim_ctl.py install [COUNT]       install the simulated driver for ACL_SIM_DEVICE_DIR: COUNT (default 8) device
+                                      nodes davinci<N> and davinci_manager in a directory of their own (printed),
+                                      as an NPU driver makes /dev/davinci<N>; see docs/simulator.md "Device nodes"
+  aclsim_ctl.py uninstall             remove what install made for ACL_SIM_DEVICE_DIR
+  aclsim_ctl.py nodes                 print the installed node directory of ACL_SIM_DEVICE_DIR
+  aclsim_ctl.py docker-args [DEV..]   print, as a JSON list, the docker run options that give a container the
+                                      devices DEV (default 0) and davinci_manager, each at /dev/<name>
+  aclsim_ctl.py driver [api_version=N] [snapshot_feature=0|1]
+                                      set (or print) the node's driver: ACL_SIM_DEVICE_DIR/driver.conf
 
 Uses the same environment as the simulator: ACL_SIM_DEVICE_DIR (default /dev/shm/aclsim),
 ACL_SIM_DEVICE_PREALLOC (huge, pages or none) and ACL_SIM_DEVICE_MEM_BYTES. A reset removes the
@@ -17,15 +27,195 @@ place with its memory already allocated, as the simulator's aclsimDeviceReset do
 follows copies into memory the device holds, as on an NPU, instead of paying for fresh pages.
 A device pointer from the simulator is 0x100000000000 + (DEV << 40) + offset.
 """
+import contextlib
 import ctypes
 import fcntl
+import json
 import os
+import stat
+import subprocess
 import sys
 import time
 
 VA_BASE = 0x100000000000
 HUGE = 2 << 20
 MADV_COLLAPSE = 25
+
+
+# Device nodes (docs/simulator.md "Device nodes"). Chips are character nodes of a local/experimental major
+# (LANANA reserves 120-127 for local use; the kernel never hands them out), so no driver stands behind them and
+# the simulator holds them with O_PATH; every installed directory gets a block of NODE_BLOCK minors of its own, so
+# that two simulated NPUs never share a number. davinci_manager is a loop block device bound to a small file: the
+# one kind of device node this kernel lets a process map that CRIU hands to its plugins as a device mapping.
+STATE_DIR = "/run/inferops-aclsim"
+NODES_ROOT = "/dev/inferops-aclsim"
+CHIP_MAJOR = 120
+NODE_BLOCK = 64
+MAX_BLOCKS = (1 << 20) // NODE_BLOCK
+MANAGER_NODE = "/dev/davinci_manager"
+MANAGER_BYTES = 65536
+MANAGER_MAGIC = b"ACLSIM-DAVINCI-MANAGER"
+NODES_RECORD = "nodes.json"
+
+
+def device_dir():
+    return os.environ.get("ACL_SIM_DEVICE_DIR") or "/dev/shm/aclsim"
+
+
+@contextlib.contextmanager
+def _state_lock():
+    os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
+    with open(os.path.join(STATE_DIR, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _loop_backing(name):
+    try:
+        with open("/sys/block/%s/loop/backing_file" % name) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _mknod(path, kind, major, minor, mode=0o666):
+    try:
+        st = os.lstat(path)
+        if (st.st_mode & 0o170000) == kind and st.st_rdev == os.makedev(major, minor):
+            return
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.mknod(path, kind | mode, os.makedev(major, minor))
+    os.chmod(path, mode)
+
+
+def manager():
+    """The host's davinci_manager: (major, minor) of a loop device bound to STATE_DIR/manager.img, its node made
+    at MANAGER_NODE. Idempotent (the binding does not survive a reboot: the next call makes it again)."""
+    image = os.path.join(STATE_DIR, "manager.img")
+    if not os.path.exists(image):
+        tmp = image + ".%d" % os.getpid()
+        with open(tmp, "wb") as handle:
+            handle.write(MANAGER_MAGIC + b"\n" + bytes(MANAGER_BYTES - len(MANAGER_MAGIC) - 1))
+        os.rename(tmp, image)
+    bound = [name for name in sorted(os.listdir("/sys/block")) if name.startswith("loop")
+             and _loop_backing(name) == image]
+    if bound:
+        device = "/dev/" + bound[0]
+    else:
+        device = subprocess.run(["losetup", "--find", "--show", image], check=True, capture_output=True,
+                                text=True).stdout.strip()
+    st = os.stat(device)
+    _mknod(MANAGER_NODE, stat.S_IFBLK, os.major(st.st_rdev), os.minor(st.st_rdev))
+    return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+def _block_of(directory):
+    """The block of minors recorded for ``directory`` (allocating one), reclaiming those of directories gone."""
+    blocks = os.path.join(STATE_DIR, "blocks")
+    os.makedirs(blocks, mode=0o755, exist_ok=True)
+    free = None
+    for number in range(1, MAX_BLOCKS):  # block 0 is left to a node whose driver makes /dev/davinci<N> itself
+        entry = os.path.join(blocks, str(number))
+        try:
+            with open(entry) as handle:
+                owner = handle.read()
+        except FileNotFoundError:
+            free = number if free is None else free
+            continue
+        if owner == directory:
+            return number
+        if not os.path.isdir(owner):  # its device directory is gone: so is its simulated NPU
+            os.unlink(entry)
+            _remove_nodes(os.path.join(NODES_ROOT, str(number)))
+            free = number if free is None else free
+    if free is None:
+        raise SystemExit("no free block of device numbers left in %s" % blocks)
+    with open(os.path.join(blocks, str(free)), "w") as handle:
+        handle.write(directory)
+    return free
+
+
+def _remove_nodes(nodes):
+    for name in os.listdir(nodes) if os.path.isdir(nodes) else []:
+        os.unlink(os.path.join(nodes, name))
+    if os.path.isdir(nodes):
+        os.rmdir(nodes)
+
+
+def install(count=8):
+    """The simulated driver for ACL_SIM_DEVICE_DIR: returns its record (NODES_RECORD in that directory)."""
+    directory = os.path.realpath(device_dir())
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with _state_lock():
+        mgr_major, mgr_minor = manager()
+        block = _block_of(directory)
+        nodes = os.path.join(NODES_ROOT, str(block))
+        os.makedirs(nodes, mode=0o755, exist_ok=True)
+        chips = {}
+        for dev in range(int(count)):
+            minor = block * NODE_BLOCK + dev
+            _mknod(os.path.join(nodes, "davinci%d" % dev), stat.S_IFCHR, CHIP_MAJOR, minor)
+            chips[str(dev)] = [CHIP_MAJOR, minor]
+        _mknod(os.path.join(nodes, "davinci_manager"), stat.S_IFBLK, mgr_major, mgr_minor)
+        record = {"nodes": nodes, "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE}
+        with open(os.path.join(directory, NODES_RECORD), "w") as handle:
+            json.dump(record, handle, indent=1, sort_keys=True)
+    return record
+
+
+def installed():
+    try:
+        with open(os.path.join(device_dir(), NODES_RECORD)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def uninstall():
+    record = installed()
+    directory = os.path.realpath(device_dir())
+    with _state_lock():
+        if record:
+            _remove_nodes(record["nodes"])
+            block = os.path.join(STATE_DIR, "blocks", os.path.basename(record["nodes"]))
+            with contextlib.suppress(FileNotFoundError):
+                with open(block) as handle:
+                    if handle.read() == directory:
+                        os.unlink(block)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, NODES_RECORD))
+
+
+def docker_args(devs=(0,)):
+    """docker run options giving a container devices ``devs`` and the manager, at /dev/<name> as a driver has them."""
+    record = installed()
+    if record is None:
+        raise SystemExit("no simulated driver installed for %s: run aclsim_ctl.py install" % device_dir())
+    args = []
+    for dev in devs:
+        args += ["--device", "%s/davinci%d:/dev/davinci%d" % (record["nodes"], int(dev), int(dev))]
+    return args + ["--device", "%s:/dev/davinci_manager" % record["manager_node"]]
+
+
+def driver(settings):
+    """Merge key=value settings into ACL_SIM_DEVICE_DIR/driver.conf (the node's driver); returns them all."""
+    path = os.path.join(device_dir(), "driver.conf")
+    current = {}
+    with contextlib.suppress(FileNotFoundError):
+        with open(path) as handle:
+            current = dict(line.strip().split("=", 1) for line in handle if "=" in line)
+    for item in settings:
+        key, value = item.split("=", 1)
+        if key not in ("api_version", "snapshot_feature"):
+            raise SystemExit("driver: unknown setting %r (api_version, snapshot_feature)" % key)
+        current[key] = str(int(value))
+    os.makedirs(device_dir(), mode=0o700, exist_ok=True)
+    with open(path + ".tmp", "w") as handle:
+        handle.write("".join("%s=%s\n" % item for item in sorted(current.items())))
+    os.rename(path + ".tmp", path)
+    return current
 
 
 def device_path(dev):
@@ -157,6 +347,22 @@ def is_busy(dev):
 
 
 def main(argv):
+    if argv[:1] == ["install"] and len(argv) <= 2:
+        print(install(*argv[1:])["nodes"])
+        return 0
+    if argv == ["uninstall"]:
+        uninstall()
+        return 0
+    if argv == ["nodes"]:
+        record = installed()
+        print(record["nodes"] if record else "")
+        return 0 if record else 1
+    if argv[:1] == ["docker-args"]:
+        print(json.dumps(docker_args([int(d) for d in argv[1:]] or [0])))
+        return 0
+    if argv[:1] == ["driver"]:
+        print(json.dumps(driver(argv[1:]), sort_keys=True))
+        return 0
     if len(argv) < 2:
         sys.stderr.write(__doc__)
         return 2
@@ -179,6 +385,8 @@ def main(argv):
         os.makedirs(os.path.dirname(device_path(dev)), mode=0o700, exist_ok=True)
         fd = os.open(device_path(dev), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        record = installed()
+        node = os.open(os.path.join(record["nodes"], "davinci%d" % dev), os.O_PATH) if record else None  # noqa: F841
         print("held", flush=True)
         sys.stdin.read()
     else:

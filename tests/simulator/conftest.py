@@ -186,3 +186,9 @@ def simulator_lib(tmp_path_factory):
 @pytest.fixture
 def sim(simulator_lib, tmp_path):
     return Simulator(simulator_lib, tmp_path)
+
+
+@pytest.fixture
+def legacy_sim(simulator_lib, tmp_path):
+    """The simulator built as an older runtime whose snapshot calls take no arguments."""
+    return Simulator(simulator_lib.parent / "legacy-api" / "libascendcl.so", tmp_path)

@@ -48,18 +48,19 @@ def test_foreign_pid_is_refused_by_all_four_calls(sim):
     assert "pid must be current process pid, cross-process operation is not supported" in r.stderr
 
 
-def test_non_null_reserve_or_args_is_refused(sim):
+def test_non_null_reserve_is_refused_and_args_must_hold_flags_0_or_1(sim):
     r = sim.run('''
         pid = os.getpid()
         junk = ctypes.c_void_p(0x1000)
+        bad = ctypes.byref(_acl.SnapshotArgs(2))
         RESULT["lock"] = sim.aclrtSnapShotProcessLock(pid, junk)
         RESULT["s0"] = state()
         rt.snapshot_lock()
-        RESULT["backup"] = sim.aclrtSnapShotProcessBackup(pid, junk)
+        RESULT["backup"] = sim.aclrtSnapShotProcessBackup(pid, bad)
         RESULT["unlock_locked"] = sim.aclrtSnapShotProcessUnlock(pid, junk)
         RESULT["s1"] = state()
         rt.snapshot_backup()
-        RESULT["restore"] = sim.aclrtSnapShotProcessRestore(pid, junk)
+        RESULT["restore"] = sim.aclrtSnapShotProcessRestore(pid, bad)
         RESULT["unlock_backed_up"] = sim.aclrtSnapShotProcessUnlock(pid, junk)
         RESULT["s2"] = state()
         RESULT["null_ok"] = sim.aclrtSnapShotProcessRestore(pid, None)
@@ -70,6 +71,24 @@ def test_non_null_reserve_or_args_is_refused(sim):
     assert (r["s0"], r["s1"], r["s2"]) == (RUNNING, LOCKED, BACKED_UP)
     assert r["null_ok"] == 0 and r["s3"] == LOCKED
     assert "reserved parameter and must be nullptr" in r.stderr
+    assert "invalid flags 2: 0 (required) or 1 (required and optional)" in r.stderr
+
+
+def test_the_older_shape_refuses_any_args(legacy_sim):
+    r = legacy_sim.run('''
+        pid = os.getpid()
+        junk = ctypes.c_void_p(0x1000)
+        RESULT["api"] = rt.snapshot_api
+        rt.snapshot_lock()
+        RESULT["backup"] = sim.aclrtSnapShotProcessBackup(pid, junk)
+        rt.snapshot_backup()
+        RESULT["restore"] = sim.aclrtSnapShotProcessRestore(pid, junk)
+        RESULT["null_ok"] = sim.aclrtSnapShotProcessRestore(pid, None)
+        rt.snapshot_unlock()
+    ''')
+    assert r["api"] == "legacy"
+    assert r["backup"] == r["restore"] == INVALID_PARAM and r["null_ok"] == 0
+    assert "args is a reserved parameter and must be nullptr" in r.stderr
 
 
 # ---------------------------------------------------------------- state machine

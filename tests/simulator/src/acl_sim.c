@@ -25,6 +25,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,11 @@
 #define SIM_DEFAULT_DIR "/dev/shm/aclsim"
 #define SIM_HUGE (2ULL << 20)          /* the 2 MiB pages device memory is gathered into */
 #define SIM_DEFAULT_COPY_GBPS 25.0     /* see docs/simulator.md "The cost model" */
+#define SIM_DEFAULT_NODES "off"        /* no device nodes unless ACL_SIM_DEVICE_NODES names their directory */
+#define SIM_MANAGER_BYTES 65536        /* what the process maps of davinci_manager */
+#define SIM_MANAGER_MAGIC "ACLSIM-DAVINCI-MANAGER" /* aclsim_ctl.py install writes it at offset 0 */
+#define SIM_DEFAULT_RUNTIME_API 10000
+#define SIM_DEFAULT_DRIVER_API 500
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux >= 6.1; older kernels answer EINVAL and keep 4 KiB pages */
@@ -53,6 +59,7 @@ typedef struct {
 
 typedef struct {
     int refcount;         /* aclrtSetDevice calls minus aclrtResetDevice calls */
+    int node_fd;          /* ACL_SIM_DEVICE_NODES/davinci<N>, held (O_PATH) while the device is set; -1 */
     int fd;               /* device file, flock'ed; -1 when closed */
     unsigned char *base;  /* MAP_SHARED mapping; NULL when not mapped */
     uint64_t size;        /* device memory size */
@@ -80,6 +87,14 @@ static int g_inited;
 static uint64_t g_backup_bytes;
 static sim_device_t g_dev[SIM_MAX_DEVICES];
 static aclsimCopyStats g_last_copy; /* the last backup or restore copy */
+static int g_mgr_fd = -1;           /* davinci_manager, open while any device node is held */
+static void *g_mgr_map;             /* its shared mapping (SIM_MANAGER_BYTES), NULL when not mapped */
+static struct {                     /* what a backup with args recorded (snapshot.md: SnapShotVersionInfoBackup) */
+    int has;
+    uint32_t runtime_api;
+    int driver_api;
+    uint32_t flags;
+} g_backup_info;
 
 static pthread_mutex_t g_snap_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises snapshot calls */
 static __thread int t_in_snapshot;
@@ -497,10 +512,201 @@ static void device_drop_saved(sim_device_t *d)
     d->has_saved = 0;
 }
 
+/* ------------------------------------------------------------------ device nodes (g_mu held) */
+
+/* A real process opens /dev/davinci<N> and /dev/davinci_manager and maps the manager, and still holds all
+ * of it after aclrtSnapShotProcessBackup: CRIU can dump none of it without a plugin. With
+ * ACL_SIM_DEVICE_NODES the simulator does the same on the nodes aclsim_ctl.py install made: each chip node
+ * is held with O_PATH (no driver stands behind its number: a node of the local/experimental major CRIU does
+ * not know, see docs/simulator.md), the manager -- a loop block device, the one kind this kernel lets a
+ * process map that CRIU hands to HANDLE_DEVICE_VMA -- is opened and mapped shared. */
+static const char *nodes_dir(void)
+{
+    const char *d = getenv("ACL_SIM_DEVICE_NODES");
+    if (d == NULL || *d == '\0') {
+        d = SIM_DEFAULT_NODES;
+    }
+    return (strcmp(d, "off") == 0 || strcmp(d, "0") == 0) ? NULL : d;
+}
+
+static int node_path(char *buf, size_t n, const char *name)
+{
+    int r = snprintf(buf, n, "%s/%s", nodes_dir(), name);
+    return (r > 0 && (size_t)r < n) ? 0 : -1;
+}
+
+static int manager_mapped_ok(const void *p)
+{
+    return memcmp(p, SIM_MANAGER_MAGIC, sizeof(SIM_MANAGER_MAGIC) - 1) == 0;
+}
+
+/* Opens and maps davinci_manager (once per process); 0 or -1 (logged). */
+static int manager_open(void)
+{
+    char path[4096];
+    if (g_mgr_fd >= 0) {
+        return 0;
+    }
+    if (node_path(path, sizeof(path), "davinci_manager") != 0) {
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        sim_log(LOG_ERROR, "cannot open the manager device %s: %s (install the simulated driver: aclsim_ctl.py "
+                "install; in a container: docker run --device)", path, strerror(errno));
+        return -1;
+    }
+    void *p = mmap(NULL, SIM_MANAGER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || !manager_mapped_ok(p)) {
+        sim_log(LOG_ERROR, "%s is not the simulator's manager device (%s)", path,
+                p == MAP_FAILED ? strerror(errno) : "no manager header");
+        if (p != MAP_FAILED) {
+            munmap(p, SIM_MANAGER_BYTES);
+        }
+        close(fd);
+        return -1;
+    }
+    g_mgr_fd = fd;
+    g_mgr_map = p;
+    sim_log(LOG_INFO, "manager device %s mapped at %p", path, p);
+    return 0;
+}
+
+static void manager_close_if_unused(void)
+{
+    for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
+        if (g_dev[dev].node_fd >= 0) {
+            return;
+        }
+    }
+    if (g_mgr_map != NULL) {
+        munmap(g_mgr_map, SIM_MANAGER_BYTES);
+        g_mgr_map = NULL;
+    }
+    if (g_mgr_fd >= 0) {
+        close(g_mgr_fd);
+        g_mgr_fd = -1;
+    }
+}
+
+/* Holds device dev's node (and the manager) when nodes are configured; ACL_SUCCESS or fail_code. */
+static aclError node_open(int dev, aclError fail_code)
+{
+    char path[4096], name[32];
+    sim_device_t *d = &g_dev[dev];
+    if (nodes_dir() == NULL || d->node_fd >= 0) {
+        return ACL_SUCCESS;
+    }
+    snprintf(name, sizeof(name), "davinci%d", dev);
+    if (node_path(path, sizeof(path), name) != 0) {
+        return fail_code;
+    }
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISCHR(st.st_mode)) {
+        sim_log(LOG_ERROR, "device %d: no device node %s (%s): install the simulated driver (aclsim_ctl.py "
+                "install), or give the container the device (docker run --device)", dev, path,
+                fd < 0 ? strerror(errno) : "not a character device");
+        if (fd >= 0) {
+            close(fd);
+        }
+        return fail_code;
+    }
+    if (manager_open() != 0) {
+        close(fd);
+        return fail_code;
+    }
+    d->node_fd = fd;
+    sim_log(LOG_INFO, "device %d: holding %s (c %u:%u)", dev, path, major(st.st_rdev), minor(st.st_rdev));
+    return ACL_SUCCESS;
+}
+
+static void node_close(int dev)
+{
+    sim_device_t *d = &g_dev[dev];
+    if (d->node_fd >= 0) {
+        close(d->node_fd);
+        d->node_fd = -1;
+        manager_close_if_unused();
+    }
+}
+
+/* After a restore of the process (CRIU with the NPU plugin), before the devices are used again: each held
+ * node must be the node at its path now (the plugin reopened it, re-created with this node's numbering),
+ * and the manager -- which the plugin left as an empty placeholder mapping -- is mapped again where it was,
+ * as the driver needs. ACL_SUCCESS or fail_code (logged). */
+static aclError nodes_reattach(aclError fail_code)
+{
+    char path[4096], name[32];
+    for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
+        sim_device_t *d = &g_dev[dev];
+        if (d->node_fd < 0) {
+            continue;
+        }
+        struct stat held, now;
+        snprintf(name, sizeof(name), "davinci%d", dev);
+        if (node_path(path, sizeof(path), name) != 0 || fstat(d->node_fd, &held) != 0 || stat(path, &now) != 0 ||
+            held.st_rdev != now.st_rdev) {
+            sim_log(LOG_ERROR, "device %d: the node this process holds is not %s now; its descriptors were not "
+                    "restored by the NPU CRIU plugin", dev, path);
+            return fail_code;
+        }
+    }
+    if (g_mgr_fd >= 0 && g_mgr_map != NULL) {
+        void *p = mmap(g_mgr_map, SIM_MANAGER_BYTES, PROT_READ, MAP_SHARED | MAP_FIXED, g_mgr_fd, 0);
+        if (p == MAP_FAILED || !manager_mapped_ok(p)) {
+            sim_log(LOG_ERROR, "cannot map the manager device again at %p: %s", g_mgr_map,
+                    p == MAP_FAILED ? strerror(errno) : "no manager header");
+            return fail_code;
+        }
+    }
+    return ACL_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ API versions and the driver's features */
+
+/* key=value from ${ACL_SIM_DEVICE_DIR}/driver.conf (the node's driver, written by aclsim_ctl.py driver). */
+static long long driver_conf(const char *key, long long def)
+{
+    char path[4096], line[256];
+    if (snprintf(path, sizeof(path), "%s/driver.conf", device_dir()) >= (int)sizeof(path)) {
+        return def;
+    }
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        return def;
+    }
+    long long v = def;
+    size_t klen = strlen(key);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, key, klen) == 0 && line[klen] == '=') {
+            v = strtoll(line + klen + 1, NULL, 10);
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+static uint32_t runtime_api_version(void)
+{
+    return (uint32_t)env_ll("ACL_SIM_RUNTIME_API_VERSION", SIM_DEFAULT_RUNTIME_API, 0, 0x7fffffff);
+}
+
+static int driver_api_version(void)
+{
+    return (int)driver_conf("api_version", SIM_DEFAULT_DRIVER_API);
+}
+
+static __attribute__((unused)) int driver_has_snapshot_feature(void) /* unused in a legacy-API build */
+{
+    return driver_conf("snapshot_feature", 1) != 0;
+}
+
 static void device_release(int dev)
 {
     sim_device_t *d = &g_dev[dev];
     device_close(d);
+    node_close(dev);
     device_drop_saved(d);
     free(d->allocs);
     d->allocs = NULL;
@@ -552,6 +758,9 @@ static aclError reopen_devices(int copy, aclError busy_code, aclError fail_code)
     int opened[SIM_MAX_DEVICES];
     int nopened = 0;
     double t0 = mono_now();
+    if (nodes_reattach(fail_code) != ACL_SUCCESS) {
+        return fail_code;
+    }
     for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
         sim_device_t *d = &g_dev[dev];
         if (d->refcount <= 0 || d->base != NULL) {
@@ -682,6 +891,32 @@ static aclError invoke_callbacks(aclrtSnapShotStage stage)
 
 /* ------------------------------------------------------------------ snapshot API */
 
+/* args of Backup/Restore: NULL (the older flow) or, in the args shape, flags 0 or 1 and a driver with the
+ * snapshot feature. *with_args is set when the args flow applies. */
+static aclError check_snapshot_args(const char *fn, const void *args, uint32_t flags, int *with_args)
+{
+    *with_args = 0;
+    if (args == NULL) {
+        return ACL_SUCCESS;
+    }
+#ifdef ACL_SIM_LEGACY_SNAPSHOT_API
+    (void)flags;
+    sim_log(LOG_ERROR, "%s: args is a reserved parameter and must be nullptr", fn);
+    return ACL_ERROR_INVALID_PARAM;
+#else
+    if (flags > ACL_SNAPSHOT_FLAGS_REQUIRED_AND_OPTIONAL) {
+        sim_log(LOG_ERROR, "%s: invalid flags %u: 0 (required) or 1 (required and optional)", fn, flags);
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    if (!driver_has_snapshot_feature()) {
+        sim_log(LOG_ERROR, "%s: the driver does not support FEATURE_SVM_PROCESS_DEVICE_MEM_SNAPSHOT", fn);
+        return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+    }
+    *with_args = 1;
+    return ACL_SUCCESS;
+#endif
+}
+
 static aclError check_pid_and_reserved(const char *fn, int pid, const void *reserved, const char *what)
 {
     if (pid != (int)getpid()) {
@@ -805,7 +1040,16 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessUnlock(int pid, void *reserve)
 
 ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBackupArgs *args)
 {
-    aclError rc = check_pid_and_reserved(__func__, pid, args, "args");
+    int with_args = 0;
+#ifdef ACL_SIM_LEGACY_SNAPSHOT_API
+    uint32_t flags = 0;
+#else
+    uint32_t flags = args != NULL ? args->backupFlags : 0;
+#endif
+    aclError rc = check_pid_and_reserved(__func__, pid, NULL, "args");
+    if (rc == ACL_SUCCESS) {
+        rc = check_snapshot_args(__func__, args, flags, &with_args);
+    }
     if (rc != ACL_SUCCESS || (rc = snap_enter(__func__, ACL_ERROR_SNAPSHOT_BACKUP_FAILED)) != ACL_SUCCESS) {
         return rc;
     }
@@ -831,6 +1075,11 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBa
             pthread_mutex_lock(&g_mu);
             if (rc == ACL_SUCCESS) {
                 g_state = ACL_SIM_STATE_BACKED_UP;
+                /* the args flow records the versions the restore must find again */
+                g_backup_info.has = with_args;
+                g_backup_info.runtime_api = runtime_api_version();
+                g_backup_info.driver_api = driver_api_version();
+                g_backup_info.flags = flags;
             } else if (reopen_devices(1, ACL_ERROR_SNAPSHOT_BACKUP_FAILED, ACL_ERROR_SNAPSHOT_BACKUP_FAILED) !=
                        ACL_SUCCESS) {
                 sim_log(LOG_ERROR, "backup: could not put the device memory back after the failed "
@@ -845,7 +1094,16 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBa
 
 ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessRestore(int pid, aclrtSnapShotRestoreArgs *args)
 {
-    aclError rc = check_pid_and_reserved(__func__, pid, args, "args");
+    int with_args = 0;
+#ifdef ACL_SIM_LEGACY_SNAPSHOT_API
+    uint32_t flags = 0;
+#else
+    uint32_t flags = args != NULL ? args->restoreFlags : 0;
+#endif
+    aclError rc = check_pid_and_reserved(__func__, pid, NULL, "args");
+    if (rc == ACL_SUCCESS) {
+        rc = check_snapshot_args(__func__, args, flags, &with_args);
+    }
     if (rc != ACL_SUCCESS || (rc = snap_enter(__func__, ACL_ERROR_SNAPSHOT_RESTORE_FAILED)) != ACL_SUCCESS) {
         return rc;
     }
@@ -853,6 +1111,16 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessRestore(int pid, aclrtSnapShotR
     if (g_state != ACL_SIM_STATE_BACKED_UP) {
         sim_log(LOG_ERROR, "current state is not the BACKED_UP state, current state is %s",
                 state_name(g_state));
+        rc = ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    } else if (with_args && !g_backup_info.has) {
+        sim_log(LOG_ERROR, "restore with args: the backup recorded no version information (it was taken "
+                           "without args)");
+        rc = ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
+    } else if (with_args && (g_backup_info.runtime_api != runtime_api_version() ||
+                             g_backup_info.driver_api != driver_api_version())) {
+        sim_log(LOG_ERROR, "restore with args: version mismatch: backed up with runtime API %u and driver API %d, "
+                "this node has runtime API %u and driver API %d", g_backup_info.runtime_api,
+                g_backup_info.driver_api, runtime_api_version(), driver_api_version());
         rc = ACL_ERROR_SNAPSHOT_RESTORE_FAILED;
     }
     pthread_mutex_unlock(&g_mu);
@@ -946,6 +1214,36 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotCallbackUnregister(aclrtSnapShotStage 
     return rc;
 }
 
+#ifndef ACL_SIM_LEGACY_SNAPSHOT_API
+ACL_FUNC_VISIBILITY aclError rtSnapShotProcessBackupWithArgs(int pid, aclrtSnapShotBackupArgs *args)
+{
+    return aclrtSnapShotProcessBackup(pid, args);
+}
+
+ACL_FUNC_VISIBILITY aclError rtSnapShotProcessRestoreWithArgs(int pid, aclrtSnapShotRestoreArgs *args)
+{
+    return aclrtSnapShotProcessRestore(pid, args);
+}
+#endif
+
+ACL_FUNC_VISIBILITY aclError rtGetRuntimeVersion(uint32_t *runtimeVersion)
+{
+    if (runtimeVersion == NULL) {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    *runtimeVersion = runtime_api_version();
+    return ACL_SUCCESS;
+}
+
+ACL_FUNC_VISIBILITY int halGetAPIVersion(int *apiVersion)
+{
+    if (apiVersion == NULL) {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    *apiVersion = driver_api_version();
+    return 0;
+}
+
 /* ------------------------------------------------------------------ ordinary ACL calls */
 
 ACL_FUNC_VISIBILITY aclError aclInit(const char *configPath)
@@ -997,11 +1295,15 @@ ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId)
     pthread_mutex_lock(&g_mu);
     wait_if_locked(__func__);
     sim_device_t *d = &g_dev[deviceId];
-    if (d->base == NULL) {
+    rc = node_open(deviceId, ACL_ERROR_RT_DEV_SETUP_ERROR);
+    if (rc == ACL_SUCCESS && d->base == NULL) {
         rc = device_open(deviceId, device_extent(d), ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_DEV_SETUP_ERROR);
         if (rc == ACL_SUCCESS) {
             device_drop_saved(d);
         }
+    }
+    if (rc != ACL_SUCCESS && d->refcount == 0) {
+        node_close(deviceId);
     }
     if (rc == ACL_SUCCESS) {
         d->refcount++;
@@ -1411,6 +1713,7 @@ __attribute__((constructor)) static void sim_init(void)
     pthread_condattr_destroy(&attr);
     for (int i = 0; i < SIM_MAX_DEVICES; i++) {
         g_dev[i].fd = -1;
+        g_dev[i].node_fd = -1;
     }
     atexit(sim_force_unlock);
 }

@@ -30,6 +30,7 @@ __all__ = [
     "AclError",
     "AclLibraryError",
     "AclRuntime",
+    "DEVICE_MEMORY",
     "LIBRARY_NAME",
     "MEMCPY_DEVICE_TO_DEVICE",
     "MEMCPY_DEVICE_TO_HOST",
@@ -37,6 +38,7 @@ __all__ = [
     "MEMCPY_HOST_TO_HOST",
     "MemcpyKind",
     "ProcessState",
+    "SNAPSHOT_ARGS_SYMBOLS",
     "SNAPSHOT_SYMBOLS",
     "SnapshotStage",
     "candidate_paths",
@@ -53,7 +55,8 @@ ERRORS = {
     100000: (
         "ACL_ERROR_INVALID_PARAM",
         "invalid parameter (snapshot calls: pid must be the calling process's pid, cross-process "
-        "operation is not supported, and reserve/args must be NULL)",
+        "operation is not supported; reserve must be NULL; args NULL, or flags 0 or 1 where the runtime takes "
+        "args)",
     ),
     100001: ("ACL_ERROR_UNINITIALIZE", "ACL is not initialized (call aclInit first)"),
     100002: ("ACL_ERROR_REPEAT_INITIALIZE", "ACL is already initialized"),
@@ -64,7 +67,8 @@ ERRORS = {
     107002: ("ACL_ERROR_RT_CONTEXT_NULL", "no current device/context in the calling thread (call aclrtSetDevice in this thread)"),
     207000: (
         "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
-        "feature not supported (e.g. this chip or runtime does not support process snapshots)",
+        "feature not supported (e.g. this chip or runtime does not support process snapshots, or the driver lacks "
+        "the process device-memory snapshot the args shape needs)",
     ),
     207001: ("ACL_ERROR_RT_MEMORY_ALLOCATION", "device memory allocation failed (out of memory)"),
     507033: ("ACL_ERROR_RT_DEV_SETUP_ERROR", "device setup failed (device busy: held by another process, or not available)"),
@@ -76,7 +80,7 @@ ERRORS = {
     507909: (
         "ACL_ERROR_SNAPSHOT_RESTORE_FAILED",
         "restore failed: the process is not BACKED_UP, or the device could not be re-opened "
-        "(busy, different or smaller device)",
+        "(busy, different or smaller device), or the runtime/driver API versions differ from the backup's",
     ),
     507910: ("ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "host memory is already registered"),
     507911: ("ACL_ERROR_HOST_MEMORY_NOT_REGISTERED", "host memory is not registered"),
@@ -154,6 +158,16 @@ SNAPSHOT_SYMBOLS = (
     "aclrtSnapShotCallbackUnregister",
 )
 
+# The args shape of Backup/Restore goes through these runtime entry points (hicann/runtime
+# docs/zh/design/features/snapshot.md, 3: "ACL 参数非空时通过 rtSnapShotProcessBackupWithArgs /
+# rtSnapShotProcessRestoreWithArgs 承接"): a library that resolves them takes args; one that does not has only the
+# older no-argument shape, where a non-NULL args pointer is refused (or worse: an older runtime may not check it).
+SNAPSHOT_ARGS_SYMBOLS = ("rtSnapShotProcessBackupWithArgs", "rtSnapShotProcessRestoreWithArgs")
+# backupFlags / restoreFlags: 0 = device memory tagged required only, 1 = required and optional.
+DEVICE_MEMORY = {"required": 0, "required_and_optional": 1}
+API_ARGS = "args"
+API_LEGACY = "legacy"
+
 DEFAULT_LIBRARY_PATHS = (
     "/usr/local/Ascend/ascend-toolkit/latest/lib64/" + LIBRARY_NAME,
     "/usr/local/Ascend/cann/lib64/" + LIBRARY_NAME,
@@ -198,6 +212,12 @@ def resolve_library(explicit=None, environ=None, defaults=DEFAULT_LIBRARY_PATHS)
 
 
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p)
+
+
+class SnapshotArgs(ctypes.Structure):
+    """aclrtSnapShotBackupArgs {uint32_t backupFlags; char reserved[60]} (RestoreArgs: restoreFlags)."""
+
+    _fields_ = [("flags", ctypes.c_uint32), ("reserved", ctypes.c_char * 60)]
 
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _PROTOTYPES = {
@@ -255,6 +275,8 @@ class AclRuntime:
         self._next_key = 1
         self.state = ProcessState.RUNNING
         self.last_callback_error = None
+        self.snapshot_api = API_ARGS if all(hasattr(self.lib, name) for name in SNAPSHOT_ARGS_SYMBOLS) else API_LEGACY
+        self.backup_device_memory = None  # what the last backup asked for (None: NULL args, the older flow)
 
     # ------------------------------------------------------------------ helpers
     def _check(self, function, code):
@@ -347,10 +369,41 @@ class AclRuntime:
         self._call("aclrtGetVersion", ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
         return "%d.%d.%d" % (major.value, minor.value, patch.value)
 
+    def api_versions(self):
+        """{"runtime": rtGetRuntimeVersion, "driver": halGetAPIVersion}: what the args shape records at backup and
+        compares at restore; None where the library does not resolve the call (or it fails)."""
+        found = {}
+        for key, name, ctype in (("runtime", "rtGetRuntimeVersion", ctypes.c_uint32),
+                                 ("driver", "halGetAPIVersion", ctypes.c_int)):
+            value = ctype()
+            fn = getattr(self.lib, name, None)
+            found[key] = None
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.POINTER(ctype)]
+                if fn(ctypes.byref(value)) == ACL_SUCCESS:
+                    found[key] = int(value.value)
+        return found
+
     # ------------------------------------------------------------------ snapshot
-    def _snapshot(self, function, pid, on_success, on_failure=None):
+    def _args_for(self, device_memory):
+        """The args pointer for Backup/Restore: NULL (the older flow) or flags; AclLibraryError when it cannot be
+        honoured by this library's shape."""
+        if device_memory is None:
+            return None
+        if device_memory not in DEVICE_MEMORY:
+            raise AclLibraryError("device_memory must be one of %s, not %r" % (", ".join(DEVICE_MEMORY), device_memory))
+        if self.snapshot_api != API_ARGS:
+            if device_memory == "required":
+                return None  # the older flow hands the driver 0 (required) itself
+            raise AclLibraryError(
+                "%s has the older snapshot API without arguments (it resolves no %s): it cannot back up optional "
+                "device memory; use device_memory=required" % (self.path, " or ".join(SNAPSHOT_ARGS_SYMBOLS)))
+        return ctypes.byref(SnapshotArgs(DEVICE_MEMORY[device_memory]))
+
+    def _snapshot(self, function, pid, on_success, on_failure=None, args=None):
         pid = os.getpid() if pid is None else int(pid)
-        code = getattr(self.lib, function)(pid, None)
+        code = getattr(self.lib, function)(pid, args)
         if code != ACL_SUCCESS:
             if on_failure is not None:
                 new_state = on_failure(code)
@@ -367,11 +420,21 @@ class AclRuntime:
 
         self._snapshot("aclrtSnapShotProcessLock", pid, ProcessState.LOCKED, failed)
 
-    def snapshot_backup(self, pid=None):
-        self._snapshot("aclrtSnapShotProcessBackup", pid, ProcessState.BACKED_UP)
+    def snapshot_backup(self, pid=None, device_memory=None):
+        """Backup. ``device_memory`` (``required`` or ``required_and_optional``): with the args shape, the flags the
+        runtime gets, and its driver feature check and version record; None: the older flow (NULL args) where the
+        library has only that shape, ``required`` where it takes args."""
+        if device_memory is None and self.snapshot_api == API_ARGS:
+            device_memory = "required"
+        args = self._args_for(device_memory)
+        self._snapshot("aclrtSnapShotProcessBackup", pid, ProcessState.BACKED_UP, args=args)
+        self.backup_device_memory = device_memory if args is not None else None
 
     def snapshot_restore(self, pid=None):
-        self._snapshot("aclrtSnapShotProcessRestore", pid, ProcessState.LOCKED)
+        """Restore with what the backup used: its flags (and so the runtime's feature and version checks) when it
+        took args, NULL when it did not."""
+        args = self._args_for(self.backup_device_memory)
+        self._snapshot("aclrtSnapShotProcessRestore", pid, ProcessState.LOCKED, args=args)
 
     def snapshot_unlock(self, pid=None):
         # UNLOCK_POST callbacks run after the state is already RUNNING.

@@ -158,6 +158,9 @@ class Controller:
                 reply["runtime_version"] = self.runtime.version()
             except acl.AclError:
                 pass
+            # the snapshot API's shape, what the last backup asked for, and the versions the args shape compares
+            reply["snapshot"] = dict(api=self.runtime.snapshot_api, device_memory=self.runtime.backup_device_memory,
+                                     api_versions=self.runtime.api_versions())
         return reply
 
     def close(self):
@@ -196,7 +199,7 @@ class Controller:
                     "an earlier %r request is still running in the ACL runtime; retry when it finishes"
                     % self._inflight[0], state=self.state)
             self._inflight = None
-            return self._leased(op, timeout, lease)
+            return self._leased(op, timeout, lease, protocol.parse_device_memory(message))
         finally:
             self._serial.release()
 
@@ -223,11 +226,11 @@ class Controller:
         return reply
 
     # ------------------------------------------------------------------ the lease
-    def _leased(self, op, timeout, lease):
+    def _leased(self, op, timeout, lease, device_memory=None):
         """Run ``op``, taking, keeping or dropping the lease as the protocol says (``_serial`` is held)."""
         if lease is not None and protocol.check_transition(op, self.state):
             self._grant(lease, op)  # before the call: a caller that dies during it is covered too
-        reply = self._run(op, timeout)
+        reply = self._run(op, timeout, device_memory=device_memory)
         if reply["ok"]:
             if op == protocol.OP_UNLOCK:
                 self._drop_lease()
@@ -407,13 +410,13 @@ class Controller:
         self._drop_lease()
 
     # ------------------------------------------------------------------ the ACL calls
-    def _run(self, op, timeout, then=None):
+    def _run(self, op, timeout, then=None, device_memory=None):
         """Make the ACL call in a thread of its own, waiting ``timeout`` for it; ``then()`` runs with the
         state change, under the lease lock, so that no reply shows one without the other."""
         previous = self.state
         calls = {
             protocol.OP_LOCK: self.runtime.snapshot_lock,
-            protocol.OP_BACKUP: self.runtime.snapshot_backup,
+            protocol.OP_BACKUP: lambda: self.runtime.snapshot_backup(device_memory=device_memory),
             protocol.OP_RESTORE: self.runtime.snapshot_restore,
             protocol.OP_UNLOCK: self.runtime.snapshot_unlock,
         }
@@ -424,6 +427,8 @@ class Controller:
                 calls[op]()
             except acl.AclError as exc:
                 outcome["error"] = exc
+            except acl.AclLibraryError as exc:  # asked for what this library's shape cannot do: nothing was called
+                outcome["unsupported"] = exc
             except Exception as exc:  # the engine must survive anything a request triggers
                 outcome["internal"] = exc
             else:
@@ -452,6 +457,8 @@ class Controller:
             _log(str(exc))
             return protocol.error_reply(op, protocol.KIND_ACL, str(exc), state=self.state,
                                         code=exc.code, name=exc.name)
+        if "unsupported" in outcome:
+            return protocol.error_reply(op, protocol.KIND_BAD_REQUEST, str(outcome["unsupported"]), state=self.state)
         if "internal" in outcome:
             return protocol.error_reply(op, protocol.KIND_INTERNAL, "%s failed: %r" % (op, outcome["internal"]),
                                         state=self.state)

@@ -55,6 +55,12 @@ MAX_LEASE = 86400.0
 MAX_LOCKS = 256
 LOCK_TYPES = ("read", "write")
 
+# Device memory (added within version 1): a backup may carry "device_memory": "required" (the default) or
+# "required_and_optional", the runtime's backupFlags 0 or 1 (the snapshot API's args shape). An agent that predates
+# the field refuses it as unknown, so callers send it only when it is not the default.
+DEVICE_MEMORY_CHOICES = ("required", "required_and_optional")
+DEFAULT_DEVICE_MEMORY = "required"
+
 STATE_RUNNING = "RUNNING"
 STATE_LOCKED = "LOCKED"
 STATE_BACKED_UP = "BACKED_UP"
@@ -107,12 +113,14 @@ def decode(data):
     return message
 
 
-def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None, locks=None):
+def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None):
     request = {"v": PROTOCOL_VERSION, "op": op, "timeout": float(timeout)}
     if lease is not None:
         request["lease"] = float(lease)
     if locks is not None:
         request["locks"] = list(locks)
+    if device_memory is not None and device_memory != DEFAULT_DEVICE_MEMORY:
+        request["device_memory"] = device_memory
     return request
 
 
@@ -130,12 +138,25 @@ def parse_request(message):
         raise ProtocolError("field 'timeout': expected a number of seconds, got %r" % (timeout,))
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ProtocolError("field 'timeout': %r is outside (0, %d] seconds" % (timeout, MAX_TIMEOUT))
-    unknown = sorted(set(message) - {"v", "op", "timeout", "lease", "locks"})
+    unknown = sorted(set(message) - {"v", "op", "timeout", "lease", "locks", "device_memory"})
     if unknown:
         raise ProtocolError("unknown field(s) %s" % ", ".join(repr(k) for k in unknown))
     parse_lease(message)
     parse_locks(message)
+    parse_device_memory(message)
     return op, float(timeout)
+
+
+def parse_device_memory(message):
+    """The backup's device memory (DEVICE_MEMORY_CHOICES; the default when absent); ProtocolError when malformed."""
+    if "device_memory" not in message:
+        return DEFAULT_DEVICE_MEMORY
+    value = message["device_memory"]
+    if message.get("op") != OP_BACKUP:
+        raise ProtocolError("field 'device_memory': only %s takes it, not %r" % (OP_BACKUP, message.get("op")))
+    if value not in DEVICE_MEMORY_CHOICES:
+        raise ProtocolError("field 'device_memory': %r is not one of %s" % (value, ", ".join(DEVICE_MEMORY_CHOICES)))
+    return value
 
 
 def parse_lease(message):

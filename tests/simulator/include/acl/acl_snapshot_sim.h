@@ -25,6 +25,15 @@
  *                             runtime waits 60 s)
  *   ACL_SIM_VERSION           "major.minor.patch" from aclrtGetVersion (default "9.1.0")
  *   ACL_SIM_LOG               0 errors/warnings only (default), 1 + events, 2 + info; to stderr
+ *   ACL_SIM_DEVICE_NODES      directory of the device nodes davinci<N> and davinci_manager the process
+ *                             opens with its devices and holds until it releases them -- through a
+ *                             backup too, as a real process does (default "off": no nodes; "/dev" in
+ *                             a container given them with docker run --device). See docs/simulator.md
+ *   ACL_SIM_RUNTIME_API_VERSION  what rtGetRuntimeVersion reports (default 10000)
+ * Node control file ${ACL_SIM_DEVICE_DIR}/driver.conf (read when used; aclsim_ctl.py driver writes it):
+ *   api_version=N             what halGetAPIVersion reports (default 500)
+ *   snapshot_feature=0|1      whether the driver supports the process device-memory snapshot the args
+ *                             shape needs (default 1)
  *
  * Device memory model: device N's memory is the file ${ACL_SIM_DEVICE_DIR}/deviceN, mapped
  * MAP_SHARED (2 MiB-aligned) and held with an exclusive flock() while the process has the device
@@ -40,7 +49,13 @@
  * Snapshot contract (enforced):
  *   RUNNING -Lock-> LOCKED -Backup-> BACKED_UP -Restore-> LOCKED; Unlock from LOCKED or
  *   BACKED_UP -> RUNNING. Other transitions fail with the stage's code, state unchanged.
- *   pid must be getpid() and reserve/args must be NULL (else ACL_ERROR_INVALID_PARAM).
+ *   pid must be getpid() and reserve must be NULL (else ACL_ERROR_INVALID_PARAM). args: NULL is the
+ *   older flow; non-NULL (not in a ACL_SIM_LEGACY_SNAPSHOT_API build, which refuses it) must hold flags 0
+ *   or 1 (else ACL_ERROR_INVALID_PARAM), needs the driver's snapshot feature (else
+ *   ACL_ERROR_RT_FEATURE_NOT_SUPPORT, no fallback); backup records the runtime and driver API versions,
+ *   restore with args fails with ACL_ERROR_SNAPSHOT_RESTORE_FAILED unless they are the same now.
+ *   With device nodes (ACL_SIM_DEVICE_NODES), restore and unlock first check the held nodes are the
+ *   ones at their paths and map davinci_manager again where the process had it mapped.
  *   While LOCKED/BACKED_UP, aclrtSetDevice/ResetDevice/Malloc/Free/Memcpy and aclFinalize block
  *   the calling thread until RUNNING; queries and aclrtSynchronizeDevice do not block.
  *   Callbacks: for every registered callback of a stage, in registration order, the callback is
@@ -91,6 +106,8 @@ typedef int aclError;
                                                    registered (or bad stage / NULL callback) */
 #define ACL_ERROR_RT_INVALID_DEVICEID 107001    /* device id < 0 or >= ACL_SIM_DEVICE_COUNT */
 #define ACL_ERROR_RT_CONTEXT_NULL 107002        /* calling thread has no current device */
+#define ACL_ERROR_RT_FEATURE_NOT_SUPPORT 207000 /* args shape: the driver lacks the process device-memory
+                                                   snapshot feature (driver.conf snapshot_feature=0) */
 #define ACL_ERROR_RT_MEMORY_ALLOCATION 207001   /* out of device memory (or host memory) */
 #define ACL_ERROR_RT_DEV_SETUP_ERROR 507033     /* device cannot be opened: busy (another
                                                    process holds its flock), or the device
@@ -123,8 +140,24 @@ typedef enum {
 } aclrtSnapShotStage;
 
 typedef uint32_t (*aclrtSnapShotCallBack)(int32_t deviceId, void *args);
-typedef struct aclrtSnapShotBackupArgs aclrtSnapShotBackupArgs;   /* opaque; only NULL accepted */
-typedef struct aclrtSnapShotRestoreArgs aclrtSnapShotRestoreArgs; /* opaque; only NULL accepted */
+#ifdef ACL_SIM_LEGACY_SNAPSHOT_API
+/* An older CANN runtime: the snapshot calls take no arguments (only NULL is accepted). */
+typedef struct aclrtSnapShotBackupArgs aclrtSnapShotBackupArgs;
+typedef struct aclrtSnapShotRestoreArgs aclrtSnapShotRestoreArgs;
+#else
+/* The args shape (hicann/runtime docs/zh/design/features/snapshot.md, 2.4): flags 0 = memory tagged required
+ * only, 1 = required + optional; reserved is unused. NULL args keep the older no-argument behaviour. */
+#define ACL_SNAPSHOT_FLAGS_REQUIRED 0U
+#define ACL_SNAPSHOT_FLAGS_REQUIRED_AND_OPTIONAL 1U
+typedef struct aclrtSnapShotBackupArgs {
+    uint32_t backupFlags;
+    char reserved[60];
+} aclrtSnapShotBackupArgs;
+typedef struct aclrtSnapShotRestoreArgs {
+    uint32_t restoreFlags;
+    char reserved[60];
+} aclrtSnapShotRestoreArgs;
+#endif
 
 ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessLock(int pid, void *reserve);
 ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBackupArgs *args);
@@ -134,6 +167,16 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotCallbackRegister(aclrtSnapShotStage st
                                                            aclrtSnapShotCallBack callback, void *args);
 ACL_FUNC_VISIBILITY aclError aclrtSnapShotCallbackUnregister(aclrtSnapShotStage stage,
                                                              aclrtSnapShotCallBack callback);
+#ifndef ACL_SIM_LEGACY_SNAPSHOT_API
+/* The runtime-layer entry points of the args shape (libruntime's rtSnapShotProcessBackupWithArgs /
+ * RestoreWithArgs): a library that exports them takes args; the binding probes for them. */
+ACL_FUNC_VISIBILITY aclError rtSnapShotProcessBackupWithArgs(int pid, aclrtSnapShotBackupArgs *args);
+ACL_FUNC_VISIBILITY aclError rtSnapShotProcessRestoreWithArgs(int pid, aclrtSnapShotRestoreArgs *args);
+#endif
+/* The versions the args shape records at backup and compares at restore: the runtime's API version
+ * (rtGetRuntimeVersion, libruntime) and the driver's (halGetAPIVersion, libascend_hal). */
+ACL_FUNC_VISIBILITY aclError rtGetRuntimeVersion(uint32_t *runtimeVersion);
+ACL_FUNC_VISIBILITY int halGetAPIVersion(int *apiVersion);
 
 /* ---- ordinary ACL calls ------------------------------------------------------------------ */
 typedef enum {

@@ -1,0 +1,467 @@
+/*
+ * inferops_npu_plugin.c - CRIU plugin for the descriptors and mappings an Ascend NPU process still holds after
+ * aclrtSnapShotProcessBackup: its device nodes (/dev/davinci<N>, /dev/davinci_manager) and its mappings of them.
+ *
+ * Part of the inferops.snapshot Ansible collection (GPL-3.0-or-later). Modelled on MindCluster's NPU plugin (a
+ * CRIU tree's plugins/npu/npu_plugin.c, used by Ascend/mind-cluster's grus runtime) and CRIU's own device plugins
+ * (plugins/cuda, plugins/amdgpu); see docs/simulator.md "The NPU plugin". Device memory never passes through it:
+ * the ACL runtime copies it into the process's host memory at backup and back at aclrtSnapShotProcessRestore.
+ *
+ * CRIU hands a plugin what it cannot dump itself (criu/files.c dump_chrdev -> dump_unsupp_fd ->
+ * DUMP_EXT_FILE; criu/proc_parse.c: a mapping that is neither a regular file nor /dev/zero -> HANDLE_DEVICE_VMA).
+ *   DUMP_EXT_FILE      a descriptor on an NPU node: its path, open flags, type and major/minor, in the image
+ *                      inferops-npu.img in CRIU's images directory (covered by the snapshot's checksums)
+ *   HANDLE_DEVICE_VMA  a mapping of an NPU node: accepted (CRIU keeps its address and path), recorded
+ *   RESTORE_EXT_FILE   the node at the recorded path re-created, under a lock, when its numbering is not this
+ *                      node's (INFEROPS_NPU_DEVICES, the file inferops-npu-devices in the images directory, or
+ *                      the same path on the host), then opened with the recorded flags
+ *   UPDATE_VMA_MAP     a mapping of davinci_manager becomes an empty memfd placeholder: the runtime maps the
+ *                      manager again itself when it restores the process (the driver's mapping cannot be made
+ *                      by anyone else)
+ * Anything that is not an NPU node is left to CRIU and other plugins (-ENOTSUP). Every error line carries
+ * INFEROPS_NPU_MARKER and names the device, so that the collection can tell the plugin's failure from CRIU's.
+ */
+#define _GNU_SOURCE
+#include <criu-plugin.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define INFEROPS_NPU_MARKER "[inferops-npu-plugin]"
+#define IMAGE_NAME "inferops-npu.img"
+#define TARGETS_FILE "inferops-npu-devices"
+#define TARGETS_ENV "INFEROPS_NPU_DEVICES"
+#define IMAGE_HEADER "inferops-npu-plugin v1\n"
+#define RECREATE_LOCK "/run/inferops-npu-plugin.lock"
+#define MAX_RECORDS 256
+
+/* criu's log (exported by the criu binary for its plugins; criu-log.h does not declare it) */
+extern void print_on_level(unsigned int loglevel, const char *format, ...) __attribute__((format(printf, 2, 3)));
+#define LOG_ERROR 1
+#define LOG_INFO 3
+#define npu_err(fmt, ...) \
+    print_on_level(LOG_ERROR, "Error (%s:%d): " INFEROPS_NPU_MARKER " " fmt "\n", __FILE__, __LINE__, ##__VA_ARGS__)
+#define npu_info(fmt, ...) print_on_level(LOG_INFO, "inferops-npu: " fmt "\n", ##__VA_ARGS__)
+
+typedef struct {
+    int kind;          /* 'f' descriptor, 'v' mapping, 't' target numbering of this node */
+    unsigned int id;   /* descriptor: CRIU's file id */
+    int flags;         /* descriptor: open flags */
+    char type;         /* 'c' or 'b' */
+    unsigned int major, minor;
+    char path[4096];
+} record_t;
+
+static record_t *g_records;
+static size_t g_nrecords;
+
+static const record_t *find(int kind, unsigned int id, const char *path);
+
+/* -- names ------------------------------------------------------------------------------------------------ */
+
+/* An NPU node: /dev/davinci<N> or /dev/davinci_manager (by name, wherever its directory is). */
+static int is_npu_path(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strcmp(base, "davinci_manager") == 0) {
+        return 1;
+    }
+    if (strncmp(base, "davinci", 7) != 0 || base[7] == '\0') {
+        return 0;
+    }
+    for (const char *p = base + 7; *p; p++) {
+        if (*p < '0' || *p > '9') {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int is_manager_path(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return strcmp(base ? base + 1 : path, "davinci_manager") == 0;
+}
+
+/* path with every byte outside [A-Za-z0-9/._+-] as %XX (one token per path in the image) */
+static void escape(const char *in, char *out, size_t n)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 4 < n; p++) {
+        if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || strchr("/._+-", *p)) {
+            out[o++] = (char)*p;
+        } else {
+            o += (size_t)snprintf(out + o, n - o, "%%%02X", *p);
+        }
+    }
+    out[o] = '\0';
+}
+
+static int unescape(const char *in, char *out, size_t n)
+{
+    size_t o = 0;
+    for (const char *p = in; *p; p++) {
+        if (o + 1 >= n) {
+            return -1;
+        }
+        if (*p == '%') {
+            unsigned int byte;
+            if (sscanf(p + 1, "%2x", &byte) != 1) {
+                return -1;
+            }
+            out[o++] = (char)byte;
+            p += 2;
+        } else {
+            out[o++] = *p;
+        }
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+static int fd_path(int fd, char *buf, size_t n)
+{
+    char link[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t len = readlink(link, buf, n - 1);
+    if (len < 0 || (size_t)len >= n - 1) {
+        return -1;
+    }
+    buf[len] = '\0';
+    return 0;
+}
+
+/* -- the image --------------------------------------------------------------------------------------------- */
+
+static int image_append(const char *line, const char *what)
+{
+    int fd = openat(criu_get_image_dir(), IMAGE_NAME, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        npu_err("cannot write %s for %s: %s", IMAGE_NAME, what, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    size_t hlen = strlen(IMAGE_HEADER), llen = strlen(line);
+    int ok = (st.st_size > 0 || write(fd, IMAGE_HEADER, hlen) == (ssize_t)hlen) && write(fd, line, llen) == (ssize_t)llen;
+    if (!ok || close(fd) != 0) {
+        npu_err("cannot write %s for %s: %s", IMAGE_NAME, what, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static record_t *add_record(void)
+{
+    if (g_nrecords == MAX_RECORDS) {
+        return NULL;
+    }
+    if (g_records == NULL && (g_records = calloc(MAX_RECORDS, sizeof(record_t))) == NULL) {
+        return NULL;
+    }
+    record_t *r = &g_records[g_nrecords++];
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+/* "path=c:MAJOR:MINOR,..." (the target numbering of this node's devices, by the path the process sees) */
+static void parse_targets(const char *text, const char *source)
+{
+    char *copy = strdup(text), *save = NULL;
+    for (char *item = copy ? strtok_r(copy, ",\n", &save) : NULL; item; item = strtok_r(NULL, ",\n", &save)) {
+        char *eq = strrchr(item, '=');
+        char type;
+        unsigned int major, minor;
+        record_t *r;
+        if (eq == NULL || sscanf(eq + 1, "%c:%u:%u", &type, &major, &minor) != 3 || (type != 'c' && type != 'b') ||
+            (r = add_record()) == NULL) {
+            continue;
+        }
+        *eq = '\0';
+        r->kind = 't';
+        r->type = type;
+        r->major = major;
+        r->minor = minor;
+        snprintf(r->path, sizeof(r->path), "%s", item);
+        npu_info("target %s = %c %u:%u (%s)", r->path, type, major, minor, source);
+    }
+    free(copy);
+}
+
+static int load_image(void)
+{
+    char line[4400], path[4096], esc[4200];
+    int fd = openat(criu_get_image_dir(), IMAGE_NAME, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return errno == ENOENT ? 0 : -1;  /* a process without NPU devices */
+    }
+    FILE *f = fdopen(fd, "r");
+    if (f == NULL || fgets(line, sizeof(line), f) == NULL || strcmp(line, IMAGE_HEADER) != 0) {
+        npu_err("%s is not an image this plugin wrote (header)", IMAGE_NAME);
+        if (f) {
+            fclose(f);
+        } else {
+            close(fd);
+        }
+        return -1;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        record_t *r = add_record();
+        char kind[8], type;
+        unsigned int id = 0, major, minor;
+        int flags = 0, n;
+        if (r == NULL) {
+            npu_err("%s holds more than %d records", IMAGE_NAME, MAX_RECORDS);
+            fclose(f);
+            return -1;
+        }
+        if (sscanf(line, "%7s", kind) == 1 && strcmp(kind, "fd") == 0) {
+            n = sscanf(line, "fd %u %x %c %u %u %4199s", &id, (unsigned int *)&flags, &type, &major, &minor, esc);
+            r->kind = 'f';
+        } else {
+            n = sscanf(line, "vma %c %u %u %4199s", &type, &major, &minor, esc) + 2;
+            r->kind = 'v';
+        }
+        if (n != 6 || unescape(esc, path, sizeof(path)) != 0) {
+            npu_err("%s: malformed record: %s", IMAGE_NAME, line);
+            fclose(f);
+            return -1;
+        }
+        r->id = id;
+        r->flags = flags;
+        r->type = type;
+        r->major = major;
+        r->minor = minor;
+        snprintf(r->path, sizeof(r->path), "%s", path);
+    }
+    fclose(f);
+    return 0;
+}
+
+/* -- hooks ------------------------------------------------------------------------------------------------- */
+
+static int npu_init(int stage)
+{
+    g_nrecords = 0;
+    if (stage != CR_PLUGIN_STAGE__RESTORE) {
+        return 0;
+    }
+    if (load_image() != 0) {
+        return -1;
+    }
+    /* the numbering of this node's devices: what the caller says, else the host's node at the same path */
+    const char *env = getenv(TARGETS_ENV);
+    if (env != NULL && *env) {
+        parse_targets(env, TARGETS_ENV);
+    }
+    int fd = openat(criu_get_image_dir(), TARGETS_FILE, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[16384];
+        ssize_t len = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (len > 0) {
+            buf[len] = '\0';
+            parse_targets(buf, TARGETS_FILE);
+        }
+    }
+    /* MindCluster's way, where nothing was said: the host's node at the same path (CRIU is still in the host's
+     * mount namespace here), for a container whose /dev came back from the images with the old numbering */
+    size_t recorded = g_nrecords;
+    for (size_t i = 0; i < recorded; i++) {
+        struct stat st;
+        record_t *r = &g_records[i], *t;
+        if (r->kind != 'f' || find('t', 0, r->path) != NULL || stat(r->path, &st) != 0 ||
+            !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) || (t = add_record()) == NULL) {
+            continue;
+        }
+        r = &g_records[i];
+        t->kind = 't';
+        t->type = S_ISCHR(st.st_mode) ? 'c' : 'b';
+        t->major = major(st.st_rdev);
+        t->minor = minor(st.st_rdev);
+        snprintf(t->path, sizeof(t->path), "%s", r->path);
+    }
+    return 0;
+}
+
+static void npu_fini(int stage, int ret)
+{
+    (void)stage;
+    (void)ret;
+    free(g_records);
+    g_records = NULL;
+    g_nrecords = 0;
+}
+
+CR_PLUGIN_REGISTER("inferops_npu", npu_init, npu_fini)
+
+static int npu_dump_ext_file(int fd, int id)
+{
+    char path[4096], esc[4200], line[4400];
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
+        return -ENOTSUP;
+    }
+    if (fd_path(fd, path, sizeof(path)) != 0) {
+        return -ENOTSUP;
+    }
+    if (!is_npu_path(path)) {
+        return -ENOTSUP;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) {
+        npu_err("device %s (%c %u:%u, file id %#x): cannot read its open flags: %s", path,
+                S_ISCHR(st.st_mode) ? 'c' : 'b', major(st.st_rdev), minor(st.st_rdev), id, strerror(errno));
+        return -1;
+    }
+    escape(path, esc, sizeof(esc));
+    snprintf(line, sizeof(line), "fd %u %x %c %u %u %s\n", (unsigned int)id, (unsigned int)flags,
+             S_ISCHR(st.st_mode) ? 'c' : 'b', major(st.st_rdev), minor(st.st_rdev), esc);
+    if (image_append(line, path) != 0) {
+        return -1;
+    }
+    npu_info("dumped descriptor of %s (%c %u:%u, flags %#x) as file %#x", path, S_ISCHR(st.st_mode) ? 'c' : 'b',
+             major(st.st_rdev), minor(st.st_rdev), (unsigned int)flags, id);
+    return 0;
+}
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__DUMP_EXT_FILE, npu_dump_ext_file)
+
+static int npu_handle_device_vma(int fd, const struct stat *st)
+{
+    char path[4096], esc[4200], line[4400];
+    if (!(S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)) || fd_path(fd, path, sizeof(path)) != 0 ||
+        !is_npu_path(path)) {
+        return -ENOTSUP;
+    }
+    escape(path, esc, sizeof(esc));
+    snprintf(line, sizeof(line), "vma %c %u %u %s\n", S_ISCHR(st->st_mode) ? 'c' : 'b', major(st->st_rdev),
+             minor(st->st_rdev), esc);
+    if (image_append(line, path) != 0) {
+        return -1;
+    }
+    npu_info("accepted a mapping of %s", path);
+    return 0;
+}
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA, npu_handle_device_vma)
+
+static const record_t *find(int kind, unsigned int id, const char *path)
+{
+    for (size_t i = 0; i < g_nrecords; i++) {
+        if (g_records[i].kind == kind && (path ? strcmp(g_records[i].path, path) == 0 : g_records[i].id == id)) {
+            return &g_records[i];
+        }
+    }
+    return NULL;
+}
+
+/* The node at r->path made this node's device (its target numbering), under a lock: another task of this
+ * restore may be doing the same. 0, or -1 (logged). */
+static int recreate_node(const record_t *r)
+{
+    char type = r->type;
+    unsigned int major = r->major, minor = r->minor;
+    const record_t *t = find('t', 0, r->path);
+    struct stat now;
+    int exists = lstat(r->path, &now) == 0;
+    if (t == NULL) {  /* nothing says otherwise: the node at the path is this node's device */
+        if (!exists) {
+            npu_err("device %s (%c %u:%u) is missing here and this node's numbering for it is unknown (%s)", r->path,
+                    r->type, r->major, r->minor, TARGETS_ENV);
+            return -1;
+        }
+        if (now.st_rdev != makedev(r->major, r->minor)) {
+            npu_info("device %s is %u:%u here, %u:%u when checkpointed: opening it as it is", r->path,
+                     major(now.st_rdev), minor(now.st_rdev), r->major, r->minor);
+        }
+        return 0;
+    }
+    type = t->type;
+    major = t->major;
+    minor = t->minor;
+    dev_t want = makedev(major, minor);
+    int want_chr = type == 'c';
+    if (exists && now.st_rdev == want && (want_chr ? S_ISCHR(now.st_mode) : S_ISBLK(now.st_mode))) {
+        return 0;
+    }
+    int lock = open(RECREATE_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock >= 0) {
+        flock(lock, LOCK_EX);
+    }
+    mode_t mode = exists ? (now.st_mode & 07777) : 0666;
+    int rc = 0;
+    if ((exists && unlink(r->path) != 0 && errno != ENOENT) ||
+        mknod(r->path, (want_chr ? S_IFCHR : S_IFBLK) | mode, want) != 0) {
+        npu_err("device %s: cannot re-create it as %c %u:%u (recorded %c %u:%u): %s", r->path, type, major, minor,
+                r->type, r->major, r->minor, strerror(errno));
+        rc = -1;
+    } else {
+        if (exists && chown(r->path, now.st_uid, now.st_gid) != 0) {
+            npu_info("device %s: cannot give it back its owner: %s", r->path, strerror(errno));
+        }
+        npu_info("device %s re-created as %c %u:%u (it was %c %u:%u when checkpointed)", r->path, type, major, minor,
+                 r->type, r->major, r->minor);
+    }
+    if (lock >= 0) {
+        flock(lock, LOCK_UN);
+        close(lock);
+    }
+    return rc;
+}
+
+static int npu_restore_ext_file(int id)
+{
+    const record_t *r = find('f', (unsigned int)id, NULL);
+    if (r == NULL) {
+        return -ENOTSUP;
+    }
+    if (recreate_node(r) != 0) {
+        return -1;
+    }
+    int fd = open(r->path, r->flags & ~(O_CREAT | O_TRUNC | O_EXCL));
+    if (fd < 0) {
+        npu_err("device %s (%c %u:%u, file id %#x): cannot open it again with flags %#x: %s", r->path, r->type, r->major,
+                r->minor, r->id, (unsigned int)r->flags, strerror(errno));
+        return -1;
+    }
+    npu_info("restored descriptor of %s (file %#x) as fd %d", r->path, r->id, fd);
+    return fd;
+}
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESTORE_EXT_FILE, npu_restore_ext_file)
+
+static int npu_update_vma_map(const char *path, const uint64_t addr, const uint64_t old_pgoff, uint64_t *new_pgoff,
+                              int *plugin_fd)
+{
+    if (path == NULL || !is_npu_path(path)) {
+        return -ENOTSUP;
+    }
+    if (!is_manager_path(path)) {
+        npu_err("device %s: a mapping at %#llx of a device other than davinci_manager cannot be restored", path,
+                (unsigned long long)addr);
+        return -1;
+    }
+    int fd = memfd_create("inferops-npu-manager-placeholder", MFD_CLOEXEC);
+    if (fd < 0) {
+        npu_err("device %s: no placeholder for its mapping at %#llx: memfd_create: %s", path, (unsigned long long)addr,
+                strerror(errno));
+        return -1;
+    }
+    *new_pgoff = 0;
+    *plugin_fd = fd;
+    npu_info("mapping of %s at %#llx (offset %#llx) restored as an empty placeholder; the runtime maps the manager "
+             "again at aclrtSnapShotProcessRestore", path, (unsigned long long)addr, (unsigned long long)old_pgoff);
+    return 1;
+}
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__UPDATE_VMA_MAP, npu_update_vma_map)
