@@ -16,6 +16,12 @@ options:
       - The generation this task is part of (the roles give one id to all the tasks of one run). While another
         generation's claim on the pod (C(.<pod>.generation.json) beside the snapshot) is live, the task is refused
         with the holder's id, host and start time, and a cleanup removes nothing of what that generation wrote.
+      - A claim whose run is over is taken over at once, not refused - its lease ran out, or its holder is provably
+        gone. The claim names the process that stands for its run on the host (ansible-playbook for a local
+        connection, the SSH connection's sshd session once it has served two of its tasks) with its start time and
+        the boot id; that process is gone, or the host rebooted. The task then removes what the dead run left
+        (its runc or CRIU still dumping, after 30 s; their work dir; the pod's staging directory) and says so in
+        its result (C(took_over)). A holder that runs, or runs on another host, is never overridden.
       - Without it the task claims the pod for its own duration only.
     type: str
   generation_lease:

@@ -16,8 +16,9 @@ __metaclass__ = type
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.common.validation import check_type_dict
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, paths, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control, runner
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
@@ -58,6 +59,40 @@ GENERATION_ARGS = dict(generation_id=dict(type="str"), generation_lease=dict(typ
 TRUST_ARGS = dict(trusted_keys=dict(type="list", elements="str", default=[], no_log=False))
 
 
+# What a dict option with sub-options looks like, for the error when it gets something else.
+EXAMPLES = {"identity": "{namespace: default, service: qwen, instance: p0, pod: qwen-0}"}
+
+
+class _Module(AnsibleModule):
+    """AnsibleModule, but a dict option with sub-options (identity) given a string or a list fails naming the option
+    and the form it takes -- ansible-core's own check fails first there, with no option's name."""
+
+    def fail_json(self, msg, **kwargs):  # pylint: disable=arguments-differ
+        if not getattr(self, "_inferops_ready", False):
+            msg = dict_option_error(self.argument_spec, self.params) or msg
+        super(_Module, self).fail_json(msg=msg, **kwargs)
+
+
+def dict_option_error(argument_spec, params):
+    """The error for the first dict option with sub-options whose value is no dict (nor a string that parses to
+    one), naming the option and its keys; None when there is none."""
+    for name, spec in sorted(argument_spec.items()):
+        value = (params or {}).get(name)
+        if spec.get("type") != "dict" or not spec.get("options") or value is None or isinstance(value, dict):
+            continue
+        try:
+            check_type_dict(value)
+            continue
+        except (TypeError, ValueError):
+            pass
+        keys = sorted(spec["options"], key=lambda key: (not spec["options"][key].get("required"), key))
+        example = EXAMPLES.get(name) or "{%s}" % ", ".join("%s: ..." % key for key in keys)
+        return "%s: expected a dict with the keys %s (for example %s), got %s %r" % (
+            name, ", ".join(keys), example, "the string" if isinstance(value, str) else "a %s" % type(value).__name__,
+            value)
+    return None
+
+
 # Libraries a module may need on the target: name -> () -> (importable?, import traceback).
 LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMPORT_ERROR), "kubernetes": _kubernetes}
 
@@ -88,7 +123,8 @@ def run(argument_spec, logic, requires=("jsonschema",), **module_options):
     """The whole ``main()`` of a module: ``logic(module)`` returns the result dict of a successful run."""
     options = dict(supports_check_mode=True)
     options.update(module_options)
-    module = AnsibleModule(argument_spec=argument_spec, **options)
+    module = _Module(argument_spec=argument_spec, **options)
+    module._inferops_ready = True
     invocation = _quiet_no_log(module)
     for name in requires:
         available, error = LIBRARIES[name]()
@@ -97,12 +133,28 @@ def run(argument_spec, logic, requires=("jsonschema",), **module_options):
     try:
         result = logic(module)
     except SnapshotError as exc:
+        _hide_remembered(module)
         module.fail_json(msg=exc.msg, invocation=invocation, **exc.result)
-    except Exception as exc:  # an unexpected bug: say so, with the traceback, instead of a bare crash
+    except EnvironmentError as exc:
+        _hide_remembered(module)
+        store = paths.store_error(exc)
+        if store is not None:  # a read-only or full snapshot store: say which path and why, no traceback
+            module.fail_json(msg=store, invocation=invocation, path=exc.filename, errno=exc.errno)
         module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc(),
                          invocation=invocation)
+    except Exception as exc:  # an unexpected bug: say so, with the traceback, instead of a bare crash
+        _hide_remembered(module)
+        module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc(),
+                         invocation=invocation)
+    _hide_remembered(module)
     result.setdefault("invocation", invocation)
     module.exit_json(**result)
+
+
+def _hide_remembered(module):
+    """Ansible masks each no_log value wherever it occurs in a result (msg, cmd, stderr, invocation, ...): add the
+    secrets the task met on its way -- the environment a snapshot recorded, given to `docker create` -- to them."""
+    module.no_log_values.update(value for value in runner.remembered() if runner.may_be_secret(value))
 
 
 def _quiet_no_log(module):

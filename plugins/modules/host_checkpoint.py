@@ -85,8 +85,24 @@ options:
       - With O(device_backup), the lease the lock and the backup carry, in seconds, as
         O(inferops.snapshot.npu_snapshot_backup#module:lease) (V(0) for none). This task renews it while it works;
         when the controller dies, the agent restores and unlocks the engine itself once it runs out.
+      - It never ends later than 15 s (the margin for a controller's own unlock step) after O(timeout) runs out. A
+        module killed with its controller leaves the engine locked for the time left of the generation's timeout
+        plus that margin at most, whatever this says.
     type: float
     default: 120
+  engine_state_mounts:
+    description:
+      - Container paths of bind mounts that hold the engine's own state - caches, logs, anything the engine writes -
+        rather than its inputs. The files of every other bind mount, read-only or not, are part of the world the
+        snapshot records (each file's identity and SHA-256) and a restore compares; a mount listed here is left
+        out (only its presence and mode are compared). A file that changes while the snapshot is taken fails the
+        generation, naming it and this option.
+      - Left out without it - volumes the kubelet or dockerd write per pod (downward API, projected, secrets,
+        emptyDir, dockerd's hosts files) and the collection's own mounts (the simulated NPU's device files, the NPU
+        snapshot path, the agent's socket dir, the metadata file's dir).
+    type: list
+    elements: str
+    default: []
   resume:
     description:
       - Resume the engine (restore its device memory and unlock it, as M(inferops.snapshot.npu_snapshot_lock)
@@ -194,6 +210,30 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+generation_id:
+  description: The generation this snapshot was taken in (O(generation_id), or one made for the task).
+  returned: when a generation ran
+  type: str
+  sample: 0f6c1d2e3a4b4c5d8e9f00112233aabb
+took_over:
+  description:
+    - The claim of another generation this task took over because that run was over (its lease ran out, or the process
+      that stood for it on this host is gone), with C(why) and what the task C(cleaned) up of what it left. Null when
+      there was none.
+  returned: when a generation ran
+  type: dict
+work_dirs_swept:
+  description: CRIU work directories that killed checkpoints (of any pod) had left in the temp dir, removed by this task.
+  returned: when a generation ran
+  type: list
+  elements: str
+world_digests:
+  description:
+    - The content digests of the mounted files the snapshot records, taken after the engine resumed - C(files),
+      C(hashed_bytes) (read now) and C(cached_files) (known from the node's cache for the same file identity).
+  returned: when a generation ran
+  type: dict
+  sample: {files: 3, hashed_bytes: 0, cached_files: 3}
 snapshot_dir:
   description: Where the snapshot was published.
   returned: always
@@ -304,6 +344,7 @@ ARGUMENT_SPEC = dict(
     resume=dict(type="bool", default=False),
     device_backup=dict(type="bool", default=False),
     lease=dict(type="float", default=120.0),
+    engine_state_mounts=dict(type="list", elements="str", default=[]),
     timeout=dict(type="float", default=300.0),
     if_exists=dict(type="str", default="keep", choices=["keep", "replace", "fail"]),
     method=dict(type="str", default="runc", choices=["runc", "docker"]),

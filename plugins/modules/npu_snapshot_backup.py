@@ -96,6 +96,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+took_over:
+  description:
+    - The claim of another generation this task took over because that run was over (its lease ran out, or the process
+      that stood for it on this host is gone), with C(why) and what the task C(cleaned) up of what it left (its
+      runc or CRIU still running, their work dir, the pod's staging directory). Null when there was none.
+  returned: always
+  type: dict
+  sample: {id: 0f6c..., holder: {host: node-1, pid: 4242, what: python3 ansible-playbook}, why: "the run that held it is gone: its process (pid 4242, python3 ansible-playbook) is gone", cleaned: ["removed its staging dir /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.partial"]}
 previous_state:
   description: Snapshot state before the task.
   returned: success
@@ -174,10 +182,10 @@ def main_logic(module):
     paths.validate_snapshot_dir(staging_dir, field="snapshot_dir (staging sibling)")
     identity = paths.check_identity(params["identity"], snapshot_dir)
     lease = lease_seconds(params["lease"])
-    if not module.check_mode:
-        claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
+    held = None if module.check_mode else claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
     client = _module.control_client(module)
-    return device.back_up(client, staging_dir, identity, lease, params["lock"], params["timeout"], module.check_mode)
+    result = device.back_up(client, staging_dir, identity, lease, params["lock"], params["timeout"], module.check_mode)
+    return dict(result, took_over=(held or {}).get("took_over"))
 
 
 def main():

@@ -98,6 +98,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+took_over:
+  description:
+    - The claim of another generation this task took over because that run was over (its lease ran out, or the process
+      that stood for it on this host is gone), with C(why) and what the task C(cleaned) up of what it left (its
+      runc or CRIU still running, their work dir, the pod's staging directory). Null when there was none.
+  returned: always
+  type: dict
+  sample: {id: 0f6c..., holder: {host: node-1, pid: 4242, what: python3 ansible-playbook}, why: "the run that held it is gone: its process (pid 4242, python3 ansible-playbook) is gone", cleaned: ["removed its staging dir /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.partial"]}
 answer:
   description: What was recorded of the answer (C(status), and C(field) with a V(json:) O(compare)).
   returned: success
@@ -142,10 +150,12 @@ def main_logic(module):
     seen = canary.answer(pid, spec, params["timeout"])
     before = canary.load(staging) if os.path.isdir(staging) else None
     same = before is not None and (before["request"], before["answer"]) == (spec, seen)
+    held = None
     if not same and not module.check_mode:
-        claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
+        held = claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
         canary.write(staging, spec, seen)
-    return dict(changed=not same, answer=seen, canary_path=os.path.join(staging, layout.CANARY))
+    return dict(changed=not same, answer=seen, canary_path=os.path.join(staging, layout.CANARY),
+                took_over=(held or {}).get("took_over"))
 
 
 def main():

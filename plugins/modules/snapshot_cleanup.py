@@ -26,6 +26,9 @@ description:
     dir younger than O(generation_grace)), or a device dir a running container was started with as its
     C(VLLM_NPU_SNAPSHOT_PATH). Never follows a symlink. Every removal and every kept snapshot is reported
     with the reason.
+  - Also removes the CRIU work directories (C(inferops-dump-*), C(inferops-restore-*) in the temp dir) that a killed
+    checkpoint or restore left, once the process that made them is gone and no process uses them any more (an
+    orphaned runc or CRIU still writing its log keeps its directory until it ends). RV(work_dirs_removed) lists them.
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -117,6 +120,11 @@ in_use:
   description: Snapshot dirs that running containers were restored from, and the container.
   returned: always
   type: dict
+work_dirs_removed:
+  description: The CRIU work directories of killed checkpoints and restores removed (in check mode, that would be).
+  returned: always
+  type: list
+  elements: str
 summary:
   description: Counts per category removed, and kept.
   returned: always
@@ -129,7 +137,7 @@ import time
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, leftovers, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 
 ARGUMENT_SPEC = dict(
@@ -172,7 +180,10 @@ def main_logic(module):
                                       if r["category"] == category)))
                    for category in retention.CATEGORIES)
     summary["kept"] = len(kept)
-    return dict(changed=bool(removals), removed=removals, kept=kept, in_use=in_use, summary=summary)
+    # the CRIU work dirs that killed checkpoints or restores left in the temp dir (their maker gone, nothing using them)
+    swept = leftovers.sweep_work_dirs(remove=not module.check_mode)
+    return dict(changed=bool(removals or swept), removed=removals, kept=kept, in_use=in_use, summary=summary,
+                work_dirs_removed=swept)
 
 
 def main():

@@ -92,6 +92,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+took_over:
+  description:
+    - The claim of another generation this task took over because that run was over (its lease ran out, or the process
+      that stood for it on this host is gone), with C(why) and what the task C(cleaned) up of what it left (its
+      runc or CRIU still running, their work dir, the pod's staging directory). Null when there was none.
+  returned: when it took one over (status=generating)
+  type: dict
+  sample: {id: 0f6c..., holder: {host: node-1, pid: 4242, what: python3 ansible-playbook}, why: "the run that held it is gone: its process (pid 4242, python3 ansible-playbook) is gone", cleaned: ["removed its staging dir /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.partial"]}
 record:
   description: The status record after the task (null when there is none). In check mode, the record it would write.
   returned: always
@@ -173,7 +181,9 @@ def main_logic(module):
         return dict(changed=False, record=record, status=previous, generation_in_progress=other,
                     msg="left alone: %s" % claim.describe(other), **result)
     if wanted == "generating" and not module.check_mode:
-        claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
+        held = claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
+        if held and held.get("took_over"):  # a killed run's claim: taken over, what it left removed
+            result["took_over"] = held["took_over"]
     fields = {"identity": identity}
     if wanted == "failed":
         if not params["reason"]:
@@ -208,7 +218,8 @@ def main_logic(module):
     if same:
         new_record = record
     else:
-        new_record = status.update(snapshot_dir, wanted, reason=params["reason"], **fields)
+        new_record = status.update(snapshot_dir, wanted, reason=params["reason"], generation_id=params["generation_id"],
+                                   **fields)
     return dict(changed=True, record=new_record, status=wanted, diff=diff, **result)
 
 

@@ -1,14 +1,20 @@
 """One generation of a pod at a time: the claim refuses a second one, names the holder, lapses when its
-holder is gone, and protects what the holder wrote from another run's cleanup."""
+holder is gone, is taken over at once when its run is provably over (cleaning what that run left), and protects
+what the holder wrote from another run's cleanup."""
 
+import json
 import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from conftest import run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, leftovers, proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 IDENTITY = {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod-a"}
@@ -21,7 +27,7 @@ def pod(tmp_path):
 def test_a_second_generation_is_refused_naming_the_first_until_its_claim_lapses(tmp_path):
     snap = pod(tmp_path)
     first = claim.take(snap, "run-a", lease=30, now=1000.0)
-    assert first["holder"]["pid"] == os.getpid() and oct(os.stat(layout.claim_path(snap)).st_mode & 0o777) == "0o600"
+    assert first["holder"]["task_pid"] == os.getpid() and oct(os.stat(layout.claim_path(snap)).st_mode & 0o777) == "0o600"
     with pytest.raises(ParameterError, match="generation run-a on .* since .* runs until") as info:
         claim.take(snap, "run-b", lease=30, now=1010.0)
     assert info.value.result["generation_in_progress"]["id"] == "run-a"
@@ -78,3 +84,119 @@ def test_a_long_task_keeps_its_short_claim_alive_and_learns_when_it_lost_it(tmp_
     with pytest.raises(ParameterError, match="lost its claim on the pod.*gen-2"):
         lost.check()
     assert claim.DEFAULT_LEASE <= 180, "a killed controller blocks the next generation for minutes at most"
+
+
+def dead_process():
+    """The identity a process had, taken while it lived; it is gone now."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        identity = proc.identity(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    return identity
+
+
+def planted(snap, holder, claim_id="run-a", lease=300.0):
+    """A claim as another run wrote it (its holder as given), live by its lease."""
+    os.makedirs(os.path.dirname(snap), exist_ok=True)
+    document = {"id": claim_id, "lease": lease, "expires_at": time.time() + lease, "started_at": "2026-12-04T10:00:00Z",
+                "holder": dict(holder, host=holder.get("host", socket.gethostname()), task_pid=1), "work": None}
+    with open(layout.claim_path(snap), "w") as handle:
+        json.dump(document, handle)
+    return document
+
+
+def test_a_claim_whose_controller_is_gone_is_taken_over_at_once_and_what_its_run_left_is_removed(tmp_path):
+    snap = pod(tmp_path)
+    planted(snap, dict(dead_process(), kind="controller"))
+    staging = layout.staging_dir(snap)
+    os.makedirs(os.path.join(staging, "host", "criu"))
+    taken = claim.take(snap, "run-b", lease=60)
+    assert taken["id"] == "run-b" and claim.read(snap)["id"] == "run-b"
+    over = taken["took_over"]
+    assert over["id"] == "run-a" and over["why"].startswith("the run that held it is gone: its process (pid "), over
+    assert "removed its staging dir %s" % staging in over["cleaned"] and not os.path.exists(staging)
+
+
+def test_a_reused_pid_is_not_its_holder(tmp_path):
+    snap = pod(tmp_path)
+    mine = proc.identity(os.getpid())
+    planted(snap, dict(mine, start=mine["start"] - 1, kind="controller"))  # this pid, but another process's start
+    assert "is another process now" in claim.take(snap, "run-b")["took_over"]["why"]
+
+
+def test_a_holder_that_lives_or_on_another_host_or_behind_a_connection_of_one_task_is_never_overridden(tmp_path):
+    snap = pod(tmp_path)
+    planted(snap, dict(proc.identity(os.getpid()), kind="controller"))
+    with pytest.raises(ParameterError, match="generation run-a on .*, run by pid %d .*which is still running"
+                                             % os.getpid()):
+        claim.take(snap, "run-b")
+    planted(snap, dict(dead_process(), kind="controller", host="another-node"))
+    with pytest.raises(ParameterError, match="on another-node \\(another host: whether that run lives cannot be seen"):
+        claim.take(snap, "run-b")
+    # an SSH connection made for one task ends with it while its run goes on: proof of nothing, the lease decides
+    planted(snap, dict(dead_process(), kind="connection", kept=False))
+    with pytest.raises(ParameterError, match="a connection that ended with its task"):
+        claim.take(snap, "run-b")
+    planted(snap, dict(dead_process(), kind="connection", kept=True))  # it had outlived a task: its end is the run's
+    assert claim.take(snap, "run-b")["took_over"]["id"] == "run-a"
+
+
+def test_an_anchor_seen_by_two_tasks_of_a_run_is_kept(tmp_path):
+    snap = pod(tmp_path)
+    first = claim.take(snap, "run-a")
+    assert first["holder"]["kept"] is False  # this task's first claim
+    document = claim.read(snap)
+    document["holder"]["task_pid"] = 1  # as an earlier task of the run wrote it, through the same anchor
+    with open(layout.claim_path(snap), "w") as handle:
+        json.dump(document, handle)
+    assert claim.take(snap, "run-a")["holder"]["kept"] is True
+
+
+def test_a_dump_the_dead_run_left_running_gets_its_grace_then_is_stopped(tmp_path, monkeypatch):
+    snap = pod(tmp_path)
+    staging = layout.staging_dir(snap)
+    os.makedirs(os.path.join(staging, "host", "criu"))
+    work = criu.make_work_dir("dump", parent=str(tmp_path))
+    # stand-ins for runc/CRIU, started (like them) in a session of their own, naming the dirs on their command line
+    ending = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.3)", "--work-path", work],
+                              start_new_session=True)
+    stuck = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)",
+                              "--image-path=" + os.path.join(staging, "host", "criu")], start_new_session=True)
+    try:
+        previous = planted(snap, dict(dead_process(), kind="controller"))
+        previous["work"] = {"dirs": [work], "container_id": None}
+        cleaned = leftovers.clean_after(snap, previous, grace=2.0)
+    finally:
+        stuck.kill()
+        ending.kill()
+        stuck.wait()
+        ending.wait()
+    assert any(line.startswith("stopped the processes it left running after 2 s: ") and str(stuck.pid) in line
+               for line in cleaned), cleaned
+    assert stuck.returncode == -9 and ending.returncode == 0, "the one that ended by itself was never killed"
+    assert "removed its CRIU work dir %s" % work in cleaned and not os.path.exists(work)
+    assert "removed its staging dir %s" % staging in cleaned
+
+
+def test_work_dirs_are_swept_once_their_maker_is_gone_and_nothing_uses_them(tmp_path):
+    parent = str(tmp_path)
+    mine = criu.make_work_dir("dump", parent=parent)  # this process lives: kept
+    maker = dead_process()
+    orphan = os.path.join(parent, "inferops-dump-%d-%d-abcd1234" % (maker["pid"], maker["start"]))
+    busy = os.path.join(parent, "inferops-restore-%d-%d-efgh5678" % (maker["pid"], maker["start"]))
+    for path in (orphan, busy):
+        os.mkdir(path, 0o700)
+    # a CRIU still writing its log there
+    writer = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'w'); print('ok', "
+                               "flush=True); time.sleep(60)", os.path.join(busy, "restore.log")], stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline().strip() == b"ok"
+        assert leftovers.sweep_work_dirs([parent], remove=False) == [orphan] and os.path.isdir(orphan)
+        assert leftovers.sweep_work_dirs([parent]) == [orphan]
+    finally:
+        writer.kill()
+        writer.wait()
+    assert not os.path.exists(orphan) and os.path.isdir(busy) and os.path.isdir(mine)
+    assert leftovers.sweep_work_dirs([parent]) == [busy]

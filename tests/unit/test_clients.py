@@ -39,6 +39,12 @@ class FakeRunner(runner.Runner):
         raise AssertionError("unexpected command %r" % (argv,))
 
 
+@pytest.fixture(autouse=True)
+def nothing_remembered(monkeypatch):
+    """What a test's `docker create` remembered (runner.remember) is masked for the rest of its process: not here."""
+    monkeypatch.setattr(runner, "_REMEMBERED", set())
+
+
 def docker(answers):
     cli = DockerCli("/usr/bin/docker", FakeRunner(answers))
     cli.executable = "/usr/bin/docker"
@@ -108,6 +114,27 @@ def test_docker_create_never_shows_the_environment_values_it_was_given():
         failing.create(container.create_args(record, "w2", env), env=env)
     shown = repr(info.value.msg) + repr(info.value.result)
     assert "s3cr3t" not in shown and "10.1.2.3" not in shown and runner.MASK in shown
+    assert {"s3cr3t", "10.1.2.3", "/bin"} <= runner.remembered()  # for every field of the task's result (_module)
+
+
+def test_docker_create_takes_the_environment_from_a_private_file_never_from_its_command_line():
+    seen = {}
+
+    class Reading(FakeRunner):
+        def run(self, argv, timeout=None, data=None, check=True, what=None, secrets=(), env=None):
+            path = argv[argv.index("--env-file") + 1]
+            seen.update(argv=argv, path=path, content=open(path).read(), mode=os.stat(path).st_mode & 0o777,
+                        dir_mode=os.stat(os.path.dirname(path)).st_mode & 0o777, env=env)
+            return 0, "c0ffee\n", ""
+
+    cli = DockerCli("/usr/bin/docker", Reading([]))
+    record = {"name": "w", "id": "abc", "image_id": "sha256:" + "a" * 64,
+              "config": {"Env": ["TOKEN=s3cr3t-recorded", "MULTI=line one\nline two"]}, "host_config": {}}
+    assert cli.create(container.create_args(record, "w2", {"POD_IP": "10.1.2.3"}), env={"POD_IP": "10.1.2.3"}) == "c0ffee"
+    assert not any("s3cr3t" in word or "10.1.2.3" in word or "line one" in word for word in seen["argv"]), seen["argv"]
+    assert seen["content"] == "MULTI\nPOD_IP=10.1.2.3\nTOKEN=s3cr3t-recorded\n" and seen["mode"] == 0o600
+    assert seen["dir_mode"] == 0o700 and not os.path.exists(os.path.dirname(seen["path"])), "removed right after"
+    assert seen["env"]["MULTI"] == "line one\nline two", "a line break reaches docker through its environment"
 
 
 def test_runner_masks_secrets_and_stops_at_its_deadline(tmp_path):
@@ -165,7 +192,7 @@ def test_create_args_rebuild_the_recorded_container():
                               "Devices": [], "SecurityOpt": None, "Tmpfs": None}}
     args = container.create_args(record, "w2", {"B": "new", "C": "3"})
     assert args[:2] == ["--name", "w2"]
-    assert ["--env", "A=1"] == args[2:4] and "B=new" in args and "C=3" in args and "B=x=y" not in args
+    assert args.env == {"A": "1", "B": "new", "C": "3"} and "--env" not in args and not any("=new" in a for a in args)
     assert args[args.index("--volume") + 1] == "/d:/d" and args[args.index("--network") + 1] == "host"
     assert "--runtime" not in args and "--ipc" not in args
     assert args[-4:] == ["--", "sha256:" + "a" * 64, "python3", "app.py"]

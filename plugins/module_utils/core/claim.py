@@ -10,6 +10,13 @@ role, one per run), where it runs and since when -- and a deadline: a claim whos
 killed lapses when its lease runs out, so nothing stays locked. While a live claim is another's, a
 second generation is refused with the holder's name, and its cleanup removes nothing. Every read
 and write of the claim happens under the parent directory's flock (the status record's lock).
+
+The holder is the process that stands for the run on this host (proc.run_anchor: ansible-playbook for a local
+connection, the connection's sshd session over SSH), recorded with its start time, the boot id and its pid
+namespace (proc.identity). A run on the same host whose claim's holder is provably gone -- its pid free or
+another process's, or the host rebooted -- takes the claim over at once instead of waiting for the lease, and
+removes what the dead run left (leftovers.clean_after: its runc or CRIU, their work dirs, the staging dir); the
+claim it returns says so (``took_over``). A holder that lives, or runs on another host, is never overridden.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -23,7 +30,7 @@ import threading
 import time
 import uuid
 
-from . import layout, paths
+from . import layout, leftovers, paths, proc
 from .errors import ParameterError
 from .status import locked
 
@@ -55,31 +62,89 @@ def live_other(snapshot_dir, generation_id, now=None):
     return None
 
 
+CONTROLLERS = ("ansible", "ansible-playbook", "ansible-runner", "ansible-pull")
+
+
+def holder(previous=None):
+    """Who holds a claim taken now: the run's anchor on this host (proc.identity), the host, this task's pid, and
+    whether the anchor's end proves the run's: ``kind`` controller (ansible-playbook itself: a local connection),
+    or ``kept`` -- the same anchor held the claim in an earlier task of the run (an SSH connection that outlives
+    its tasks, as Ansible's ControlPersist keeps it). A connection made for one task ends with the task, while
+    its run goes on: its end proves nothing, and such a claim is left to its lease."""
+    anchor = proc.identity(proc.run_anchor())
+    words = [os.path.basename(word) for word in proc.cmdline(anchor["pid"])[:2]]
+    found = dict(anchor, host=socket.gethostname(), task_pid=os.getpid(),
+                 kind="controller" if set(words) & set(CONTROLLERS) else "connection")
+    previous = previous or {}
+    same = (previous.get("pid"), previous.get("start")) == (found["pid"], found["start"])
+    found["kept"] = bool(same and (previous.get("kept") or previous.get("task_pid") != found["task_pid"]))
+    return found
+
+
+def ended(claim, now=None):
+    """Why another run's ``claim`` no longer holds the pod -- its lease ran out, or its holder is provably gone
+    (same host) -- or None while it does."""
+    now = time.time() if now is None else now
+    if float(claim.get("expires_at") or 0) <= now:
+        return "its claim lapsed at %s" % _utc(claim.get("expires_at"))
+    held_by = claim.get("holder") or {}
+    if held_by.get("host") != socket.gethostname() or not (held_by.get("kind") == "controller" or held_by.get("kept")):
+        return None
+    gone = proc.gone_reason(held_by)
+    return "the run that held it is gone: %s" % gone if gone else None
+
+
 def describe(claim):
-    holder = claim.get("holder") or {}
-    return "generation %s on %s (pid %s) since %s, its claim runs until %s" % (
-        claim.get("id"), holder.get("host"), holder.get("pid"), claim.get("started_at"),
-        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(claim.get("expires_at") or 0))))
+    held_by = claim.get("holder") or {}
+    if held_by.get("host") != socket.gethostname():
+        where = "on %s (another host: whether that run lives cannot be seen from here; pid %s)" % (
+            held_by.get("host"), held_by.get("pid"))
+    elif held_by.get("start") is None:
+        where = "on %s (pid %s)" % (held_by.get("host"), held_by.get("pid"))
+    elif proc.gone_reason(held_by) is None:
+        where = "on %s, run by pid %s (%s), which is still running" % (held_by.get("host"), held_by.get("pid"),
+                                                                        held_by.get("what") or "?")
+    else:  # its connection ended with its last task: the run may go on, over a new one
+        where = "on %s, last seen through pid %s (%s), a connection that ended with its task" % (
+            held_by.get("host"), held_by.get("pid"), held_by.get("what") or "?")
+    return "generation %s %s since %s, its claim runs until %s" % (claim.get("id"), where, claim.get("started_at"),
+                                                                   _utc(claim.get("expires_at")))
 
 
-def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None):
-    """Claim (or renew the claim on) the pod for ``generation_id``; ParameterError while another holds it."""
+def _utc(seconds):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(seconds or 0)))
+
+
+def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
+    """Claim (or renew the claim on) the pod for ``generation_id``; ParameterError while another holds it. A claim
+    whose run is over (``ended``) is taken over, and what that run left is removed: the claim returned then has
+    ``took_over`` ({id, holder, why, cleaned}). ``work``: what this run is about to leave should it be killed
+    (``dirs`` it hands to runc or CRIU, the ``container_id`` and ``runc_root`` they dump), kept until replaced."""
     now = time.time() if now is None else now
     paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+    previous, took_over = None, None
     with locked(snapshot_dir):
-        other = live_other(snapshot_dir, generation_id, now)
-        if other:
-            raise ParameterError(
-                "another generation of this pod's snapshot is in progress: %s. Wait for it to finish, or, if that "
-                "run is gone, remove %s (it lapses by itself at that time)" % (describe(other),
-                                                                               layout.claim_path(snapshot_dir)),
-                generation_in_progress=other)
-        mine = read(snapshot_dir)
+        found = read(snapshot_dir)
+        mine = found if found and found["id"] == generation_id else None
+        if found and not mine:
+            why = ended(found, now)
+            if why is None:
+                raise ParameterError(
+                    "another generation of this pod's snapshot is in progress: %s. Wait for it to finish, or, if that "
+                    "run is gone, remove %s (it lapses by itself at that time)" % (describe(found),
+                                                                                   layout.claim_path(snapshot_dir)),
+                    generation_in_progress=found)
+            previous = found
+            took_over = {"id": found["id"], "holder": found.get("holder"), "why": why}
         claim = {"id": generation_id, "lease": float(lease), "expires_at": now + float(lease),
-                 "started_at": (mine or {}).get("started_at") if (mine or {}).get("id") == generation_id
+                 "started_at": mine.get("started_at") if mine
                  else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-                 "holder": {"host": socket.gethostname(), "pid": os.getpid()}}
+                 "holder": holder((mine or {}).get("holder")),
+                 "work": work if work is not None else (mine or {}).get("work")}
         paths.write_file_atomic(layout.claim_path(snapshot_dir), (json.dumps(claim, sort_keys=True) + "\n").encode())
+    if took_over is not None:  # the claim is ours now: no other run touches the pod while this cleans up
+        took_over["cleaned"] = leftovers.clean_after(snapshot_dir, previous)
+        claim["took_over"] = took_over
     return claim
 
 
@@ -89,7 +154,7 @@ def join(snapshot_dir, generation_id, lease=DEFAULT_LEASE):
     if generation_id:
         return take(snapshot_dir, generation_id, lease)
     other = live_other(snapshot_dir, None)
-    if other:
+    if other and not ended(other):
         raise ParameterError("another generation of this pod's snapshot is in progress: %s; give this task its "
                              "generation_id, or wait" % describe(other), generation_in_progress=other)
     return None

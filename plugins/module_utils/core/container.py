@@ -52,14 +52,22 @@ def read_container_record(directory):
         return json.load(handle)
 
 
+class CreateArgs(list):
+    """`docker create` arguments, and ``env``: the environment they go with, which is never an argument (its values
+    would show in every process listing and error): DockerCli.create hands it over in a file."""
+
+    def __init__(self, args, env):
+        super(CreateArgs, self).__init__(args)
+        self.env = env
+
+
 def create_args(record, name, env_overrides=None):
-    """`docker create` arguments (after ``create``) that rebuild the recorded container (same mounts, network, env)."""
+    """`docker create` arguments (after ``create``) that rebuild the recorded container (same mounts, network, env):
+    a CreateArgs, the recorded environment with ``env_overrides`` on top in its ``env``."""
     config, host = record["config"], record["host_config"]
     args = ["--name", name]
     env = env_dict(config.get("Env"))
     env.update(env_overrides or {})
-    for key in sorted(env):
-        args += ["--env", "%s=%s" % (key, env[key])]
     for bind in host.get("Binds") or []:
         args += ["--volume", bind]
     if host.get("NetworkMode"):
@@ -90,4 +98,4 @@ def create_args(record, name, env_overrides=None):
     if entrypoint:
         args += ["--entrypoint", entrypoint[0]]
     args += ["--", record["image_id"]] + entrypoint[1:] + list(config.get("Cmd") or [])
-    return args
+    return CreateArgs(args, env)

@@ -18,11 +18,11 @@ import os
 import threading
 
 from . import container as container_record
-from . import claim, device, encryption, fleet, layout, manifest, paths, plaintext, seal, signature, status, world
+from . import claim, device, encryption, fleet, layout, leftovers, manifest, paths, plaintext, seal, signature, status, world
 from .agent import protocol
-from .clients.control import AgentSocketClient, LeaseKeeper, lease_seconds
-from .clients.criu import CriuCli
-from .clients.docker import DockerCli
+from .clients.control import AgentSocketClient, LeaseKeeper, bounded_lease, lease_seconds
+from .clients.criu import CriuCli, make_work_dir
+from .clients.docker import DockerCli, env_dict
 from .clients.runc import RuncCli, check_criu_config
 from .clock import Deadline, Stopwatch, utc_now
 from .errors import ParameterError, RuntimeRefusedError, SnapshotError, SnapshotTimeout
@@ -80,6 +80,9 @@ class Checkpointer:
         self.backup_lease = None  # the lease device_backup asks for
         self.keeper = None
         self.claim_keeper = None  # renews the generation's claim on the pod while this runs
+        self.generation = params.get("generation_id") or claim.new_id()
+        self.claim_lease = params.get("generation_lease") or claim.DEFAULT_LEASE
+        self.work = None  # the work dir runc or CRIU gets (noted in the claim: a run that takes it over removes it)
         self.step = "host snapshot"  # what a failure is reported as (the roles name the step that failed)
         self.docker = DockerCli(params["docker_cli"])
         self.criu = CriuCli()
@@ -108,6 +111,12 @@ class Checkpointer:
             self.info = self.docker.inspect_container(params["container"])
             self.pid = self.docker.running_pid(params["container"])
             self.versions["runc"] = self.runc.version()
+            mounted = [mount["destination"] for mount in world.docker_facts(self.info)["mounts"]]
+            unknown = [path for path in params.get("engine_state_mounts") or [] if path not in mounted]
+            if unknown:
+                raise ParameterError("engine_state_mounts: %s %s not a mount of container %s (its mounts: %s)" % (
+                    ", ".join(unknown), "is" if len(unknown) == 1 else "are", params["container"],
+                    ", ".join(mounted) or "none"), field="engine_state_mounts")
         else:
             if not params["pid"]:
                 raise ParameterError("pid: required with engine=criu")
@@ -142,8 +151,9 @@ class Checkpointer:
         """device_backup: lock and back up the engine here, after the preflight checks and under the claim, so that
         its lock window is the backup, the checkpoint and the resume -- no module start, no task in between."""
         self.step = "device snapshot"
-        with self.watch.stage("device_backup"):
-            result["device_backup"] = device.back_up(self.agent, self.staging_dir, self.identity, self.backup_lease,
+        with self.watch.stage("device_backup"):  # the lease ends by the generation's timeout + LEASE_MARGIN
+            lease = bounded_lease(self.backup_lease, self.deadline.remaining())
+            result["device_backup"] = device.back_up(self.agent, self.staging_dir, self.identity, lease,
                                                      True, min(self.remaining("the device backup"), 90.0),
                                                      check_mode)
         if check_mode:
@@ -183,6 +193,8 @@ class Checkpointer:
         seconds = self.remaining("the checkpoint")
         if params["engine"] == "criu" or params["method"] == "runc":
             paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
+            self.work = make_work_dir("dump")
+            self.note_work()
         if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: hashed as encryption writes it
             self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
@@ -192,13 +204,13 @@ class Checkpointer:
         try:
             if params["engine"] == "docker":
                 if params["method"] == "runc":
-                    self.runc.checkpoint(self.info["Id"], image_dir, params["leave_running"], seconds)
+                    self.runc.checkpoint(self.info["Id"], image_dir, params["leave_running"], seconds, work=self.work)
                 else:
                     self.docker.checkpoint_create(self.info["Id"], os.path.dirname(image_dir),
                                                   os.path.basename(image_dir), params["leave_running"], seconds)
                 container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
             else:
-                self.criu.dump(self.pid, image_dir, params["leave_running"], seconds)
+                self.criu.dump(self.pid, image_dir, params["leave_running"], seconds, work=self.work)
         except Exception:
             if self.follower:
                 self.follower.abort()
@@ -229,6 +241,23 @@ class Checkpointer:
                            % (", ".join(actions) or "was running", self.watch.elapsed()), force=True)
         return {"actions": actions, "state": reply.get("state"), "error": None}
 
+    def note_work(self):
+        """Name in the claim what a kill from here on would leave (leftovers.clean_after removes it)."""
+        work = {"dirs": [self.work], "container_id": (self.info or {}).get("Id"), "runc_root": self.params["runc_root"]}
+        claim.take(self.snapshot_dir, self.generation, self.claim_lease, work=work)
+
+    def digest_world(self):
+        """The SHA-256 of every file the world records, now that the engine runs again (never in its lock window);
+        from the node's cache for a file hashed before with the same identity."""
+        self.remaining("recording the digests of the mounted files")
+        with self.watch.stage("world_digests"):
+            try:
+                self.world["digests"] = world.add_digests(self.world["facts"], self.params["workers"])
+            except world.WorldError as exc:
+                raise ParameterError("the world of the process could not be recorded: %s" % exc)
+        self.progress.note("digests of %(files)d mounted files (%(hashed_bytes)d bytes hashed, %(cached_files)d from "
+                           "the node's cache)" % self.world["digests"], force=True)
+
     def encrypt(self):
         """Everything that holds the process's memory or environment, encrypted into the staging directory."""
         canary = os.path.join(self.staging_dir, layout.CANARY)
@@ -254,8 +283,11 @@ class Checkpointer:
     def _capture_world(self):
         try:
             if self.params["engine"] == "docker":
-                self.world["facts"] = world.capture(world.docker_facts(self.info), self.versions.get("criu"),
-                                                    self.versions.get("runc"))
+                process = world.docker_facts(self.info)
+                excluded = world.excluded_mounts(process["mounts"], env_dict((self.info.get("Config") or {}).get("Env")),
+                                                 self.params.get("engine_state_mounts") or ())
+                self.world["facts"] = world.capture(process, self.versions.get("criu"), self.versions.get("runc"),
+                                                    excluded=excluded)
             else:
                 self.world["facts"] = world.capture(world.process_facts(self.pid), self.versions.get("criu"),
                                                     pid=self.pid)
@@ -286,15 +318,15 @@ class Checkpointer:
 
     def run(self):
         """The whole generation of the host part, under the generation's claim; returns the module's result."""
-        generation = self.params.get("generation_id") or claim.new_id()
-        lease = self.params.get("generation_lease") or claim.DEFAULT_LEASE
-        claim.take(self.snapshot_dir, generation, lease)
-        self.claim_keeper = claim.Keeper(self.snapshot_dir, generation, lease).start()
+        taken = claim.take(self.snapshot_dir, self.generation, self.claim_lease)
+        self.claim_keeper = claim.Keeper(self.snapshot_dir, self.generation, self.claim_lease).start()
+        swept = leftovers.sweep_work_dirs()  # what killed checkpoints of any pod left in the temp dir
         try:
-            return self._run()
+            result = self._run()
         finally:  # the generation's later steps (verify, unlock) need no claim: the snapshot is published
             self.claim_keeper.stop()
-            claim.release(self.snapshot_dir, generation)
+            claim.release(self.snapshot_dir, self.generation)
+        return dict(result, took_over=taken.get("took_over"), work_dirs_swept=swept, generation_id=self.generation)
 
     def _run(self):
         params = self.params
@@ -303,14 +335,17 @@ class Checkpointer:
             if params.get("device_backup"):
                 self.back_up_device(result)
             # the host snapshot starts (a device backup that failed goes from the roles' "generating" to "failed")
-            status.update(self.snapshot_dir, "generating", identity=self.identity)
+            status.update(self.snapshot_dir, "generating", identity=self.identity, generation_id=self.generation)
             if self.lease:  # renewed until the snapshot is published; never while CRIU dumps the process
-                self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note).start()
+                self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note,
+                                          remaining=self.deadline.remaining).start()
             self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
                                force=True)
             with self.watch.stage("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
             result["resumed"] = self.resume_engine()
+            self.digest_world()
+            result["world_digests"] = self.world["digests"]
             if self.encryption_key is not None:
                 self.encrypt()
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
@@ -336,7 +371,7 @@ class Checkpointer:
             seal.discard(self.staging_dir)
             reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
             if self.step == "host snapshot":  # the device snapshot leaves the record to its caller, as npu_snapshot_backup
-                status.update(self.snapshot_dir, "failed", reason=reason)
+                status.update(self.snapshot_dir, "failed", reason=reason, generation_id=self.generation)
             if not isinstance(exc, SnapshotError):
                 raise
             exc.result.update(result, status="failed", cleaned=[self.staging_dir], step=self.step)
@@ -344,7 +379,8 @@ class Checkpointer:
         if self.keeper:
             self.keeper.stop()
         self.watch.total()
-        status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"])
+        status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"],
+                      generation_id=self.generation)
         self.hold_devices()
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                     files=len(document["files"]), versions=self.versions, hashing=hashing,

@@ -157,6 +157,12 @@ DOCKER_RUNC_ROOT = "/var/run/docker/runtime-runc/moby"
 RUNC_CRIU_CONFIG = "/etc/criu/runc.conf"          # runc passes it to CRIU on checkpoint and restore
 RUNC_CRIU_OPTIONS = ("tcp-close",)                # lines it must hold (see clients/runc.py)
 CRIU_LOG_DIR = "/var/log/inferops-snapshot/criu"   # logs of failed CRIU runs (clients/criu.py keep_log)
+# Where containerd keeps a Docker container's task (namespace moby): dockerd's own containerd, then a system one.
+# Its CRIU logs live there (criu-dump.log, work/restore.log) and go with the task (clients/docker.py keeps them).
+CONTAINERD_TASK_ROOTS = ("/var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby",
+                         "/run/containerd/io.containerd.runtime.v2.task/moby")
+# SHA-256 of the files a snapshot's world records, per file identity (digests.py): node-local, root's, 0700
+DIGEST_CACHE_DIR = "/var/cache/inferops-snapshot/digests"
 RUNTIME_STATE_DIR = "/run/inferops-restore"
 RUNTIME_LOG = "/var/log/inferops-restore-runtime.log"
 RUNTIME_DEFAULTS = {                              # the node runtime's runtime.json (role snapshot_node)

@@ -15,6 +15,7 @@ __metaclass__ = type
 
 import errno
 import os
+import re
 import shutil
 import stat
 
@@ -183,6 +184,27 @@ def write_file_atomic(path, data, mode=FILE_MODE):
             pass
         raise
     return path
+
+
+# A snapshot store that refuses writes: read-only, full, or over its quota.
+STORE_ERRORS = {errno.EROFS: ("read-only", "remount it read-write, or point the snapshot path at writable storage"),
+                errno.ENOSPC: ("full", "free space on it (inferops.snapshot.snapshot_cleanup removes failed and stale "
+                                       "snapshots) or grow it"),
+                errno.EDQUOT: ("over its quota", "free space on it or raise the quota")}
+
+
+def store_error(exc):
+    """The message for an OSError that says the store cannot be written (STORE_ERRORS) -- naming the path, the
+    cause and the fix -- or None for any other error."""
+    found = STORE_ERRORS.get(getattr(exc, "errno", None))
+    if found is None:
+        return None
+    path = exc.filename or "?"
+    directory, name = os.path.split(path)
+    match = re.match(r"\A\.(.+)\.tmp\.\d+\Z", name)  # write_file_atomic's temporary name: say which file
+    if match:
+        path = os.path.join(directory, match.group(1))
+    return "cannot write %s: %s -- the storage it is on is %s; %s" % (path, exc.strerror or exc, found[0], found[1])
 
 
 def remove_tree(path):

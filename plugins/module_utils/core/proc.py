@@ -19,6 +19,7 @@ from .clock import wait_for
 
 DEAD_STATES = ("Z", "X", "x")
 MEMINFO = "/proc/meminfo"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def available_memory(meminfo=None):
@@ -135,3 +136,72 @@ def namespace_pid(pid, proc="/proc"):
     except (IOError, OSError):
         return None
     return pid  # kernels without NSpid: no pid namespaces in use
+
+
+def cmdline(pid, proc="/proc"):
+    """The command line of ``pid`` as a list ([] for a kernel thread or a pid that is gone)."""
+    try:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as handle:
+            return [part.decode("utf-8", "replace") for part in handle.read().split(b"\0")[:-1]]
+    except (IOError, OSError):
+        return []
+
+
+def boot_id(path=BOOT_ID):
+    """This boot of this host: a start time counts from it, and a pid of another boot is gone."""
+    try:
+        with open(path) as handle:
+            return handle.read().strip() or None
+    except (IOError, OSError):
+        return None
+
+
+def pid_namespace(pid="self", proc="/proc"):
+    try:
+        return os.readlink(os.path.join(proc, str(pid), "ns", "pid"))
+    except OSError:
+        return None
+
+
+def run_anchor(pid=None, proc="/proc"):
+    """The process that stands for the run ``pid`` (default: this one) belongs to on this host: the parent of its
+    session's leader. Ansible runs each task in a session of its own -- a local connection's worker calls setsid
+    (its parent is ansible-playbook, alive for the whole run), an SSH connection's shell is the session leader
+    (its parent is the connection's sshd session, alive while the controller keeps the connection). So the
+    anchor lives as long as the run, across its tasks, and dies with the controller. The leader itself when it
+    has no parent worth naming (pid 1); ``pid`` when its session leader is gone."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        leader = os.getsid(pid)
+    except OSError:
+        return pid
+    fields = stat_fields(leader, proc)
+    if not fields or fields[0] in DEAD_STATES:
+        return pid
+    parent = int(fields[1])
+    return leader if parent <= 1 or not alive(parent, proc) else parent
+
+
+def identity(pid, proc="/proc"):
+    """{pid, start, boot_id, pidns, what}: enough to tell later whether this very process still lives."""
+    words = cmdline(pid, proc)
+    what = " ".join(os.path.basename(word) if index == 0 else word for index, word in enumerate(words[:3]))
+    return {"pid": pid, "start": start_time(pid, proc), "boot_id": boot_id(), "pidns": pid_namespace(pid, proc),
+            "what": what[:120] or comm(pid, proc)}
+
+
+def gone_reason(recorded, proc="/proc"):
+    """Why the process ``recorded`` (an ``identity``) is provably gone, or None while it may live: it was on this
+    host's current boot and in this pid namespace, and its pid is free or another process's (another start)."""
+    if not recorded or not recorded.get("boot_id") or recorded.get("start") is None:
+        return None
+    if recorded["boot_id"] != boot_id():
+        return "the host was rebooted since (boot id %s, now %s)" % (recorded["boot_id"], boot_id())
+    if recorded.get("pidns") != pid_namespace("self", proc):
+        return None  # another pid namespace: its pid means nothing here
+    pid = recorded.get("pid")
+    if alive(pid, proc) and start_time(pid, proc) == recorded["start"]:
+        return None
+    if alive(pid, proc):
+        return "its pid %s is another process now (%s)" % (pid, comm(pid, proc))
+    return "its process (pid %s, %s) is gone" % (pid, recorded.get("what") or "?")

@@ -148,6 +148,9 @@ SCHEMAS = json.loads(r'''
    "fingerprint": {
     "additionalProperties": false,
     "properties": {
+     "ctime_ns": {
+      "type": "integer"
+     },
      "dev": {
       "minimum": 0,
       "type": "integer"
@@ -163,6 +166,10 @@ SCHEMAS = json.loads(r'''
       "pattern": "^[0-9a-f]{64}$",
       "type": "string"
      },
+     "sha256": {
+      "pattern": "^[0-9a-f]{64}$",
+      "type": "string"
+     },
      "size": {
       "minimum": 0,
       "type": "integer"
@@ -170,7 +177,6 @@ SCHEMAS = json.loads(r'''
     },
     "required": [
      "size",
-     "samples",
      "dev",
      "ino",
      "mtime_ns"
@@ -227,6 +233,12 @@ SCHEMAS = json.loads(r'''
    "world": {
     "additionalProperties": false,
     "properties": {
+     "excluded": {
+      "additionalProperties": {
+       "type": "string"
+      },
+      "type": "object"
+     },
      "files": {
       "additionalProperties": {
        "additionalProperties": {
@@ -905,6 +917,12 @@ SCHEMAS = json.loads(r'''
      "null"
     ]
    },
+   "generation_id": {
+    "type": [
+     "string",
+     "null"
+    ]
+   },
    "history": {
     "items": {
      "additionalProperties": false,
@@ -912,6 +930,12 @@ SCHEMAS = json.loads(r'''
       "at": {
        "format": "date-time",
        "type": "string"
+      },
+      "generation_id": {
+       "type": [
+        "string",
+        "null"
+       ]
       },
       "reason": {
        "type": [

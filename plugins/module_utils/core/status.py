@@ -61,9 +61,9 @@ def restore_entry(path, outcome, reason=None, container=None, name=None, pid=Non
     return entry
 
 
-def update(snapshot_dir, status=None, reason=None, restore=None, **fields):
-    """The one writer: record a generation ``status`` (with ``reason`` and ``fields``), and/or a ``restore``
-    attempt (a ``restore_entry``). Returns the record as written."""
+def update(snapshot_dir, status=None, reason=None, restore=None, generation_id=None, **fields):
+    """The one writer: record a generation ``status`` (with ``reason``, the ``generation_id`` of the run that
+    records it, and ``fields``), and/or a ``restore`` attempt (a ``restore_entry``). Returns the record as written."""
     if status is not None and status not in STATUSES:
         raise ValueError("unknown status %r" % status)
     paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
@@ -72,9 +72,9 @@ def update(snapshot_dir, status=None, reason=None, restore=None, **fields):
         record["schema_version"] = 1
         if status is not None:
             record.update(fields)
-            record.update(status=status, reason=reason, updated_at=utc_now())
+            record.update(status=status, reason=reason, updated_at=utc_now(), generation_id=generation_id)
             record["history"] = (record.get("history") or [])[-(KEEP_HISTORY - 1):] + [
-                {"status": status, "at": record["updated_at"], "reason": reason}]
+                {"status": status, "at": record["updated_at"], "reason": reason, "generation_id": generation_id}]
         if restore is not None:
             record["last_restore"] = restore
             record["restores"] = (record.get("restores") or [])[-(KEEP_RESTORES - 1):] + [restore]

@@ -11,42 +11,48 @@ them, and CRIU checks only a mapped file's size); the same devices; the same ker
 collection. ``capture`` records these facts (the manifest's ``world``), ``compare`` names every
 difference with both values; any difference is a cold start.
 
-Files are fingerprinted, not hashed in full, so that multi-GB weights cost little: size, and the
-SHA-256 of SAMPLES blocks of SAMPLE_BYTES spread evenly over the file (its first and last block
-included), plus device, inode and modification time. Content (size + samples) is compared always,
-so a copy of the same weights on another node or a shared store matches; when the file is the very
-same one (same device and inode) its modification time is compared too, which catches a file
-rewritten in place even where no sampled block changed.
+Every bind mount's regular files are recorded by their identity -- (device, inode, size, ctime), which a
+rename over a file or any write changes and no user can set back (digests.py) -- and, computed after the
+engine resumed (``add_digests``, never in its lock window), their SHA-256, cached per identity on the node. A
+restore compares the identity first: the same file is the same content, at the cost of a stat. A file whose
+identity differs (another node, the same weights copied again) is compared by its full digest (read once per
+node and identity: the cache), so a copy of the same weights matches and any changed byte does not.
 
 Mounts are matched by where the process sees them (the destination), not by their host source: a
 new pod's volumes live under its own pod directory, and a clone on another node mounts the same
-weights from another path. What the process sees must match: read-only or read-write, and for a
-read-only mount the files in it. Read-write mounts (caches, logs, sockets) are the engine's own
-state; volumes the kubelet writes per pod (downward API, projected, secrets: the pod's name, its
-service-account token) say who the pod is, not what the engine loaded, and change with every pod
-and every rotation: for both only the presence and the mode are compared.
+weights from another path. What the process sees must match: read-only or read-write, and the files in
+every mount -- an engine that reads its weights from a read-write volume is common. Left out (recorded in
+``excluded`` with the reason, and only their presence and mode compared): volumes the kubelet or dockerd write
+per pod or container (downward API, projected, secrets, emptyDir, dockerd's hosts files: they say who the pod
+is, not what the engine loaded); the collection's own mounts in the container (the simulated NPU's device
+files, the NPU snapshot path, the agent's socket dir, the metadata file's dir); and the mounts the operator
+declares as engine state (``engine_state_mounts``: caches, logs -- written by the engine, not read as weights).
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import hashlib
 import os
 import platform
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
-from . import layout, proc
+from . import digests, layout, proc
 
-SAMPLES = 16
-SAMPLE_BYTES = 64 * 1024
-MAX_FILES = 10000          # per read-only mount; more is refused at generation rather than half-recorded
+MAX_FILES = 10000          # per mount; more is refused at generation rather than half-recorded
 COLLECTION_VERSION = layout.COLLECTION_VERSION
 SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")
 # Host sources whose content is per pod or per container, written by the kubelet or dockerd, never the engine's
 # inputs (the kubelet's volume plugin directories, dockerd's hostname/hosts/resolv.conf).
 VOLATILE_SOURCE_PARTS = ("/volumes/kubernetes.io~downward-api/", "/volumes/kubernetes.io~projected/",
-                         "/volumes/kubernetes.io~secret/", "/var/lib/docker/containers/")
+                         "/volumes/kubernetes.io~secret/", "/volumes/kubernetes.io~empty-dir/",
+                         "/var/lib/docker/containers/")
+# The collection's own paths in a container, by the variable that moves them (and where they are without it): a
+# mount holding one is written by the snapshot machinery itself, never read by the engine as an input.
+OWN_PATHS = ((layout.ENV_SIM_DEVICE_DIR, None), (layout.ENV_NPU_SNAPSHOT_PATH, None),
+             (layout.ENV_AGENT_SOCKET_DIR, layout.DEFAULT_AGENT_SOCKET_DIR),
+             (layout.ENV_METADATA_FILE, layout.DEFAULT_METADATA_FILE))
 
 
 class WorldError(ValueError):
@@ -54,27 +60,11 @@ class WorldError(ValueError):
 
 
 def fingerprint(path):
-    """{size, samples, dev, ino, mtime_ns} of a regular file (never following a symlink)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """The identity of a regular file (digests.identity; never following a symlink), its digest added later."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise WorldError("%s is not a regular file" % path)
-        digest = hashlib.sha256()
-        size = st.st_size
-        if size <= SAMPLES * SAMPLE_BYTES:
-            offsets = [0]
-            length = size
-        else:
-            step = (size - SAMPLE_BYTES) // (SAMPLES - 1)
-            offsets = [i * step for i in range(SAMPLES)]
-            length = SAMPLE_BYTES
-        for offset in offsets:
-            digest.update(os.pread(fd, length, offset))
-        return {"size": size, "samples": digest.hexdigest(), "dev": st.st_dev, "ino": st.st_ino,
-                "mtime_ns": st.st_mtime_ns}
-    finally:
-        os.close(fd)
+        return digests.identity(path)
+    except ValueError as exc:
+        raise WorldError(str(exc))
 
 
 def tree_fingerprints(source):
@@ -90,7 +80,8 @@ def tree_fingerprints(source):
             if stat.S_ISREG(os.lstat(full).st_mode):
                 found[os.path.relpath(full, source)] = fingerprint(full)
                 if len(found) > MAX_FILES:
-                    raise WorldError("the read-only mount %s holds more than %d files; mount less" % (source, MAX_FILES))
+                    raise WorldError("the mount %s holds more than %d files; mount less, or declare it engine state "
+                                     "(engine_state_mounts) if the engine writes it" % (source, MAX_FILES))
     return found
 
 
@@ -182,18 +173,82 @@ def volatile(source):
     return any(part in (source or "") + "/" for part in VOLATILE_SOURCE_PARTS)
 
 
-def capture(process, criu_version=None, runc_version=None, pid=None):
-    """The manifest's ``world``: ``process`` (docker_facts, or for a bare process {args, cwd}) plus the
-    fingerprints of every file in its read-only mounts (not the volatile ones) and the host's versions."""
-    files = {}
+def _holds(destination, path):
+    return bool(path) and (path == destination or path.startswith(destination.rstrip("/") + "/"))
+
+
+def excluded_mounts(mounts, env=None, declared=()):
+    """{destination: why} of the mounts whose files are not the world (see the module's docstring): volatile
+    ones, the collection's own (by the container's ``env``), and those ``declared`` engine state."""
+    env = env or {}
+    own = [(name, env.get(name) or default) for name, default in OWN_PATHS]
+    found = {}
+    for mount in mounts or []:
+        destination = mount["destination"]
+        if volatile(mount.get("source")):
+            found[destination] = "written per pod or container by the kubelet or dockerd"
+        elif destination in declared:
+            found[destination] = "declared engine state (engine_state_mounts)"
+        else:
+            holds = [name for name, path in own if _holds(destination, os.path.normpath(path) if path else None)]
+            if holds:
+                found[destination] = "the collection's own (%s)" % ", ".join(holds)
+    return found
+
+
+def capture(process, criu_version=None, runc_version=None, pid=None, excluded=None):
+    """The manifest's ``world``: ``process`` (docker_facts, or for a bare process {args, cwd}) plus the identity of
+    every file in its mounts but the ``excluded`` ones ({destination: why}, excluded_mounts; kept in the record)
+    and the host's versions. Cheap (a stat per file): it runs beside the checkpoint; ``add_digests`` follows."""
+    files, excluded = {}, dict(excluded or {})
     for mount in process.get("mounts") or []:
-        if not mount["rw"] and not volatile(mount.get("source")) and mount.get("source") \
-                and os.path.exists(mount["source"]):
+        if mount["destination"] not in excluded and mount.get("source") and os.path.exists(mount["source"]):
             files[mount["destination"]] = tree_fingerprints(mount["source"])
     facts = {"process": process, "files": files, "host": host_facts(criu_version, runc_version)}
+    if excluded:
+        facts["excluded"] = excluded
     if pid is not None:  # a bare process: its files are host files, fingerprinted one by one
         facts["open_files"] = open_files(pid)
     return facts
+
+
+def recorded_files(facts):
+    """[(host path, where the process sees it, its record)] of every file ``facts`` records."""
+    sources = dict((m["destination"], m.get("source")) for m in (facts.get("process") or {}).get("mounts") or [])
+    found = []
+    for destination, files in sorted((facts.get("files") or {}).items()):
+        for rel, record in sorted(files.items()):
+            source = sources.get(destination) or ""
+            found.append((source if rel == "." else os.path.join(source, rel),
+                          destination if rel == "." else os.path.join(destination, rel), record))
+    found.extend((path, path, record) for path, record in sorted((facts.get("open_files") or {}).items()))
+    return found
+
+
+def add_digests(facts, workers=None):
+    """Add the SHA-256 of every recorded file to ``facts`` (from the node's cache when its identity was hashed
+    before), read from the file whose identity was recorded: WorldError when one changed since -- an engine that
+    writes a mount must have it declared engine state, or no restore could ever match it. Returns
+    {files, hashed_bytes, cached_files}."""
+    todo = recorded_files(facts)
+
+    def one(item):
+        path, where, record = item
+        try:
+            value, _ident, cached = digests.digest(path, expected=record)
+        except digests.Changed:
+            raise WorldError("files_changing: %s changed while the snapshot was taken: a restore would always find it "
+                             "changed. If the engine writes it, declare its mount engine state (engine_state_mounts)"
+                             % where)
+        except (OSError, ValueError) as exc:
+            raise WorldError("cannot read %s to record its digest: %s" % (where, exc))
+        record["sha256"] = value
+        return 0 if cached else record["size"], cached
+
+    with ThreadPoolExecutor(max_workers=max(1, workers or min(4, os.cpu_count() or 1))) as pool:
+        done = list(pool.map(one, todo))
+    return {"files": len(todo), "hashed_bytes": sum(size for size, _cached in done),
+            "cached_files": sum(1 for _size, cached in done if cached)}
 
 
 def _user_matches(recorded_user, current):
@@ -252,6 +307,17 @@ def compare(recorded, current_process, criu_version=None, runc_version=None):
     return reasons
 
 
+def image_reason(recorded, running=None, present=None):
+    """The one image check of every path (restore/verify.py exports it): why a snapshot of image ``recorded``
+    cannot come back here -- the container would run ``running`` (None: not known), or the image is not on this
+    host (``present`` False). None when it can."""
+    if running is not None and recorded != running:
+        return "image_mismatch: snapshot was taken from image %s, the container would run %s" % (recorded, running)
+    if present is False:
+        return "image_mismatch: image %s recorded in the snapshot is not on this host" % recorded
+    return None
+
+
 def stale(recorded_manifest, info=None, criu_version=None, runc_version=None):
     """Why a snapshot (its manifest) does not belong to the process as it runs now: the container of
     ``info`` (its `docker inspect`; None for a bare process) and this host. [] when it does."""
@@ -288,7 +354,7 @@ def _mount_reasons(was, now):
 
 def _file_reasons(destination, source, recorded):
     if not source or not os.path.exists(source):
-        return ["files_mismatch: the read-only mount %s has no source on this host (%s)" % (destination, source)]
+        return ["files_mismatch: the mount %s has no source on this host (%s)" % (destination, source)]
     try:
         now = tree_fingerprints(source)
     except (OSError, WorldError) as exc:
@@ -296,7 +362,8 @@ def _file_reasons(destination, source, recorded):
     reasons = []
     for rel in sorted(set(recorded) | set(now)):
         where = destination if rel == "." else os.path.join(destination, rel)
-        reasons.extend(_difference(where, recorded.get(rel), now.get(rel)))
+        reasons.extend(_difference(where, source if rel == "." else os.path.join(source, rel), recorded.get(rel),
+                                   now.get(rel)))
     return reasons[:20]
 
 
@@ -305,28 +372,27 @@ def _one_file_reason(path, was):
         now = fingerprint(path)
     except (OSError, WorldError):
         now = None
-    return _difference(path, was, now)
-
-def image_reason(recorded, running=None, present=None):
-    """The one image check of every path (restore/verify.py exports it): why a snapshot of image ``recorded``
-    cannot come back here -- the container would run ``running`` (None: not known), or the image is not on this
-    host (``present`` False). None when it can."""
-    if running is not None and recorded != running:
-        return "image_mismatch: snapshot was taken from image %s, the container would run %s" % (recorded, running)
-    if present is False:
-        return "image_mismatch: image %s recorded in the snapshot is not on this host" % recorded
-    return None
+    return _difference(path, path, was, now)
 
 
-
-def _difference(where, was, cur):
+def _difference(where, path, was, cur):
+    """Why the file the process sees at ``where`` (``path`` on this host) is not the recorded one, or []."""
     if cur is None:
         return ["files_mismatch: %s is gone" % where]
     if was is None:
         return ["files_mismatch: %s is new since the snapshot" % where]
-    if (was["size"], was["samples"]) != (cur["size"], cur["samples"]):
-        return ["files_mismatch: %s changed (size %d -> %d, sampled sha256 %s -> %s)"
-                % (where, was["size"], cur["size"], was["samples"][:12], cur["samples"][:12])]
-    if (was["dev"], was["ino"]) == (cur["dev"], cur["ino"]) and was["mtime_ns"] != cur["mtime_ns"]:
-        return ["files_mismatch: %s was modified in place since the snapshot (mtime changed)" % where]
+    if not was.get("sha256") or was.get("ctime_ns") is None:
+        return ["files_mismatch: %s: the snapshot records only a sampled fingerprint of it (an older collection made "
+                "it), which cannot prove it unchanged; regenerate the snapshot" % where]
+    if was["size"] != cur["size"]:
+        return ["files_mismatch: %s changed (size %d -> %d)" % (where, was["size"], cur["size"])]
+    if digests.same(was, cur):
+        return []  # the very file, and no write since: its identity's ctime would have moved
+    try:
+        now, _ident, _cached = digests.digest(path, expected=cur)
+    except (OSError, ValueError) as exc:  # digests.Changed included: it is changing as we look
+        return ["files_mismatch: %s cannot be compared: %s" % (where, exc)]
+    if now != was["sha256"]:
+        return ["files_mismatch: %s changed (size %d, sha256 %s -> %s)" % (where, cur["size"], was["sha256"][:12],
+                                                                            now[:12])]
     return []

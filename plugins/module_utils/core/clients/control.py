@@ -58,6 +58,20 @@ def agent_socket_for_pid(pid, socket_dir=DEFAULT_AGENT_SOCKET_DIR, proc="/proc")
     return os.path.join(proc, str(pid), "root", inner)
 
 
+# A generation's lock and backup take a lease that ends at most this long after the generation's timeout (the
+# role's on hosts, timeoutSeconds on Kubernetes): time for a controller that is still there to resume the engine
+# itself (the roles' unlock step) before its agent does. A controller killed with the module leaves the engine
+# locked no longer than timeout + LEASE_MARGIN (+ the agent's restore and unlock).
+LEASE_MARGIN = 15.0
+
+
+def bounded_lease(lease, remaining):
+    """``lease`` seconds (None: no lease) cut to the ``remaining`` seconds of the generation's timeout + LEASE_MARGIN."""
+    if lease is None:
+        return None
+    return min(float(lease), max(float(remaining), 0.0) + LEASE_MARGIN)
+
+
 def lease_seconds(value, field="lease"):
     """A module's ``lease`` option as the protocol field: None for 0 (no lease), else seconds in (0, MAX_LEASE]."""
     if value is None or value == 0:
@@ -223,8 +237,10 @@ class LeaseKeeper:
 
     REQUEST_TIMEOUT = 10.0
 
-    def __init__(self, client, seconds, log=None):
+    def __init__(self, client, seconds, log=None, remaining=None):
+        """``remaining``: () -> seconds left of the generation's timeout; each renewal is then bounded_lease of it."""
         self.client, self.seconds, self.log = client, float(seconds), log
+        self.remaining = remaining
         self.renewals = 0
         self.lost = None
         self.last_error = None
@@ -257,8 +273,9 @@ class LeaseKeeper:
         """One renewal (``_lock`` is held)."""
         if self.lost is not None:
             return
+        seconds = self.seconds if self.remaining is None else bounded_lease(self.seconds, self.remaining())
         try:
-            self.client.request(protocol.OP_RENEW, self.REQUEST_TIMEOUT, self.seconds)
+            self.client.request(protocol.OP_RENEW, self.REQUEST_TIMEOUT, seconds)
         except RuntimeRefusedError as exc:
             if (exc.result.get("error") or {}).get("kind") in (protocol.KIND_LEASE, protocol.KIND_BAD_REQUEST):
                 self.lost = exc.msg

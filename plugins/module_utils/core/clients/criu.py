@@ -19,9 +19,10 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
-from .. import layout, paths
+from .. import layout, paths, proc
 from ..clock import wait_for
 from ..errors import CommandError, ParameterError, SnapshotError
 from . import runner as runner_mod
@@ -80,11 +81,12 @@ def read_tail(path, limit=LOG_BYTES):
         return b""
 
 
-def keep_log(log_path, kind, name, log_dir=None, now=time.time):
-    """Keep the CRIU log of a failed ``kind`` (dump, restore) of ``name`` in ``log_dir``; returns
-    (kept path or None, the first error line or None). Only the newest KEEP_LOGS are kept."""
+def keep_log(log_path, kind, name, log_dir=None, now=time.time, data=None):
+    """Keep the CRIU log of a failed ``kind`` (dump, restore) of ``name`` in ``log_dir`` -- the file at ``log_path``,
+    or its bytes ``data`` when they were read already; returns (kept path or None, the first error line or None).
+    Only the newest KEEP_LOGS are kept."""
     log_dir = log_dir or layout.CRIU_LOG_DIR
-    data = read_tail(log_path)
+    data = read_tail(log_path) if data is None else data[-LOG_BYTES:]
     if not data:
         return None, None
     cause = first_error_line(data)
@@ -102,13 +104,77 @@ def keep_log(log_path, kind, name, log_dir=None, now=time.time):
     return target, cause
 
 
-def failure(exc, log_path, kind, name, log_dir=None):
-    """Turn a failed CRIU/runc command into the error an operator can act on: the cause and the kept log."""
-    kept, cause = keep_log(log_path, kind, name, log_dir)
+def failure(exc, log_path, kind, name, log_dir=None, data=None):
+    """Turn a failed CRIU/runc command into the error an operator can act on: the cause and the kept log (the file
+    at ``log_path``, or its bytes ``data``: a LogCatcher's). The error names the kept copy, never a path that
+    containerd may remove with the task (``log_path`` is replaced by it in the command's stderr too)."""
+    kept, cause = keep_log(log_path, kind, name, log_dir, data=data)
     detail = cause or (exc.result.get("stderr") or "").strip()[-300:] or "no error line in its log"
+    if log_path and kept:
+        detail = detail.replace(log_path, kept)
+        exc.result["stderr"] = (exc.result.get("stderr") or "").replace(log_path, kept)
     exc.msg = "%s: %s (CRIU log: %s)" % (exc.msg.split(":")[0], detail, kept or "not kept")
     exc.result.update(criu_error=cause, criu_log=kept)
     return exc
+
+
+NAMED_LOG = re.compile(r"(?:log file:|path=)\s*(/\S+?\.log)\b")
+
+
+def named_log(text):
+    """The CRIU log a runc or containerd error names (``log file: /...``, ``path= /...``), or None."""
+    match = NAMED_LOG.search(text or "")
+    return match.group(1) if match else None
+
+
+class LogCatcher(object):
+    """Opens a CRIU log as soon as it appears at one of ``paths`` and keeps it open: containerd removes a failed
+    restore's task directory, log included, before Docker reports the failure, but the bytes stay readable
+    through the descriptor (``read()``) until ``close()``. Watches from a thread for up to ``timeout`` seconds."""
+
+    def __init__(self, paths_, timeout):
+        self.paths, self.timeout = list(paths_), timeout
+        self.fd = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="inferops-criu-log")
+        self._thread.daemon = True
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _open(self):
+        if self._stop.is_set():
+            return True, None
+        for path in self.paths:
+            try:
+                self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                return True, path
+            except OSError:
+                continue
+        return False, None
+
+    def _watch(self):
+        try:
+            wait_for(self._open, self.timeout, interval=0.002, what="a CRIU log at %s" % ", ".join(self.paths))
+        except SnapshotError:
+            pass  # none appeared: there is nothing to keep
+
+    def read(self):
+        """The log's bytes (its last LOG_BYTES), or None when it never appeared."""
+        self._stop.set()
+        self._thread.join()
+        if self.fd is None:
+            return None
+        size = os.fstat(self.fd).st_size
+        return os.pread(self.fd, LOG_BYTES, max(0, size - LOG_BYTES))
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class CriuCli:
@@ -147,9 +213,10 @@ class CriuCli:
                                stdout=out, stderr=err, criu_version=version)
         return version
 
-    def dump(self, pid, image_dir, leave_running, timeout):
-        """Checkpoint a bare process tree (no container) into ``image_dir``."""
-        work = tempfile.mkdtemp(prefix="inferops-dump-")
+    def dump(self, pid, image_dir, leave_running, timeout, work=None):
+        """Checkpoint a bare process tree (no container) into ``image_dir`` (``work``: its work dir, made by
+        ``make_work_dir``; one of its own by default). The work dir is removed after."""
+        work = work or make_work_dir("dump")
         argv = self._argv(["dump", "--tree", str(pid), "--images-dir", image_dir, "--work-dir", work,
                            "--log-file", "dump.log", "-v4"] + list(PROCESS_OPTIONS)
                           + (["--leave-running"] if leave_running else []))
@@ -163,7 +230,7 @@ class CriuCli:
     def restore_detached(self, images_dir, timeout, name="bare", leave_stopped=False):
         """Restore a bare process tree from ``images_dir`` (with its recorded pids); return the restored root pid.
         ``leave_stopped``: the tasks stay stopped until they get SIGCONT (proc.continue_tree)."""
-        work = tempfile.mkdtemp(prefix="inferops-restore-")
+        work = make_work_dir("restore")
         pidfile = os.path.join(work, "restored.pid")
         argv = self._argv(["restore", "--images-dir", images_dir, "--work-dir", work, "--restore-detached",
                            "--pidfile", pidfile, "--log-file", "restore.log", "-v4"] + list(PROCESS_OPTIONS)

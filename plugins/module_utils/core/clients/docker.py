@@ -4,8 +4,9 @@
 """The one client for the Docker CLI. PRIVATE to the inferops.snapshot collection.
 
 No docker argv is built anywhere else. Every call runs through the Runner (list argv, a time limit
-where one applies) and fails with the command, rc and stderr attached; the values of environment
-variables given to ``create`` are masked in all of them.
+where one applies) and fails with the command, rc and stderr attached. The environment ``create`` gives a
+container never goes on a command line: it is handed over in a 0600 file of a private directory, removed
+right after, and its values are masked in every error and result (runner.remember).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -13,10 +14,16 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import shutil
+import tempfile
 
+from .. import layout, plaintext
 from ..errors import CommandError, ParameterError
+from . import criu as criu_client
 from . import runner as runner_mod
+
+ENV_FILE_PARENT = "/dev/shm"  # a tmpfs: the values never reach a disk (the temp dir where there is none)
 
 
 def env_dict(items):
@@ -29,14 +36,32 @@ def env_dict(items):
     return env
 
 
+def write_env_file(directory, env):
+    """Write ``env`` as docker's --env-file (``KEY=value`` lines, 0600) into ``directory``; returns (its path,
+    {key: value} of the values it names only, by ``KEY`` alone: docker reads those from its own environment)."""
+    lines, by_name = [], {}
+    for key in sorted(env):
+        value = env[key]
+        if "\n" in value or "\r" in value or key.startswith("#"):
+            by_name[key] = value
+            lines.append(key)
+        else:
+            lines.append("%s=%s" % (key, value))
+    path = os.path.join(directory, "env")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    return path, by_name
+
+
 class DockerCli:
     def __init__(self, executable="docker", runner=None):
         self.executable = shutil.which(executable) or executable
         self.runner = runner or runner_mod.DEFAULT
 
-    def run(self, args, check=True, timeout=None, what=None, secrets=(), data=None):
+    def run(self, args, check=True, timeout=None, what=None, secrets=(), data=None, env=None):
         return self.runner.run([self.executable] + list(args), timeout=timeout, check=check, data=data,
-                               what=what or "docker %s" % args[0], secrets=secrets)
+                               what=what or "docker %s" % args[0], secrets=secrets, env=env)
 
     def _unreachable(self, what, rc, out, err):
         return CommandError("cannot talk to the Docker daemon (%s): %s (is dockerd running?)"
@@ -85,17 +110,45 @@ class DockerCli:
         return bool((self.inspect_container(name).get("State") or {}).get("Running"))
 
     def create(self, args, env=None):
-        """`docker create` with ``args`` (from container.create_args); env values are masked in errors."""
-        secrets = [value for value in (env or {}).values() if value]
-        rc, out, err = self.run(["create"] + list(args), what="docker create", secrets=secrets)
+        """`docker create` with ``args`` (container.create_args) and their environment (``args.env``, ``env`` on top),
+        given through ``--env-file``: a 0600 file in a private directory (plaintext.PrivateDir, swept after a killed
+        run), removed as soon as docker has read it. A value the file cannot carry (a line break) reaches docker
+        through its own environment, by name. Never on the command line; masked everywhere (runner.remember)."""
+        environment = dict(getattr(args, "env", None) or {})
+        environment.update(env or {})
+        runner_mod.remember(environment.values())
+        scratch = plaintext.PrivateDir(ENV_FILE_PARENT if os.path.isdir(ENV_FILE_PARENT) else tempfile.gettempdir())
+        try:
+            env_file, by_name = write_env_file(scratch.path, environment)
+            rc, out, err = self.run(["create", "--env-file", env_file] + list(args), what="docker create",
+                                    secrets=list(environment.values()),
+                                    env=dict(os.environ, **by_name) if by_name else None)
+        finally:
+            scratch.remove()
         return out.strip()
 
     def start(self, container, timeout, checkpoint=None, what="docker start"):
+        """`docker start`; with ``checkpoint`` (a restore: ``container`` is the full id), a failure names CRIU's
+        cause and a kept copy of its log, caught while containerd still had it (criu_client.LogCatcher)."""
         args = ["start"] + (["--checkpoint", checkpoint] if checkpoint else []) + [container]
-        return self.run(args, timeout=timeout, what=what)
+        if not checkpoint:
+            return self.run(args, timeout=timeout, what=what)
+        catcher = criu_client.LogCatcher([os.path.join(root, container, "work", "restore.log")
+                                          for root in layout.CONTAINERD_TASK_ROOTS], timeout or 600).start()
+        try:
+            return self.run(args, timeout=timeout, what=what)
+        except CommandError as exc:
+            raise criu_client.failure(exc, criu_client.named_log(exc.result.get("stderr")), "restore", container[:12],
+                                      data=catcher.read())
+        finally:
+            catcher.close()
 
     def stop(self, container, grace=10):
         return self.run(["stop", "--time", str(int(grace)), container])
+
+    def remove(self, container):
+        """`docker rm --force`: a container that must not run (and must not be left behind)."""
+        return self.run(["rm", "--force", container])
 
     def copy_into(self, container, source, destination):
         """`docker cp SOURCE CONTAINER:DESTINATION` (works on a created, not yet started container)."""
@@ -106,7 +159,11 @@ class DockerCli:
         args = ["checkpoint", "create", "--checkpoint-dir", checkpoint_dir]
         if leave_running:
             args.append("--leave-running")
-        return self.run(args + [container, name], timeout=timeout, what="docker checkpoint create of %s" % container)
+        try:
+            return self.run(args + [container, name], timeout=timeout, what="docker checkpoint create of %s" % container)
+        except CommandError as exc:  # containerd's criu-dump.log goes with the task: keep a copy, name it
+            named = criu_client.named_log(exc.result.get("stderr"))
+            raise criu_client.failure(exc, named, "dump", container[:12]) if named else exc
 
     # -- images -----------------------------------------------------------------------------------
     def image_id(self, reference):
@@ -132,10 +189,6 @@ class DockerCli:
             raise self._unreachable("version", rc, out, err)
         version, _sep, experimental = out.strip().partition(" ")
         return version, experimental == "true"
-
-    def remove(self, container):
-        """`docker rm --force`: a container that must not run (and must not be left behind)."""
-        return self.run(["rm", "--force", container])
 
     def checkpoint_support(self):
         """(data root, experimental flag): where `docker start --checkpoint` looks for checkpoints

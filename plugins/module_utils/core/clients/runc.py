@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
 from .. import layout, paths
 from ..errors import ParameterError, SnapshotError
@@ -138,9 +137,10 @@ class RuncCli:
         match = re.search(r"runc version (\S+)", out)
         return match.group(1) if rc == 0 and match else None
 
-    def checkpoint(self, container_id, image_dir, leave_running, timeout, log_dir=None):
-        """CRIU checkpoint of a running container straight into ``image_dir`` (the fast path)."""
-        work = tempfile.mkdtemp(prefix="inferops-dump-")
+    def checkpoint(self, container_id, image_dir, leave_running, timeout, log_dir=None, work=None):
+        """CRIU checkpoint of a running container straight into ``image_dir`` (the fast path). ``work``: runc's work
+        dir (criu_client.make_work_dir), one of its own by default; removed after."""
+        work = work or criu_client.make_work_dir("dump")
         args = ["checkpoint", "--image-path", image_dir, "--work-path", work, "--file-locks"]
         if leave_running:
             args.append("--leave-running")
@@ -180,6 +180,18 @@ class RuncCli:
             return subprocess.call(self.argv(*args), **popen)
         except OSError:
             return 127
+
+    def status(self, container_id):
+        """runc's status of the container (running, paused, stopped, ...), or None when runc does not know it."""
+        rc, out, _err = self.runner.run(self.argv("state", container_id), check=False, timeout=30)
+        try:
+            return json.loads(out).get("status") if rc == 0 else None
+        except ValueError:
+            return None
+
+    def resume(self, container_id):
+        """Thaw a container whose cgroup is frozen (a CRIU dump killed half-way leaves it so)."""
+        return self.runner.run(self.argv("resume", container_id), check=False, timeout=30)[0] == 0
 
     def kill(self, container_id, signal_name="KILL"):
         return self.call("kill", container_id, signal_name)

@@ -30,6 +30,19 @@ OUTPUT_TAIL = 2000
 _NOT_SECRET = re.compile(r"\A(?:.{0,3}|true|false|yes|no|on|off|none|null)\Z", re.IGNORECASE | re.DOTALL)
 
 
+_REMEMBERED = set()
+
+
+def remember(values):
+    """Values this process met that must never show (the environment a snapshot recorded): ``mask`` hides them in
+    every error of this runner from now on, and _module.py in every field of the task's result."""
+    _REMEMBERED.update(value for value in values if may_be_secret(value))
+
+
+def remembered():
+    return set(_REMEMBERED)
+
+
 def may_be_secret(value):
     """False for values too short or too plain to be a secret: up to 3 characters, and booleans."""
     return bool(value) and not _NOT_SECRET.match(value)
@@ -41,7 +54,7 @@ def mask(text, secrets):
         return [mask(item, secrets) for item in text]
     if not text:
         return text
-    for secret in sorted((s for s in secrets if may_be_secret(s)), key=len, reverse=True):
+    for secret in sorted((s for s in set(secrets) | _REMEMBERED if may_be_secret(s)), key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 
