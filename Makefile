@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLLECTIONS)
 export INFEROPS_ACL_LIBRARY ?= $(CURDIR)/$(SIMULATOR)
 
-.PHONY: help venv simulator collection schemas env image demo test checks unit integration sanity build-collection bench clean
+.PHONY: help venv simulator criu-plugin collection schemas env image demo test checks unit integration sanity build-collection bench clean
 
 help:
 	@echo "make demo        generate -> break -> restore on this machine (simulated NPU)"
@@ -34,6 +34,10 @@ venv: $(BIN)/python
 
 simulator:
 	bash tests/simulator/build.sh $(BUILD)/simulator
+
+# The CRIU NPU plugin (roles/snapshot_prereqs/files/npu-plugin); `make env` builds and installs it into /usr/lib/criu.
+criu-plugin:
+	bash roles/snapshot_prereqs/files/npu-plugin/build.sh $(BUILD)/criu-plugin/inferops_npu_plugin.so
 
 # Ansible finds the collection through a link named the way it expects.
 collection:

@@ -10,6 +10,8 @@
 #               running, experimental dockerd
 #   3. criu     CRIU >= 4.2 on PATH: criu 4.2.x from Debian forky/sid unpacked into a private prefix
 #               (/opt/inferops/criu) behind the wrapper /usr/local/bin/criu
+#   3b. plugin  the collection's CRIU NPU plugin, built against that CRIU's criu-plugin.h (libcriu-dev of
+#               the same version) and installed where CRIU loads plugins (/usr/lib/criu)
 #   4. image    the offline base image inferops/base:bookworm (debootstrap | docker import)
 #
 # Environment knobs (all optional):
@@ -18,7 +20,7 @@
 #   INFEROPS_CRIU_SUITES="forky sid"  Debian suites tried, in order, for criu 4.2.x
 #   INFEROPS_CRIU_PREFIX=/opt/inferops/criu
 #   INFEROPS_BASE_IMAGE=inferops/base:bookworm
-#   INFEROPS_ENV_STEPS="apt dockerd criu image"  run only these steps
+#   INFEROPS_ENV_STEPS="apt dockerd criu plugin image"  run only these steps
 set -Eeuo pipefail
 umask 022
 
@@ -35,7 +37,9 @@ DAEMON_JSON=/etc/docker/daemon.json
 DOCKERD_LOG=/var/log/inferops-dockerd.log
 DOCKERD_WAIT_S=60
 DAEMON_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu image}
+STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu plugin image}
+CRIU_PLUGIN_DIR=/usr/lib/criu   # CRIU's built-in plugin directory (criu/include/plugin.h CR_PLUGIN_DEFAULT)
+NPU_PLUGIN=$REPO_ROOT/roles/snapshot_prereqs/files/npu-plugin
 export DEBIAN_FRONTEND=noninteractive
 # keep the caller's PATH order, only add what a root shell on Debian should have
 for _d in /usr/local/bin /usr/local/sbin; do [[ ":$PATH:" == *":$_d:"* ]] || PATH="$_d:$PATH"; done
@@ -428,6 +432,30 @@ step_criu() {
 }
 
 # --------------------------------------------------------------------------------------------
+# step 3b: the CRIU NPU plugin
+# --------------------------------------------------------------------------------------------
+# The header comes with the CRIU of the private prefix (libcriu-dev of its version); a CRIU found on the
+# PATH instead needs /usr/include/criu/criu-plugin.h (libcriu-dev) installed.
+step_plugin() {
+    local include="" built=$REPO_ROOT/build/criu-plugin/inferops_npu_plugin.so target
+    target=$CRIU_PLUGIN_DIR/inferops_npu_plugin.so
+    if [[ -e $CRIU_PREFIX/INFEROPS-SOURCE ]]; then
+        include=$(CRIU_PREFIX=$CRIU_PREFIX CRIU_STATE=$BUILD_DIR bash "$NPU_PLUGIN/fetch-header.sh") ||
+            die "cannot get criu-plugin.h for the CRIU in $CRIU_PREFIX (see the lines above)"
+    fi
+    CRIU_PLUGIN_INCLUDE=$include CRIU_PREFIX=$CRIU_PREFIX bash "$NPU_PLUGIN/build.sh" "$built" >/dev/null ||
+        die "cannot build the CRIU NPU plugin (see the lines above)"
+    if cmp -s "$built" "$target"; then
+        log "$target up to date"
+        return 0
+    fi
+    mkdir -p "$CRIU_PLUGIN_DIR"
+    install -m 0644 "$built" "$target.new.$$"
+    mv -f "$target.new.$$" "$target"
+    log "installed $target"
+}
+
+# --------------------------------------------------------------------------------------------
 # step 4: base image
 # --------------------------------------------------------------------------------------------
 ROOTFS_TMP=""
@@ -519,6 +547,7 @@ main() {
     run_step apt
     run_step dockerd
     run_step criu
+    run_step plugin
     run_step image
     CURRENT_STEP=all
     printf '[setup] environment ready in %ss\n' "$(elapsed "$T0")"

@@ -14,9 +14,11 @@ __metaclass__ = type
 
 import json
 import os
+import stat
 
-from . import layout, paths, schema
+from . import layout, paths, proc, schema
 from .agent import protocol
+from .clients import criu as criu_client
 from .clients.control import AgentSocketClient
 from .clock import Deadline, Stopwatch, utc_now
 from .errors import RuntimeRefusedError, SnapshotError
@@ -26,6 +28,16 @@ RUNTIME_NAME = "ascend-acl"
 
 def device_part_path(directory):
     return os.path.join(directory, layout.DEVICE_PART)
+
+
+def snapshot_facts(reply):
+    """What the agent says of the snapshot API (absent from an agent that predates it: all None): its shape
+    (``args`` or ``legacy``), the device memory the backup asked for, and the runtime and driver API versions
+    the args shape compares at restore."""
+    told = reply.get("snapshot") or {}
+    versions = told.get("api_versions") or {}
+    return {"api": told.get("api"), "device_memory": told.get("device_memory"),
+            "runtime_api_version": versions.get("runtime"), "driver_api_version": versions.get("driver")}
 
 
 def build_device_part(reply, identity=None, durations=None):
@@ -39,6 +51,7 @@ def build_device_part(reply, identity=None, durations=None):
         "created_at": utc_now(),
         "durations": dict(durations or {}),
         "note": "device memory is held in the process's host memory and travels in the host snapshot",
+        "snapshot_api": snapshot_facts(reply),
     }
     if identity:
         part["identity"] = identity
@@ -63,8 +76,9 @@ def write_device_part(staging_dir, part):
     return target
 
 
-def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=False):
+def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=False, device_memory=None):
     """Take the device part: the process LOCKED (when ``lock``) and BACKED_UP under ``lease``, its record written.
+    ``device_memory``: what the backup saves (protocol.DEVICE_MEMORY_CHOICES; None: the default, ``required``).
 
     The one home of the device snapshot, for npu_snapshot_backup and for host_checkpoint's ``device_backup``
     (which runs it right before the checkpoint, so that the engine's lock window holds no module start).
@@ -108,7 +122,10 @@ def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=Fals
     try:
         for op in operations:
             with watch.stage(op):
-                reply = client.request(op, timeout, lease)
+                if op == protocol.OP_BACKUP and device_memory not in (None, protocol.DEFAULT_DEVICE_MEMORY):
+                    reply = client.request(op, timeout, lease, device_memory=device_memory)
+                else:
+                    reply = client.request(op, timeout, lease)
             done.append(op)
         with watch.stage("record"):
             part = build_device_part(reply, identity, watch.durations)
@@ -122,16 +139,37 @@ def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=Fals
                 diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
 
 
-def resume(client, timeout, restore=True, before_unlock=None):
+def version_mismatch(recorded, reply):
+    """Why the process's runtime and driver now cannot restore what was backed up (the args shape records the
+    Runtime and Driver API versions at backup and refuses a restore where they differ: hicann/runtime snapshot.md,
+    CheckSnapShotVersionInfo), or None. Only a backup taken with the args shape is compared, as the runtime does."""
+    was = (recorded or {}).get("snapshot_api") or {}
+    if was.get("api") != "args":
+        return None
+    now = snapshot_facts(reply)
+    differ = ["%s %s at the backup, %s now" % (name.replace("_", " "), was.get(key), now.get(key))
+              for key, name in (("runtime_api_version", "runtime API"), ("driver_api_version", "driver API"))
+              if was.get(key) != now.get(key)]
+    if not differ:
+        return None
+    return ("device_version_mismatch: %s; the runtime refuses to restore device memory across versions: restore "
+            "on a node with the snapshot's CANN runtime and NPU driver, or take a new snapshot" % "; ".join(differ))
+
+
+def resume(client, timeout, restore=True, before_unlock=None, recorded=None):
     """Bring a locked or backed-up process back to RUNNING with its device memory intact.
 
     BACKED_UP: RESTORE (copies the backup back onto the device) then UNLOCK. LOCKED: UNLOCK.
     RUNNING: nothing. ``before_unlock()`` runs between the two (and may raise to keep it locked).
-    Returns (actions, last reply).
+    ``recorded``: the snapshot's device part; a restore its versions refuse is refused here, before the device
+    is touched (RuntimeRefusedError). Returns (actions, last reply).
     """
     reply = client.request(protocol.OP_STATE, timeout)
     actions = []
     if reply["state"] == protocol.STATE_BACKED_UP and restore:
+        why = version_mismatch(recorded, reply)
+        if why:
+            raise RuntimeRefusedError(why, state=reply["state"])
         reply = client.request(protocol.OP_RESTORE, timeout)
         actions.append(protocol.OP_RESTORE)
     if before_unlock is not None:
@@ -142,7 +180,7 @@ def resume(client, timeout, restore=True, before_unlock=None):
     return actions, reply
 
 
-def resume_process(pid, socket_dir, timeout, gone=None, before_unlock=None):
+def resume_process(pid, socket_dir, timeout, gone=None, before_unlock=None, recorded=None):
     """Restore and unlock the device state of a restored process through its agent; it must end RUNNING.
 
     The agent's listening socket comes back with the restored process: wait for it first. Returns the
@@ -155,8 +193,110 @@ def resume_process(pid, socket_dir, timeout, gone=None, before_unlock=None):
     deadline = Deadline(timeout)
     client = AgentSocketClient.for_pid(pid, socket_dir)
     client.wait_listening(deadline.remaining(0.1), gone=gone)
-    actions, reply = resume(client, deadline.remaining(1.0), before_unlock=before_unlock)
+    actions, reply = resume(client, deadline.remaining(1.0), before_unlock=before_unlock, recorded=recorded)
     if reply.get("state") != protocol.STATE_RUNNING:
         raise RuntimeRefusedError("the process is %s after %s, not RUNNING" % (reply.get("state"), actions),
                                   state=reply.get("state"))
     return actions
+
+
+# -- the device files: what a restore needs of this node before CRIU runs ------------------------------------
+def is_npu_node(path):
+    """An NPU device node the plugin records: davinci<N> or davinci_manager (by name, wherever it lives)."""
+    name = os.path.basename(path or "")
+    return name == layout.NPU_MANAGER or (name.startswith("davinci") and name[7:].isdigit())
+
+
+def targets_from_oci(spec):
+    """{path in the container: (type, major, minor)} of the NPU nodes an OCI config gives its container."""
+    return dict((d["path"], (d.get("type") or "c", int(d["major"]), int(d["minor"])))
+                for d in (spec.get("linux") or {}).get("devices") or []
+                if is_npu_node(d.get("path")) and d.get("major") is not None and d.get("minor") is not None)
+
+
+def targets_from_docker(info):
+    """The same from `docker inspect` (HostConfig.Devices, numbered by the node on the host)."""
+    found = {}
+    for device in (info.get("HostConfig") or {}).get("Devices") or []:
+        inner = device.get("PathInContainer") or device.get("PathOnHost")
+        if not is_npu_node(inner):
+            continue
+        try:
+            st = os.stat(device.get("PathOnHost"))
+        except (OSError, TypeError):
+            continue
+        found[inner] = ("c" if stat.S_ISCHR(st.st_mode) else "b", os.major(st.st_rdev), os.minor(st.st_rdev))
+    return found
+
+
+def targets_text(targets):
+    """``targets`` as the NPU plugin reads them (layout.ENV_NPU_DEVICES, layout.NPU_DEVICES_FILE)."""
+    return ",".join("%s=%s:%d:%d" % (path, kind, major, minor) for path, (kind, major, minor) in sorted(targets.items()))
+
+
+def _holders(kind, rdev, proc_root="/proc"):
+    """'pid N (comm)' of every process (but this one) with a descriptor on the device ``kind`` ``rdev``."""
+    found = []
+    want = stat.S_IFCHR if kind == "c" else stat.S_IFBLK
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        fd_dir = os.path.join(proc_root, entry, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if stat.S_IFMT(st.st_mode) == want and st.st_rdev == rdev:
+                found.append("pid %s (%s)" % (entry, proc.comm(int(entry), proc_root) or "?"))
+                break
+    return found
+
+
+def devices_unavailable(images_dir, targets=None, plugin_dirs=None, proc_root="/proc"):
+    """Why the NPU devices the checkpointed process held cannot be had on this node now, or None: the one check
+    the restore pipeline makes of them before CRIU runs (pipeline.py's check stage).
+
+    ``targets`` maps each device's path in the restored process to this node's (type, major, minor) -- from the
+    new container's configuration; None: the nodes at those paths on this host (a bare process). The NPU plugin
+    must be where CRIU loads plugins, and no other process may hold a device the process held (CANN refuses a
+    restore onto a device another process holds, and so would the driver: aclrtSnapShotProcessRestore's
+    constraint). davinci_manager is every NPU process's, never one process's device, and is not checked.
+    """
+    try:
+        recorded = criu_client.read_npu_devices(images_dir)
+    except ValueError as exc:
+        return "npu_image_unreadable: %s" % exc
+    if not recorded or not recorded["fds"] + recorded["vmas"]:
+        return None
+    dirs = plugin_dirs or [d for d in (os.environ.get("CRIU_LIBS_DIR"), layout.CRIU_PLUGIN_DIR) if d]
+    if not any(os.path.isfile(os.path.join(d, layout.NPU_PLUGIN_FILE)) for d in dirs):
+        return ("npu_plugin_missing: the checkpointed process holds NPU device files (%s) that CRIU restores only "
+                "with the NPU plugin, and this node has no %s in %s; install it with the "
+                "inferops.snapshot.snapshot_prereqs role" % (", ".join(sorted(set(f["path"] for f in recorded["fds"]))),
+                                                              layout.NPU_PLUGIN_FILE, " or ".join(dirs)))
+    for device in recorded["fds"]:
+        path = device["path"]
+        if os.path.basename(path) == layout.NPU_MANAGER:
+            continue
+        if targets is not None:
+            if path not in targets:
+                return ("device_missing: the checkpointed process held %s, and the new container is not given it "
+                        "(docker run --device, or the device plugin's allocation)" % path)
+            kind, major, minor = targets[path]
+        else:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                return "device_missing: the checkpointed process held %s, which this node lacks: %s" % (path, exc)
+            kind, major, minor = "c" if stat.S_ISCHR(st.st_mode) else "b", os.major(st.st_rdev), os.minor(st.st_rdev)
+        holders = _holders(kind, os.makedev(major, minor), proc_root)
+        if holders:
+            return ("device_busy: %s (%s %d:%d on this node) is held by %s; the runtime refuses to restore onto a "
+                    "device another process holds: stop it, or restore onto another device"
+                    % (path, kind, major, minor, ", ".join(holders[:5])))
+    return None

@@ -192,6 +192,11 @@ def _mount_source(mounts, inner):
     return os.path.normpath(os.path.join(best[1], rest)) if rest else os.path.normpath(best[1])
 
 
+def _shared(path):
+    """An NPU node every NPU process of a node has (davinci_manager): it says nothing of which device a process uses."""
+    return os.path.basename(str(path or "")) == layout.NPU_MANAGER
+
+
 def _keys(devices, env, mounts):
     keys = set()
     for kind, major, minor, host_path in devices:
@@ -211,7 +216,8 @@ def device_keys(spec):
     for device nodes (an NPU's /dev/davinciN), ``sim:<host dir>`` for the simulated NPU's device directory."""
     linux = spec.get("linux") or {}
     devices = [(d.get("type"), d.get("major"), d.get("minor"), None) for d in linux.get("devices") or []
-               if not str(d.get("path") or "").startswith(("/dev/pts", "/dev/null", "/dev/zero", "/dev/tty"))]
+               if not str(d.get("path") or "").startswith(("/dev/pts", "/dev/null", "/dev/zero", "/dev/tty"))
+               and not _shared(d.get("path"))]
     env = dict(item.split("=", 1) for item in (spec.get("process") or {}).get("env") or [] if "=" in item)
     mounts = [(m.get("destination"), m.get("source")) for m in spec.get("mounts") or []
               if m.get("type") in ("bind", None) and m.get("source")]
@@ -224,6 +230,8 @@ def docker_device_keys(info):
     devices = []
     for device in host.get("Devices") or []:
         path = device.get("PathOnHost")
+        if _shared(device.get("PathInContainer") or path):
+            continue
         try:
             st = os.stat(path)
             devices.append(("c", os.major(st.st_rdev), os.minor(st.st_rdev), path))

@@ -190,6 +190,15 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
 # gets as a bind mount; the real one is a device node (/dev/davinciN). fleet.py keys restores by either.
 ENV_SIM_DEVICE_DIR = "ACL_SIM_DEVICE_DIR"
 
+# -- the NPU's device files (the collection's CRIU NPU plugin, roles/snapshot_prereqs/files/npu-plugin) -------
+CRIU_PLUGIN_DIR = "/usr/lib/criu"                 # where CRIU loads plugins from (its CR_PLUGIN_DEFAULT)
+NPU_PLUGIN_FILE = "inferops_npu_plugin.so"
+NPU_PLUGIN_IMAGE = "inferops-npu.img"             # the plugin's own image in CRIU's images dir (clients/criu.py)
+NPU_PLUGIN_MARKER = "[inferops-npu-plugin]"       # on every error line the plugin writes into CRIU's log
+ENV_NPU_DEVICES = "INFEROPS_NPU_DEVICES"          # path=c:MAJOR:MINOR,...: this node's numbering, for the plugin
+NPU_DEVICES_FILE = "inferops-npu-devices"         # the same, as a file beside the images (docker's copy of them)
+NPU_MANAGER = "davinci_manager"                   # shared by every NPU process of a node: never one process's device
+
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------
 K8S_SERVICE_LABEL = "inferops.org/service"
 K8S_INSTANCE_LABEL = "inferops.org/instance"

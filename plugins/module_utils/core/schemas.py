@@ -123,6 +123,38 @@ SCHEMAS = json.loads(r'''
      "schema_version": {
       "const": 1
      },
+     "snapshot_api": {
+      "additionalProperties": false,
+      "properties": {
+       "api": {
+        "enum": [
+         "args",
+         "legacy",
+         null
+        ]
+       },
+       "device_memory": {
+        "enum": [
+         "required",
+         "required_and_optional",
+         null
+        ]
+       },
+       "driver_api_version": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "runtime_api_version": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       }
+      },
+      "type": "object"
+     },
      "state": {
       "const": "BACKED_UP"
      }
@@ -148,9 +180,6 @@ SCHEMAS = json.loads(r'''
    "fingerprint": {
     "additionalProperties": false,
     "properties": {
-     "ctime_ns": {
-      "type": "integer"
-     },
      "dev": {
       "minimum": 0,
       "type": "integer"
@@ -166,10 +195,6 @@ SCHEMAS = json.loads(r'''
       "pattern": "^[0-9a-f]{64}$",
       "type": "string"
      },
-     "sha256": {
-      "pattern": "^[0-9a-f]{64}$",
-      "type": "string"
-     },
      "size": {
       "minimum": 0,
       "type": "integer"
@@ -177,6 +202,7 @@ SCHEMAS = json.loads(r'''
     },
     "required": [
      "size",
+     "samples",
      "dev",
      "ino",
      "mtime_ns"
@@ -233,12 +259,6 @@ SCHEMAS = json.loads(r'''
    "world": {
     "additionalProperties": false,
     "properties": {
-     "excluded": {
-      "additionalProperties": {
-       "type": "string"
-      },
-      "type": "object"
-     },
      "files": {
       "additionalProperties": {
        "additionalProperties": {

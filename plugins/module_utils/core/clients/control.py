@@ -138,10 +138,10 @@ class AgentSocketClient:
             return os.path.exists(self.path), "no socket at %s" % self.path
         return wait_for(listening, timeout, interval=0.01, what="the agent socket %s" % self.path)
 
-    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, locks=None):
-        """One request; ``lease`` (seconds) goes with lock, backup and renew, ``locks`` with relock (see
-        protocol.py)."""
-        data = protocol.encode(protocol.make_request(op, timeout, lease, locks))
+    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None):
+        """One request; ``lease`` (seconds) goes with lock, backup and renew, ``locks`` with relock, ``device_memory``
+        with backup (see protocol.py)."""
+        data = protocol.encode(protocol.make_request(op, timeout, lease, locks, device_memory))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout + TRANSPORT_MARGIN)
         try:
@@ -196,11 +196,13 @@ class HttpEndpointClient:
         # Control traffic stays on the node: never send it through an environment proxy.
         self._opener = build_opener(ProxyHandler({}))
 
-    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None):
+    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, device_memory=None):
         url = self.base_url + self.paths[op]
         document = {"v": protocol.PROTOCOL_VERSION, "timeout": float(timeout)}
         if lease is not None:
             document["lease"] = float(lease)
+        if device_memory not in (None, protocol.DEFAULT_DEVICE_MEMORY):
+            document["device_memory"] = device_memory
         body = json.dumps(document).encode("utf-8")
         req = Request(url, data=body, headers={"Content-Type": "application/json"})
         try:

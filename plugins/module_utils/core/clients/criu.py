@@ -62,12 +62,14 @@ def major(version):
 
 
 def first_error_line(log_text):
-    """The cause in a CRIU log: its first error line that is not known noise or unwinding."""
+    """The cause in a CRIU log: the NPU plugin's first error (it names the device CRIU then fails on), else the
+    first error line that is not known noise or unwinding."""
     if isinstance(log_text, bytes):
         log_text = log_text.decode("utf-8", "replace")
-    for line in (log_text or "").splitlines():
-        if "Error (" in line and not any(noise in line for noise in NOT_THE_CAUSE):
-            return line.strip()[:300]
+    errors = [line for line in (log_text or "").splitlines()
+              if "Error (" in line and not any(noise in line for noise in NOT_THE_CAUSE)]
+    for line in [e for e in errors if layout.NPU_PLUGIN_MARKER in e] + errors:
+        return line.strip()[:300]
     return None
 
 
@@ -439,6 +441,45 @@ def read_posix_locks(images_dir):
         locks.append({"pid": _signed(entry[3]), "fd": _signed(entry[4]), "type": "read" if entry[2] == F_RDLCK
                       else "write", "start": _signed(entry[5]), "len": _signed(entry[6])})
     return locks
+
+
+NPU_IMAGE_HEADER = "inferops-npu-plugin v1"
+
+
+def read_npu_devices(images_dir):
+    """What the NPU plugin recorded (layout.NPU_PLUGIN_IMAGE): {"fds": [{"id", "flags", "type" ("c"/"b"), "major",
+    "minor", "path"}], "vmas": [{"type", "major", "minor", "path"}]}, or None when the process held no NPU device.
+    ValueError for an image the plugin did not write."""
+    try:
+        with open(os.path.join(images_dir, layout.NPU_PLUGIN_IMAGE), "rb") as handle:
+            text = handle.read().decode("utf-8")
+    except (IOError, OSError):
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0] != NPU_IMAGE_HEADER:
+        raise ValueError("%s is not an image of the NPU plugin (its first line is not %r)"
+                         % (layout.NPU_PLUGIN_IMAGE, NPU_IMAGE_HEADER))
+    found = {"fds": [], "vmas": []}
+    for line in lines[1:]:
+        words = line.split(" ")
+        try:
+            if words[0] == "fd" and len(words) == 7 and words[3] in ("c", "b"):
+                found["fds"].append({"id": int(words[1]), "flags": int(words[2], 16), "type": words[3],
+                                     "major": int(words[4]), "minor": int(words[5]), "path": _unquote(words[6])})
+                continue
+            if words[0] == "vma" and len(words) == 5 and words[1] in ("c", "b"):
+                found["vmas"].append({"type": words[1], "major": int(words[2]), "minor": int(words[3]),
+                                      "path": _unquote(words[4])})
+                continue
+        except ValueError:
+            pass
+        raise ValueError("%s has a malformed record: %r" % (layout.NPU_PLUGIN_IMAGE, line[:200]))
+    return found
+
+
+def _unquote(word):
+    """The plugin writes a path with every byte outside [A-Za-z0-9/._+-] as %XX."""
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), word)
 
 
 # -- work directories ------------------------------------------------------------------------------

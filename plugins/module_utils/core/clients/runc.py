@@ -167,9 +167,10 @@ class RuncCli:
             args.append("--no-pivot")
         return self.argv(*(args + [container_id]))
 
-    def spawn(self, argv):
-        """Start runc with the caller's stdio (for a restore, CRIU hands it to the restored process's pipes)."""
-        return self.runner.spawn(argv, close_fds=False)
+    def spawn(self, argv, env=None):
+        """Start runc with the caller's stdio (for a restore, CRIU hands it to the restored process's pipes); ``env``:
+        its environment, which it hands to CRIU and CRIU's plugins (None: ours)."""
+        return self.runner.spawn(argv, close_fds=False, **({"env": env} if env is not None else {}))
 
     def call(self, *args, **popen):
         """Run runc quietly with the caller's stdio unless redirected; returns its exit status (127: not run)."""

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 
 from .. import container as container_record
-from .. import layout, metadata, paths, world
+from .. import device, layout, metadata, paths, world
 from ..clients.runc import RuncCli
 from ..clients.docker import env_dict
 from ..errors import CommandError, ParameterError
@@ -114,6 +114,10 @@ class DockerCheckpoint(Driver):
     def host_restore(self, attempt):
         target, attempt.details["placement"] = place_checkpoint(attempt.images_dir, self.container_id,
                                                                 CHECKPOINT_NAME, self.docker_root or layout.DOCKER_ROOT)
+        targets = self.device_targets(attempt)
+        if targets:  # CRIU's NPU plugin reads this node's numbering of the devices beside the images (Docker's copy)
+            paths.write_file_atomic(os.path.join(target, layout.NPU_DEVICES_FILE),
+                                    device.targets_text(targets).encode("utf-8"))
         with LeakGuard(target):
             try:
                 self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
@@ -140,6 +144,11 @@ class DockerCheckpoint(Driver):
 
     def record_fields(self, attempt):
         return {"container": self.container_id, "name": self.container}
+
+    def device_targets(self, attempt):
+        if self.container_id:
+            return device.targets_from_docker(self.docker.inspect_container(self.container_id))
+        return device.targets_from_docker({"HostConfig": self.record(attempt).get("host_config") or {}})
 
     # -- this path's own steps ----------------------------------------------------------------------
     def record(self, attempt):

@@ -18,7 +18,7 @@ __metaclass__ = type
 import os
 import subprocess
 
-from .. import fleet, layout, metadata, paths, proc, world
+from .. import device, fleet, layout, metadata, paths, proc, world
 from ..clients import criu as criu_client
 from ..clients.runc import StoppedRestore
 from ..clients.docker import env_dict
@@ -186,8 +186,10 @@ class OnCreate(Driver):
         stopped = StoppedRestore(self.bundle, os.path.join(state, "criu.conf")) if attempt.leave_stopped else None
         if stopped:
             stopped.enter(self.spec)
+        targets = self.device_targets(attempt)  # this node's numbering of the NPU nodes, for CRIU's NPU plugin
+        env = dict(os.environ, **{layout.ENV_NPU_DEVICES: device.targets_text(targets)}) if targets else None
         try:
-            process = node.runc.spawn(argv)  # the container's stdio is ours: CRIU hands it to the restored pipes
+            process = node.runc.spawn(argv, env=env)  # the container's stdio is ours: CRIU hands it to the restored pipes
             try:
                 rc = process.wait(timeout=attempt.remaining())
             except subprocess.TimeoutExpired:
@@ -211,6 +213,9 @@ class OnCreate(Driver):
             criu_client.remove_work_dir(work)
         attempt.pid_start_time = proc.start_time(pid)
         return pid
+
+    def device_targets(self, attempt):
+        return device.targets_from_oci(self.spec)
 
     def release(self, attempt):
         """The tasks run only with a daemon still serving their pages (or done): one that died already left them holes."""

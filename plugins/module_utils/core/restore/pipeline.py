@@ -218,7 +218,13 @@ class Driver:
 
     def device_resume(self, attempt):
         return device.resume_process(attempt.pid, self.agent_socket_dir(attempt), attempt.remaining(1.0),
-                                     gone=lambda: not self.alive(attempt), before_unlock=lambda: self.pages_in(attempt))
+                                     gone=lambda: not self.alive(attempt), before_unlock=lambda: self.pages_in(attempt),
+                                     recorded=device.read_device_part(attempt.content_dir))  # versions: issue 24
+
+    def device_targets(self, attempt):
+        """{path in the restored process: (type, major, minor)} of the NPU device nodes its new container has
+        (device.targets_from_oci/_docker), or None: the nodes at those paths on this host (a bare process)."""
+        return None
 
     def agent_socket_dir(self, attempt):
         return self.socket_dir
@@ -296,6 +302,9 @@ def run(driver, attempt):
                 decrypt(attempt)
         with stage("check"):
             driver.check(attempt)
+            unavailable = device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt))  # issue 24
+            if unavailable:  # before CRIU runs: its NPU plugin, and devices no other process holds
+                raise Fallback(unavailable)
         if attempt.check_mode:
             attempt.restored = True
             return attempt
