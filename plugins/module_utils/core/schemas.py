@@ -180,6 +180,9 @@ SCHEMAS = json.loads(r'''
    "fingerprint": {
     "additionalProperties": false,
     "properties": {
+     "ctime_ns": {
+      "type": "integer"
+     },
      "dev": {
       "minimum": 0,
       "type": "integer"
@@ -195,6 +198,10 @@ SCHEMAS = json.loads(r'''
       "pattern": "^[0-9a-f]{64}$",
       "type": "string"
      },
+     "sha256": {
+      "pattern": "^[0-9a-f]{64}$",
+      "type": "string"
+     },
      "size": {
       "minimum": 0,
       "type": "integer"
@@ -202,7 +209,6 @@ SCHEMAS = json.loads(r'''
     },
     "required": [
      "size",
-     "samples",
      "dev",
      "ino",
      "mtime_ns"
@@ -259,6 +265,12 @@ SCHEMAS = json.loads(r'''
    "world": {
     "additionalProperties": false,
     "properties": {
+     "excluded": {
+      "additionalProperties": {
+       "type": "string"
+      },
+      "type": "object"
+     },
      "files": {
       "additionalProperties": {
        "additionalProperties": {
