@@ -30,6 +30,7 @@ description:
     then locked for the backup, the checkpoint and the resume alone, not for the start of a second task.
 requirements:
   - jsonschema (Python library) on the target host
+  - cryptography (Python library) on the target host, with O(signing_key) or O(encryption_key)
   - CRIU >= 4.2 on PATH, C(criu check) passing; root
 author:
   - inferops.snapshot maintainers (@inferops)

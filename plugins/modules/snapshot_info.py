@@ -22,6 +22,7 @@ description:
   - Changes nothing. Container environment values are never returned, only the device snapshot path.
 requirements:
   - jsonschema (Python library) on the target host
+  - cryptography (Python library) on the target host, with O(trusted_keys)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

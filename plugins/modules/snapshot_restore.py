@@ -37,6 +37,7 @@ description:
     fails it runs O(cold_start), or fails with the reason when there is none.
 requirements:
   - jsonschema (Python library) on the target host
+  - cryptography (Python library) on the target host, with O(trusted_keys) or O(encryption_keys)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

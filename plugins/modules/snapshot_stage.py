@@ -26,6 +26,9 @@ description:
   - Retention after each staging, the oldest verified first, never an entry a restore is reading; at most
     O(keep) entries and O(max_bytes) bytes.
   - Run it after generation (role C(snapshot_generate)) on the nodes that will restore, or ahead of a scale-out.
+requirements:
+  - jsonschema (Python library) on the target host
+  - cryptography (Python library) on the target host, with O(trusted_keys)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

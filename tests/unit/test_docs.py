@@ -76,6 +76,35 @@ def test_generator_reads_each_module_as_ansible_doc_does():
         assert _normalise(ours["returns"]) == _normalise(theirs["return"] or {}), name
 
 
+CRYPTO_OPTIONS = {"signing_key", "trusted_keys", "encryption_key", "encryption_keys"}
+
+
+def test_every_module_that_signs_verifies_or_encrypts_lists_cryptography_in_its_requirements():
+    """snapshot_prereqs installs cryptography on the nodes for exactly these options; ansible-doc must say so."""
+    for name in module_names():
+        doc = gen.read_module(str(REPO / "plugins" / "modules" / ("%s.py" % name)))["doc"]
+        options = CRYPTO_OPTIONS & set(doc.get("options") or {})
+        requirements = " ".join(doc.get("requirements") or [])
+        if options:
+            assert "cryptography" in requirements, (name, sorted(options))
+            for option in options:
+                assert "O(%s)" % option in requirements, (name, option, requirements)
+        for library in required_libraries(name):
+            assert library in requirements, (name, library)
+
+
+def required_libraries(name):
+    """What the module's _module.run() checks for on the target (its requires=, default jsonschema)."""
+    tree = ast.parse((REPO / "plugins" / "modules" / ("%s.py" % name)).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run":
+            for keyword in node.keywords:
+                if keyword.arg == "requires":
+                    return [element.value for element in keyword.value.elts]
+            return ["jsonschema"]
+    raise AssertionError("%s calls no _module.run" % name)
+
+
 @pytest.mark.parametrize("text, expected", [
     ("C(state=locked)", "`state=locked`"),
     ("O(restore_before_unlock=false) and RV(valid)", "`restore_before_unlock=false` and `valid`"),

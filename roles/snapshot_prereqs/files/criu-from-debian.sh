@@ -17,7 +17,12 @@
 #   CRIU_MIRROR=URI                      Debian mirror; default: the Debian archive in the host's apt
 #                                        sources (never written into the script)
 #   CRIU_STATE=/var/cache/inferops-criu  private apt lists and downloads (kept: a rerun is quick)
-# Last line of stdout on success: "criu <version> from Debian <suite> in <prefix> behind <wrapper>".
+#   CRIU_REFRESH=1                       fetch the newest criu of the suites even when the prefix is
+#                                        complete (its update path: a newer criu, or a security update of
+#                                        its libraries); the prefix is replaced only when that is another
+#                                        version
+# Last line of stdout on success: "criu <version> from Debian <suite> in <prefix> behind <wrapper>",
+# followed by " (unchanged)" when the prefix was already there and nothing was fetched.
 set -Eeuo pipefail
 umask 022
 
@@ -26,6 +31,8 @@ WRAPPER=${CRIU_WRAPPER:-/usr/local/bin/criu}
 SUITES=${CRIU_SUITES:-forky sid}
 MIN=${CRIU_MIN:-4.2}
 STATE=${CRIU_STATE:-/var/cache/inferops-criu}
+REFRESH=${CRIU_REFRESH:-}
+CHANGED=1
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 
 say() { printf '[criu-from-debian] %s\n' "$*" >&2; }
@@ -86,6 +93,11 @@ fetch() {   # unpacks criu from the first suite that has a new enough one into $
             say "'$suite' has criu '${ver:-none}', need >= $MIN"
             continue
         fi
+        if [[ -n $REFRESH && -x $PREFIX/usr/sbin/criu ]] && grep -q "^criu $ver from " "$PREFIX/INFEROPS-SOURCE" 2>/dev/null; then
+            say "$PREFIX already holds criu $ver, the newest of '$suite'"
+            CHANGED=0
+            return 0
+        fi
         mapfile -t pkgs < <(apt-cache "${APT[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
             --no-breaks --no-replaces --no-enhances criu 2>/dev/null | awk '/^[a-z0-9]/ { print $1 }' | sort -u)
         ((${#pkgs[@]} > 0)) || { say "cannot resolve criu's dependencies in '$suite'"; continue; }
@@ -138,15 +150,17 @@ EOF
     mv "$tmp" "$WRAPPER"
 }
 
-# A complete prefix from an earlier run only needs its wrapper.
-if [[ -e $PREFIX/INFEROPS-SOURCE && -x $PREFIX/usr/sbin/criu ]]; then
+# A complete prefix from an earlier run only needs its wrapper (unless asked to look for a newer criu).
+if [[ -e $PREFIX/INFEROPS-SOURCE && -x $PREFIX/usr/sbin/criu && -z $REFRESH ]]; then
+    before=$(cat "$WRAPPER" 2>/dev/null || true)
     write_wrapper
+    [[ $before == "$(cat "$WRAPPER")" ]] && CHANGED=0
     got=$("$WRAPPER" --version 2>/dev/null | awk '/^Version:/ { print $2; exit }') || true
-    version_ok "${got:-0}" || { say "$PREFIX is unusable (criu '${got:-?}'), fetching it again"; fetch; write_wrapper; }
+    version_ok "${got:-0}" || { say "$PREFIX is unusable (criu '${got:-?}'), fetching it again"; CHANGED=1; fetch; write_wrapper; }
 else
     fetch
     write_wrapper
 fi
 got=$("$WRAPPER" --version 2>&1 | awk '/^Version:/ { print $2; exit }') || true
 version_ok "${got:-0}" || die "$WRAPPER does not report criu >= $MIN: $("$WRAPPER" --version 2>&1 | head -n 3 | tr '\n' ' ')"
-echo "$(cut -d' ' -f1-5 "$PREFIX/INFEROPS-SOURCE") in $PREFIX behind $WRAPPER"
+echo "$(cut -d' ' -f1-5 "$PREFIX/INFEROPS-SOURCE") in $PREFIX behind $WRAPPER$( ((CHANGED)) || echo ' (unchanged)')"
