@@ -114,6 +114,25 @@ def simulator_library():
     return lib
 
 
+# The simulated NPU's device nodes (docs/simulator.md "Device nodes"): what a real NPU process holds after its
+# backup, and what CRIU dumps only through the collection's NPU plugin. On unless INFEROPS_TEST_DEVICE_NODES=0.
+DEVICE_NODES = os.environ.get("INFEROPS_TEST_DEVICE_NODES", "0") != "0"
+ACLSIM_CTL = REPO / "tests" / "simulator" / "aclsim_ctl.py"
+
+
+def aclsim_ctl(device_dir, *args):
+    """tests/simulator/aclsim_ctl.py ``args`` for the simulated NPU in ``device_dir``; its stdout."""
+    return subprocess.run([sys.executable, str(ACLSIM_CTL)] + [str(a) for a in args], check=True, capture_output=True,
+                          text=True, env=dict(os.environ, ACL_SIM_DEVICE_DIR=str(device_dir))).stdout.strip()
+
+
+def install_devices(device_dir, count=2):
+    """The simulated driver for ``device_dir``: its device nodes (davinci0..count-1, davinci_manager), as a record
+    {"nodes": their directory, "chips": {"0": [major, minor]}, "manager": [major, minor], "manager_node": path}."""
+    aclsim_ctl(device_dir, "install", count)
+    return json.loads((Path(device_dir) / "nodes.json").read_text())
+
+
 def reset_device(device_dir, device_id=0):
     """What deleting the pod (or losing the process) does to the NPU: its memory is gone."""
     subprocess.run([sys.executable, str(REPO / "tests/simulator/aclsim_ctl.py"), "reset", str(device_id)], check=True,
@@ -175,7 +194,7 @@ def http_get(url, timeout=10):
 class Workload:
     """The sample inference workload, launched through the in-process agent."""
 
-    def __init__(self, tmp_path, library, device_dir, **env):
+    def __init__(self, tmp_path, library, device_dir, nodes=None, **env):
         self.tmp_path = tmp_path
         self.port = free_port()
         self.socket_dir = tmp_path / "agent"
@@ -192,6 +211,8 @@ class Workload:
             "WORKLOAD_HOST_MB": "2",
             "PYTHONUNBUFFERED": "1",
         })
+        if DEVICE_NODES if nodes is None else nodes:  # the host's nodes of this device directory
+            self.env["ACL_SIM_DEVICE_NODES"] = install_devices(device_dir)["nodes"]
         self.env.update({k: str(v) for k, v in env.items()})
         self.proc = None
 
@@ -281,6 +302,8 @@ def device_dir(tmp_path):
     yield path
     # The simulator allocates a device's memory for real (1 GiB unless the test says otherwise), and pytest
     # keeps the last three sessions' tmp dirs: a whole suite's devices would fill tens of GB of disk.
+    if (path / "nodes.json").exists():
+        aclsim_ctl(path, "uninstall")
     for memory in path.iterdir():
         if memory.is_file():
             memory.unlink()
@@ -354,12 +377,19 @@ class WorkloadContainer:
     """The workload image run the way an operator would: host network, the simulated NPU's device
     files bind-mounted from the host (so they outlive the container, like a real device)."""
 
-    def __init__(self, name, image, device_dir, port, mounts=(), **env):
+    def __init__(self, name, image, device_dir, port, mounts=(), nodes=None, network="host", **env):
         self.name, self.image, self.device_dir, self.port = name, image, device_dir, port
         self.mounts = list(mounts)  # more host directories, each at the same path in the container
+        self.network = network      # docker run --network: host, or a bridge network (then --ip NET:IP)
         self.env = {"ACL_SIM_DEVICE_DIR": str(device_dir), "ACL_SIM_DEVICE_MEM_BYTES": "256M",
                     "WORKLOAD_PORT": str(port), "WORKLOAD_DEVICE_MB": "32", "WORKLOAD_HOST_MB": "16",
                     "WORKLOAD_WARMUP_SECONDS": "2"}
+        # its NPU's device nodes given as devices (docker run --device), at /dev/davinci0 and /dev/davinci_manager
+        self.devices = []
+        if DEVICE_NODES if nodes is None else nodes:
+            install_devices(device_dir)
+            self.devices = json.loads(aclsim_ctl(device_dir, "docker-args", 0))
+            self.env["ACL_SIM_DEVICE_NODES"] = "/dev"
         self.env.update({k: str(v) for k, v in env.items()})
 
     @property
@@ -367,7 +397,10 @@ class WorkloadContainer:
         return "http://127.0.0.1:%d" % self.port
 
     def create_args(self):
-        args = ["--name", self.name, "--network", "host", "-v", "%s:%s" % (self.device_dir, self.device_dir)]
+        network = self.network.split(":")
+        args = ["--name", self.name, "--network", network[0], "-v", "%s:%s" % (self.device_dir, self.device_dir)]
+        args += ["--ip", network[1]] if len(network) > 1 else []
+        args += self.devices
         for directory in self.mounts:
             args += ["-v", "%s:%s" % (directory, directory)]
         for key, value in sorted(self.env.items()):

@@ -40,7 +40,7 @@ FL_POSIX = 1
 F_RDLCK, F_WRLCK = 0, 1
 # CRIU error lines that are not the cause: a harmless early one, and the unwinding after the cause.
 NOT_THE_CAUSE = ("rlimit: Can't setup RLIMIT_NOFILE", "Restoring FAILED", "cgroupd: recv req error",
-                 "Dumping FAILED")
+                 "Dumping FAILED", "handle_device_vma plugin failed")  # the next line says which mapping
 KEEP_LOGS = 20
 LOG_BYTES = 1024 * 1024
 # CRIU's options for a process like an inference engine: its sockets, unix peers outside the tree,
@@ -480,6 +480,103 @@ def read_npu_devices(images_dir):
 def _unquote(word):
     """The plugin writes a path with every byte outside [A-Za-z0-9/._+-] as %XX."""
     return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), word)
+
+
+# -- the inet sockets' local address: a pod that comes back with a new IP ------------------------------
+FILES_IMAGE = "files.img"
+FILES_MAGIC = 0x56303138
+FD_TYPE_INETSK = 4          # fdinfo.proto fd_types
+AF_INET, AF_INET6 = 2, 10
+
+
+def _pb_varint(value):
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _pb_encode(fields):
+    """(number, wire type, value) back into a protobuf message (the inverse of _pb_fields)."""
+    out = bytearray()
+    for number, wire, value in fields:
+        out += _pb_varint(number << 3 | wire)
+        if wire == 0:
+            out += _pb_varint(value)
+        elif wire == 2:
+            out += _pb_varint(len(value)) + value
+        else:
+            out += value
+    return bytes(out)
+
+
+def _words_ip(words):
+    """An inet_sk_entry address (repeated uint32, network-order bytes read little-endian) as text."""
+    raw = b"".join(struct.pack("<I", w) for w in words)
+    if len(raw) == 4:
+        return ".".join(str(b) for b in raw)
+    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
+        return "::ffff:" + ".".join(str(b) for b in raw[12:])
+    return None
+
+
+def _is_local_only(text):
+    """Addresses no pod owns: the wildcard and the loopback range (IPv4, or mapped into IPv6)."""
+    plain = text[7:] if text.startswith("::ffff:") else text
+    return plain == "0.0.0.0" or plain.startswith("127.")
+
+
+def remap_inet_addresses(data, new_ipv4):
+    """CRIU's files.img (its bytes) with every inet socket's local address that belonged to the old pod -- neither
+    the wildcard nor loopback -- replaced by ``new_ipv4`` (IPv4, or IPv4 mapped into IPv6), and the peer address of
+    a socket connected to its own pod with it: what MindCluster's patched CRIU does with INETSK_LOCAL_IPV4_KEY, which
+    upstream CRIU 4.2.1 has no option for (its restore binds each socket to the recorded address). Returns (new bytes,
+    sorted old addresses); the bytes are ``data`` itself when nothing is bound to an old pod address. ValueError for
+    an image this parser does not know."""
+    if len(data) < 8:
+        raise ValueError("%s is too short to be a CRIU image" % FILES_IMAGE)
+    first, second = struct.unpack_from("<II", data, 0)
+    head = 8 if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else 4
+    if (second if head == 8 else first) != FILES_MAGIC:
+        raise ValueError("%s is not CRIU's files image" % FILES_IMAGE)
+    octets = [int(part) for part in new_ipv4.split(".")]
+    if len(octets) != 4 or not all(0 <= o <= 255 for o in octets):
+        raise ValueError("%r is not an IPv4 address" % new_ipv4)
+    v4 = [struct.unpack("<I", bytes(octets))[0]]
+    mapped = [0, 0, struct.unpack("<I", b"\0\0\xff\xff")[0]] + v4
+    out, old, pos, changed = bytearray(data[:head]), set(), head, False
+    while pos < len(data):
+        size = struct.unpack_from("<I", data, pos)[0]
+        message = data[pos + 4:pos + 4 + size]
+        if len(message) != size:
+            raise ValueError("%s is truncated" % FILES_IMAGE)
+        pos += 4 + size
+        entry = list(_pb_fields(message))
+        kind = [v for n, w, v in entry if n == 1 and w == 0]
+        if kind != [FD_TYPE_INETSK]:
+            out += struct.pack("<I", size) + message
+            continue
+        sk = [list(f) for f in next(_pb_fields(v) for n, w, v in entry if n == 4 and w == 2)] if any(
+            n == 4 for n, _w, _v in entry) else []
+        family = [v for n, w, v in sk if n == 3 and w == 0]
+        src = [v for n, w, v in sk if n == 11 and w == 0]
+        dst = [v for n, w, v in sk if n == 12 and w == 0]
+        text = _words_ip(src) if family in ([AF_INET], [AF_INET6]) and src else None
+        if text is None or _is_local_only(text):
+            out += struct.pack("<I", size) + message
+            continue
+        old.add(text)
+        new = v4 if len(src) == 1 else mapped
+        kept = [f for f in sk if f[0] not in (11, 12)]
+        fields = kept + [[11, 0, w] for w in new] + [[12, 0, w] for w in (new if dst == src else dst)]
+        fields.sort(key=lambda f: f[0])  # stable: repeated fields keep their order
+        body = _pb_encode([(n, w, v) for n, w, v in fields])
+        message = _pb_encode([(n, w, body if n == 4 else v) for n, w, v in entry])
+        out += struct.pack("<I", len(message)) + message
+        changed = True
+    return (bytes(out) if changed else data), sorted(old)
 
 
 # -- work directories ------------------------------------------------------------------------------

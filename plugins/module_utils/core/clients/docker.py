@@ -68,6 +68,18 @@ class DockerCli:
                             % (what, (err or out).strip()), cmd=[self.executable, what], rc=rc, stdout=out, stderr=err)
 
     # -- containers -------------------------------------------------------------------------------
+    def network_address(self, network, container_id):
+        """The IPv4 address ``network`` gives container ``container_id`` (`docker network inspect`: dockerd answers it
+        while it starts the container, unlike `docker inspect`), or None."""
+        rc, out, _err = self.run(["network", "inspect", "--format", "{{json .Containers}}", network], check=False,
+                                 timeout=30)
+        try:
+            endpoint = (json.loads(out) or {}).get(container_id) if rc == 0 else None
+        except ValueError:
+            return None
+        address = ((endpoint or {}).get("IPv4Address") or "").split("/")[0]
+        return address or None
+
     def inspect_container(self, name):
         rc, out, err = self.run(["container", "inspect", "--", name], check=False)
         if rc != 0:

@@ -195,7 +195,8 @@ def docker_record(config, container_id):
         record = read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
     except (IOError, OSError, ValueError):
         return {}
-    return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image")}
+    return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image"),
+            "networks": sorted(((record.get("NetworkSettings") or {}).get("Networks") or {}))}
 
 
 # -- the runtime ----------------------------------------------------------------------------------

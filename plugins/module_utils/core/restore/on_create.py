@@ -15,13 +15,15 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import hashlib
 import os
+import shutil
 import subprocess
 
-from .. import device, fleet, layout, metadata, paths, proc, world
+from .. import device, fleet, layout, metadata, netns, paths, proc, world
 from ..clients import criu as criu_client
 from ..clients.runc import StoppedRestore
-from ..clients.docker import env_dict
+from ..clients.docker import DockerCli, env_dict
 from ..container import parse_container_record
 from ..errors import SnapshotError
 from . import verify
@@ -174,7 +176,8 @@ class OnCreate(Driver):
         paths.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
         lazy = bool(node.config.get("lazy_pages"))
-        argv = node.runc.restore_argv(container_id, self.bundle, attempt.images_dir, work,
+        images_dir = self.remapped_images(attempt, state)  # the pod's new address (issue 24)
+        argv = node.runc.restore_argv(container_id, self.bundle, images_dir, work,
                                          pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"],
                                          lazy_pages=lazy)
         if lazy:  # listening before runc starts: CRIU hands it the tasks' memory as they are created
@@ -216,6 +219,57 @@ class OnCreate(Driver):
 
     def device_targets(self, attempt):
         return device.targets_from_oci(self.spec)
+
+    def new_address(self):
+        """The pod's new IPv4 address, or None: a container on the host's network keeps the node's address. From the
+        network namespace the configuration names (a Kubernetes pod's, made by its CNI plugin before its containers),
+        else from dockerd, which allocated it before this create (its hook configures the namespace during runc's
+        restore, after CRIU read the images)."""
+        found = [n for n in (self.spec.get("linux") or {}).get("namespaces") or [] if n.get("type") == "network"]
+        if not found:
+            return None
+        if found[0].get("path"):
+            try:
+                return next((a for a in netns.ipv4_addresses(found[0]["path"]) if not a.startswith("127.")), None)
+            except netns.ProbeError as exc:
+                raise Fallback("network: %s" % exc)
+        for network in self.docker.get("networks") or []:
+            address = DockerCli().network_address(network, self.container_id)
+            if address:
+                return address
+        return None
+
+    def remapped_images(self, attempt, state):
+        """The images to restore: ``attempt.images_dir``, or -- when the process's inet sockets were bound to its old
+        pod address and the pod has a new one -- a private directory of links to them with CRIU's files.img
+        rewritten to the new address (clients/criu.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it)."""
+        address = self.new_address()
+        source = attempt.images_dir
+        if not address:
+            return source
+        with open(os.path.join(source, criu_client.FILES_IMAGE), "rb") as handle:
+            data = handle.read()
+        listed = dict((item["path"], item["sha256"]) for item in attempt.manifest["files"])
+        name = layout.IMAGES_DIR + "/" + criu_client.FILES_IMAGE
+        if not attempt.plain and hashlib.sha256(data).hexdigest() != listed.get(name):  # only bytes verified in this read
+            raise Fallback("checksum_mismatch: %s is no longer the file that was verified" % name)
+        try:
+            data_new, old = criu_client.remap_inet_addresses(data, address)
+        except ValueError as exc:
+            raise Fallback("host_images_unreadable: %s" % exc)
+        if data_new is data:
+            return source
+        target = os.path.join(state, "images")
+        shutil.rmtree(target, ignore_errors=True)
+        os.mkdir(target, 0o700)
+        for entry in os.listdir(source):
+            if entry != criu_client.FILES_IMAGE:
+                os.symlink(os.path.join(source, entry), os.path.join(target, entry))
+        paths.write_file_atomic(os.path.join(target, criu_client.FILES_IMAGE), data_new)
+        attempt.details["address"] = {"from": old, "to": address}
+        self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
+                            % (", ".join(old), address))
+        return target
 
     def release(self, attempt):
         """The tasks run only with a daemon still serving their pages (or done): one that died already left them holes."""
