@@ -13,6 +13,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import COLLECTIONS, REPO, ensure_collection_link
 
@@ -177,6 +178,60 @@ def test_troubleshooting_is_keyed_by_messages_the_code_really_has():
             if piece and not any(piece in s for s in strings):
                 missing.append((key, piece))
     assert not missing, "troubleshooting.md quotes messages the code does not have: %r" % missing
+
+
+# '<kind>: ' prefixes in the code that are no reason an operator reads: CRIU log lines the CRIU client quotes as
+# not being the cause, the runtime log's word for a start it passes on, a value of the k8s env annotation, a
+# parameter of _k8s_service.restore_template_env (a helper of the docs and tests, not a module option).
+NOT_REASONS = {"rlimit", "cgroupd", "noop", "removed", "source_stem"}
+REASON_KIND = re.compile(r"^([a-z][a-z0-9]*(?:_[a-z0-9]+)*): ")
+
+
+def option_names():
+    """Every option and suboption of every module and every role variable: a message starting with one of them
+    is a parameter error that names its field, not a reason kind."""
+    names = set()
+
+    def walk(options):
+        for name, spec in (options or {}).items():
+            names.add(name)
+            walk(spec.get("suboptions"))
+    for name in module_names():
+        walk(gen.read_module(str(REPO / "plugins" / "modules" / ("%s.py" % name)))["doc"].get("options"))
+    for spec in (REPO / "roles").glob("*/meta/argument_specs.yml"):
+        for entry in (yaml.safe_load(spec.read_text()) or {}).get("argument_specs", {}).values():
+            walk(entry.get("options"))
+    return names
+
+
+def reason_kinds():
+    """{kind: [files]} of every '<kind>: ...' message constant in plugins/, and '<stage>_failed' for every stage of
+    the restore pipeline (a typed error in a stage is reported as '<stage>_failed: <its message>')."""
+    found = {}
+    for path in sorted((REPO / "plugins").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and REASON_KIND.match(node.value):
+                found.setdefault(REASON_KIND.match(node.value).group(1), []).append(path.name)
+    pipeline = (REPO / "plugins" / "module_utils" / "core" / "restore" / "pipeline.py").read_text(encoding="utf-8")
+    assert '"%s_failed: %s" % (stage' in pipeline, "the pipeline names a failed stage differently now: follow it here"
+    for stage in re.findall(r"(?<![.\w])stage\(\"([a-z_]+)\"\)", pipeline):  # not watch.stage: the stopwatch
+        found.setdefault("%s_failed" % stage, []).append("pipeline.py (stage)")
+    return found
+
+
+def test_every_reason_the_code_can_give_has_a_troubleshooting_entry():
+    """A cold start or failure says '<kind>: <detail>'; troubleshooting.md has a heading for each kind (the stage
+    failures, '<stage>_failed', may share one entry that names them all)."""
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    headed = set(REASON_KIND.match(key).group(1) for key in troubleshooting_keys() if REASON_KIND.match(key))
+    params = option_names()
+    kinds = reason_kinds()
+    assert {"unsigned", "decrypt_failed", "insufficient_memory", "host_restore_failed"} <= set(kinds), kinds
+    missing = sorted("%s (%s)" % (kind, ", ".join(sorted(set(files))))
+                     for kind, files in kinds.items() if kind not in params and kind not in NOT_REASONS
+                     and kind not in headed and not (kind.endswith("_failed") and "`%s`" % kind in text))
+    assert not missing, "troubleshooting.md has no entry (### `<kind>: ...`) for: %s" % ", ".join(missing)
 
 
 def test_troubleshooting_ends_with_the_roles_section():
