@@ -85,7 +85,7 @@ def dict_option_error(argument_spec, params):
             continue
         except (TypeError, ValueError):
             pass
-        keys = sorted(spec["options"], key=lambda key: (not spec["options"][key].get("required"), key))
+        keys = list(spec["options"])
         example = EXAMPLES.get(name) or "{%s}" % ", ".join("%s: ..." % key for key in keys)
         return "%s: expected a dict with the keys %s (for example %s), got %s %r" % (
             name, ", ".join(keys), example, "the string" if isinstance(value, str) else "a %s" % type(value).__name__,

@@ -96,8 +96,9 @@ options:
       - Container paths of bind mounts that hold the engine's own state - caches, logs, anything the engine writes -
         rather than its inputs. The files of every other bind mount, read-only or not, are part of the world the
         snapshot records (each file's identity and SHA-256) and a restore compares; a mount listed here is left
-        out (only its presence and mode are compared). A file that changes while the snapshot is taken fails the
-        generation, naming it and this option.
+        out (only its presence and mode are compared; the manifest's C(world.excluded) lists what was left out, and
+        why). A path the container does not mount excludes nothing (the roles give one list to every pod). A file
+        that changes while the snapshot is taken fails the generation, naming it and this option.
       - Left out without it - volumes the kubelet or dockerd write per pod (downward API, projected, secrets,
         emptyDir, dockerd's hosts files) and the collection's own mounts (the simulated NPU's device files, the NPU
         snapshot path, the agent's socket dir, the metadata file's dir).

@@ -17,8 +17,10 @@ from conftest import REPO, Workload, ensure_agent_package, renewed_at, reset_dev
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (
+    LEASE_MARGIN,
     AgentSocketClient,
     LeaseKeeper,
+    bounded_lease,
     lease_seconds,
 )
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, RuntimeRefusedError
@@ -349,3 +351,32 @@ def test_an_agent_that_predates_leases_refuses_the_field_and_the_client_says_wha
         client.request("unlock", 5)
     finally:
         w.stop()
+
+
+@pytest.mark.parametrize("lease, remaining, expected", [
+    (120.0, 20.0, 20.0 + LEASE_MARGIN), (120.0, 300.0, 120.0), (120.0, -5.0, LEASE_MARGIN), (None, 20.0, None)])
+def test_a_generations_lease_never_outlasts_its_timeout_by_more_than_the_margin(lease, remaining, expected):
+    assert bounded_lease(lease, remaining) == expected
+
+
+def test_the_renewals_of_a_generation_are_bounded_by_its_timeout_too():
+    asked = []
+
+    class Recording:
+        def request(self, op, timeout, lease=None):
+            asked.append((op, lease))
+            return {"ok": True}
+
+    left = [30.0]
+    keeper = LeaseKeeper(Recording(), 120.0, remaining=lambda: left[0])
+    with keeper.quiet():
+        left[0] = 2.0
+    keeper.stop()
+    assert asked == [(protocol.OP_RENEW, 30.0 + LEASE_MARGIN), (protocol.OP_RENEW, 2.0 + LEASE_MARGIN),
+                     (protocol.OP_RENEW, 2.0 + LEASE_MARGIN)], asked
+
+
+def test_the_documented_margin_is_the_codes():
+    from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint
+    assert "It never ends later than %d s" % LEASE_MARGIN in host_checkpoint.DOCUMENTATION
+    assert "(15 s, `core/clients/control.py`)" in (REPO / "docs" / "agent.md").read_text() and LEASE_MARGIN == 15.0

@@ -131,3 +131,16 @@ def test_remove_tree_does_not_follow_symlinks(tmp_path):
     (tree / "link").symlink_to(keep)
     paths.remove_tree(str(tree))
     assert not tree.exists() and (keep / "precious").exists()
+
+
+def test_a_store_that_refuses_writes_is_named_with_its_cause_and_its_fix(tmp_path):
+    import errno
+    target = str(tmp_path / ".pod-a.status.json")
+    read_only = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "..pod-a.status.json.tmp.4242"))  # write_file_atomic's
+    assert paths.store_error(read_only) == ("cannot write %s: Read-only file system -- the storage it is on is read-only; "
+                                            "remount it read-write, or point the snapshot path at writable storage"
+                                            % target)
+    full = paths.store_error(OSError(errno.ENOSPC, "No space left on device", target))
+    assert full.startswith("cannot write %s: No space left on device -- the storage it is on is full; " % target) \
+        and "snapshot_cleanup" in full
+    assert paths.store_error(OSError(errno.EACCES, "Permission denied", target)) is None

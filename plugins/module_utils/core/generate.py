@@ -111,12 +111,6 @@ class Checkpointer:
             self.info = self.docker.inspect_container(params["container"])
             self.pid = self.docker.running_pid(params["container"])
             self.versions["runc"] = self.runc.version()
-            mounted = [mount["destination"] for mount in world.docker_facts(self.info)["mounts"]]
-            unknown = [path for path in params.get("engine_state_mounts") or [] if path not in mounted]
-            if unknown:
-                raise ParameterError("engine_state_mounts: %s %s not a mount of container %s (its mounts: %s)" % (
-                    ", ".join(unknown), "is" if len(unknown) == 1 else "are", params["container"],
-                    ", ".join(mounted) or "none"), field="engine_state_mounts")
         else:
             if not params["pid"]:
                 raise ParameterError("pid: required with engine=criu")

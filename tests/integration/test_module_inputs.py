@@ -1,0 +1,29 @@
+"""Bad input to a module is a clear error naming the option and its form, before anything is created (issue 25,
+item 6): an ``identity`` given as a string -- ansible-core's own check used to fail first with "dictionary
+requested, could not parse JSON or key=value", naming no option -- on every module that takes one, through the
+real AnsiballZ and argument spec."""
+
+import pytest
+
+from conftest import run_module
+
+MODULES = {
+    "host_checkpoint": {"container": "nothing-here", "snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d"},
+    "npu_snapshot_backup": {"container": "nothing-here", "snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d"},
+    "snapshot_canary": {"container": "nothing-here", "snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d",
+                        "url": "http://127.0.0.1:1/x"},
+    "snapshot_info": {"snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d"},
+    "snapshot_restore": {"container": "nothing-here", "snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d"},
+    "snapshot_status": {"snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d"},
+    "snapshot_verify": {"snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/d"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("identity, shown", [("acc-pod", "the string"), (["acc", "pod"], "a list")])
+def test_an_identity_that_is_no_dict_is_refused_naming_identity_and_its_form(module, identity, shown, tmp_path):
+    result = run_module(module, dict(MODULES[module], identity=identity), tmp_dir=tmp_path)
+    assert result["failed"], result
+    assert result["msg"] == ("identity: expected a dict with the keys namespace, service, instance, pod (for example "
+                             "{namespace: default, service: qwen, instance: p0, pod: qwen-0}), got %s %r"
+                             % (shown, identity)), result["msg"]
