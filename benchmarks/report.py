@@ -346,6 +346,23 @@ def render_floors(result):
                                ("docker_run_trivial", "docker run --detach of the workload image (sleep): create + start"),
                                ("criu_restore_tiny", "criu restore --restore-detached of a checkpointed sleep"))]
     out.append(table(["what", "median", "best", "n"], rows))
+
+    world_sizes = sizes(samples, "world_files")
+    if world_sizes:
+        size = world_sizes[-1]
+        out.append("\n### A mounted model file of %s: generation and restore (seconds)\n\n" % gb(size))
+        out.append("What a snapshot's world records of every file in its mounts (world.py): its identity (device, "
+                   "inode, size, ctime) and, at generation, its full SHA-256. A restore finds an unchanged file by its "
+                   "identity (no read); the same bytes under another identity (a copy, or chmod as here) are read in "
+                   "full once, then known from the node's digest cache. Page cache dropped before each.\n\n")
+        rows = [[label, fmt(med(samples, "world_files", key, size), 4), fmt(med(samples, "world_files", key, size, "mb_s"), 0),
+                 "yes" if all(s.get("correct", True) for s in samples if s["section"] == "world_files"
+                              and s["variant"] == key) else "**NO**", n_of(samples, "world_files", key, size)]
+                for key, label in (("generation_digest", "generation: identity + full SHA-256 (after the engine resumed)"),
+                                   ("restore_unchanged", "restore, file unchanged: identity only"),
+                                   ("restore_other_identity_first", "restore, same bytes, another identity: full read"),
+                                   ("restore_other_identity_cached", "restore, that identity again: the digest cache"))]
+        out.append(table(["what", "seconds", "MB/s", "matched", "n"], rows))
     return out
 
 

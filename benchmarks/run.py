@@ -80,6 +80,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore imp
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import device  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import container, layout  # noqa: E402
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests, world  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import checkpoint  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils  # noqa: E402
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol  # noqa: E402
@@ -569,6 +570,44 @@ class Bench:
             self.record("fixed", "docker_run_trivial", None, rep, time.monotonic() - t0)
             docker("rm", "-f", name, check=False)
             self.record("fixed", "criu_restore_tiny", None, rep, self.criu_tiny_restore())
+
+    def world_files(self, rep):
+        """A mounted model file of --world-file-gb, as a snapshot's world records it and a restore compares it
+        (world.py, digests.py): the full SHA-256 at generation, then the restore's comparison -- unchanged (its
+        identity: no read at all), another identity of the same content (chmod moves ctime: read in full once),
+        and that again (the node's digest cache). A cache of the run's own, so the first hash is a real one."""
+        size_mb = self.args.world_file_mb
+        models = os.path.join(self.workdir, "world-models-%d" % rep)
+        os.makedirs(models, mode=0o700)
+        path = os.path.join(models, "model.gguf")
+        block = os.urandom(64 * MIB)
+        with open(path, "wb") as handle:
+            for _index in range(size_mb // 64):
+                handle.write(block)
+        saved_cache = digests.cache_dir
+        digests.cache_dir = os.path.join(self.workdir, "digest-cache-%d" % rep)
+        process = {"args": ["engine"], "cwd": "/", "mounts": [{"source": models, "destination": "/models", "rw": False}]}
+        try:
+            self.settle()
+            t0 = time.monotonic()
+            facts = world.capture(process)
+            world.add_digests(facts)
+            seconds = time.monotonic() - t0
+            self.record("world_files", "generation_digest", size_mb, rep, seconds, mb_s=round(size_mb / seconds, 1))
+            for variant, change in (("restore_unchanged", None), ("restore_other_identity_first", "chmod"),
+                                    ("restore_other_identity_cached", None)):
+                if change:
+                    os.chmod(path, 0o640)  # same bytes, a new ctime: another identity
+                self.settle()
+                t0 = time.monotonic()
+                reasons = world.compare(facts, process)
+                seconds = time.monotonic() - t0
+                self.record("world_files", variant, size_mb, rep, seconds, correct=reasons == [],
+                            mb_s=round(size_mb / seconds, 1))
+        finally:
+            digests.cache_dir = saved_cache
+            shutil.rmtree(models, ignore_errors=True)
+            shutil.rmtree(os.path.join(self.workdir, "digest-cache-%d" % rep), ignore_errors=True)
 
     def criu_tiny_restore(self):
         """`criu restore --restore-detached` of a checkpointed `sleep` (CRIU's own cost, no memory to speak of)."""
@@ -1434,6 +1473,7 @@ class Bench:
             for rep in range(args.runs):
                 self.limits(rep)
                 self.fixed_costs(rep, tries=1 if args.quick else 3)
+                self.world_files(rep)
                 for size_mb in args.sizes_mb:
                     if rep >= args.runs_largest and size_mb == max(args.sizes_mb):
                         continue
@@ -1480,6 +1520,8 @@ def parse_args(argv=None):
                              "--runtime (warm and cold cache), the encrypted variant; no verification variants, no Docker "
                              "checkpoint path, no bare process, no orchestration")
     parser.add_argument("--warmup", type=float, help="WORKLOAD_WARMUP_SECONDS of the cold start; default 30")
+    parser.add_argument("--world-file-gb", type=float, help="the mounted model file a restore compares; default 2 "
+                        "(--quick: 0.25)")
     parser.add_argument("--hosts", type=int, nargs="+", help="inventory sizes for the orchestration overhead; default 1 4")
     parser.add_argument("--orchestration-size", type=float, default=0.25, help="state size (GB) per host there")
     parser.add_argument("--orchestration-runs", type=int, help="default = --runs")
@@ -1501,6 +1543,7 @@ def parse_args(argv=None):
         args.runs_largest = 1 if max(args.sizes_mb) > 4096 else args.runs
     args.docker_paths_max_mb = int(round(args.docker_paths_max * 1024))
     args.warmup = args.warmup if args.warmup is not None else (3.0 if quick else 30.0)
+    args.world_file_mb = max(64, int(round((args.world_file_gb or (0.25 if quick else 2.0)) * 1024)) // 64 * 64)
     args.hosts = args.hosts or ([1, 2] if quick else [1, 4])
     args.orchestration_size_mb = int(round((0.0625 if quick and args.orchestration_size == 0.25 else args.orchestration_size) * 1024))
     args.orchestration_runs = args.runs if args.orchestration_runs is None else args.orchestration_runs
