@@ -119,8 +119,9 @@ def control_client(module):
     return control.AgentSocketClient(control.agent_socket_for_pid(pid, params["agent_socket_dir"]))
 
 
-def run(argument_spec, logic, requires=("jsonschema",), **module_options):
-    """The whole ``main()`` of a module: ``logic(module)`` returns the result dict of a successful run."""
+def run(argument_spec, logic, requires=("jsonschema",), diff=None, **module_options):
+    """The whole ``main()`` of a module: ``logic(module)`` returns the result dict of a successful run; with --diff,
+    ``diff(params, result)`` (plugins/module_utils/_diff.py) says what changed."""
     options = dict(supports_check_mode=True)
     options.update(module_options)
     module = _Module(argument_spec=argument_spec, **options)
@@ -147,6 +148,8 @@ def run(argument_spec, logic, requires=("jsonschema",), **module_options):
         module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc(),
                          invocation=invocation)
     _hide_remembered(module)
+    if diff is not None and module._diff:
+        result.setdefault("diff", diff(module.params, result))
     result.setdefault("invocation", invocation)
     module.exit_json(**result)
 

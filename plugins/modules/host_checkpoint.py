@@ -43,7 +43,10 @@ attributes:
   check_mode:
     support: full
   diff_mode:
-    support: none
+    support: full
+    details:
+      - What it writes - the published snapshot's files (from its C(checksum.sha256)) and the status record, and why a
+        snapshot that was there is replaced; in check mode, that a snapshot would be published.
   idempotent:
     support: full
     details:
@@ -331,6 +334,7 @@ criu_log:
   type: str
 """
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import generate, layout
 
@@ -365,7 +369,7 @@ ARGUMENT_SPEC = dict(
 
 def main():
     _module.run(ARGUMENT_SPEC, lambda module: generate.host_checkpoint(module.params, module.check_mode, module.log),
-                mutually_exclusive=[("container", "pid")])
+                mutually_exclusive=[("container", "pid")], diff=_diff.checkpoint)
 
 
 if __name__ == "__main__":

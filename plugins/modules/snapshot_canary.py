@@ -37,7 +37,8 @@ attributes:
     support: full
     details: Asks the engine and reports the answer; writes nothing.
   diff_mode:
-    support: none
+    support: full
+    details: The request and answer C(canary.json) held and holds now (in check mode, would hold).
   idempotent:
     support: full
     details: Recording the same answer again changes nothing.
@@ -119,6 +120,7 @@ canary_path:
 
 import os
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, claim, layout, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
@@ -154,8 +156,12 @@ def main_logic(module):
     if not same and not module.check_mode:
         held = claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
         canary.write(staging, spec, seen)
-    return dict(changed=not same, answer=seen, canary_path=os.path.join(staging, layout.CANARY),
-                took_over=(held or {}).get("took_over"))
+    path = os.path.join(staging, layout.CANARY)
+    result = dict(changed=not same, answer=seen, canary_path=path, took_over=(held or {}).get("took_over"))
+    if module._diff:
+        was = dict((key, before[key]) for key in ("request", "answer")) if before is not None else None
+        result["diff"] = _diff.canary(was, {"request": spec, "answer": seen}, path)
+    return result
 
 
 def main():

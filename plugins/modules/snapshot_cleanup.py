@@ -39,7 +39,8 @@ attributes:
     support: full
     details: Reports what would be removed and removes nothing.
   diff_mode:
-    support: none
+    support: full
+    details: One line per path removed (in check mode, that would be), with its category and why.
   idempotent:
     support: full
 options:
@@ -135,6 +136,7 @@ summary:
 import os
 import time
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, leftovers, paths
@@ -187,7 +189,7 @@ def main_logic(module):
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, main_logic, requires=())
+    _module.run(ARGUMENT_SPEC, main_logic, requires=(), diff=_diff.cleanup)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,11 @@ attributes:
     support: full
     details: Verifies and reports whether it would restore or cold start; changes nothing.
   diff_mode:
-    support: none
+    support: full
+    details:
+      - The container (or process) before and after - absent, stopped or not running; recreated from the snapshot's
+        record, restored from the snapshot (method, device actions) or started cold with the reason; the metadata file
+        written into it (the names of its variables, never their values).
   idempotent:
     support: full
     details:
@@ -343,6 +347,7 @@ durations:
   type: dict
 """
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import task
@@ -378,7 +383,7 @@ ARGUMENT_SPEC = dict(
 
 def main():
     _module.run(ARGUMENT_SPEC, lambda module: task.restore(module.params, module.check_mode, module.warn),
-                required_if=[("engine", "docker", ("container",))])
+                required_if=[("engine", "docker", ("container",))], diff=_diff.restore)
 
 
 if __name__ == "__main__":

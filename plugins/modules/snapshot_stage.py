@@ -40,7 +40,8 @@ attributes:
     support: full
     details: Says whether it would copy (C(changed)) and creates nothing.
   diff_mode:
-    support: none
+    support: full
+    details: The cache entry the verified copy is written to (in check mode, would be), and why.
   idempotent:
     support: full
 options:
@@ -124,6 +125,7 @@ retention:
   type: dict
 """
 
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, signature, stage
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
@@ -154,7 +156,7 @@ def main_logic(module):
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, main_logic)
+    _module.run(ARGUMENT_SPEC, main_logic, diff=_diff.stage)
 
 
 if __name__ == "__main__":
