@@ -359,7 +359,9 @@ def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
             assert info["metadata"]["env"]["POD_IP"] == "10.4.4.4" and info["metadata"]["restored"] is True
             if method == "runtime":
                 assert result["placement"] == "runtime" and result["created"] is True
-                assert result["verify"]["checksums"] == "sizes only", "the runtime hashes: each file read once"
+                # the module hashes what it acts on (manifest, container record); the runtime the images: once each
+                assert result["verify"]["checksums"].startswith("verified but"), result["verify"]
+                assert result["verify"]["hashed_bytes"] < 10 ** 6 < result["verify"]["bytes"], result["verify"]
                 assert result["runtime_record"]["outcome"] == "restored", result["runtime_record"]
                 assert docker("inspect", "--format", "{{.HostConfig.Runtime}}", name) == node.name
                 again = run_module("snapshot_restore", {"snapshot_dir": warm["snapshot_dir"], "method": method,
@@ -382,9 +384,11 @@ def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
         assert auto["method"] == method and auto["restored"] is True, auto
 
 
-def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_catches_corruption(node, warm):
-    """The module does not hash with method=runtime (the runtime does, right before it restores): a flipped
-    byte passes the module's checks and is caught by the runtime, which starts the container cold."""
+def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_refuses_corruption(node, warm):
+    """The module does not hash the images with method=runtime (the runtime does, right before it restores): a
+    flipped page byte passes the module's checks and is caught by the runtime, which refuses the create -- the
+    container was made from the snapshot's record, so nothing of a snapshot that may be forged runs -- and the
+    task fails with the runtime's reason, leaving no container."""
     snap = corrupt_copy(node, warm, "corrupt-module", flip_byte)
     name = "%s-rtcorrupt" % warm["pod"]
     reset_device(warm["device_dir"])
@@ -398,12 +402,13 @@ def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_cat
             "snapshot_dir": snap, "identity": identity(warm["pod"]), "container": name, "method": "runtime",
             "runtime_name": node.name, "health_url": "http://127.0.0.1:%d/health" % warm["port"],
             "health_timeout": WARMUP + 90})
-        assert result.get("failed") is False and result["restored"] is False, result
-        assert result["verify"]["checksums"] == "sizes only" and result["verify"]["valid"] is True
-        assert result["runtime_record"]["outcome"] == "cold"
+        assert result["failed"] is True and result["restored"] is False, result
+        assert result["verify"]["checksums"].startswith("verified but") and result["verify"]["valid"] is True
+        assert result["runtime_record"]["outcome"] == "failed", result["runtime_record"]
+        assert result["msg"].startswith("refused by the restore-on-create runtime: checksum_mismatch: host/criu/pages-")
+        assert "removed, nothing of it ran" in result["msg"], result
         assert "checksum_mismatch: host/criu/pages-" in result["reason"], result["reason"]
-        c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"])
-        assert [c.generate(p) for p in PROMPTS] == warm["expected"], "a cold start serves correct answers too"
-        assert c.info()["started_at"] != warm["info"]["started_at"]
+        assert docker("ps", "--all", "--quiet", "--filter", "name=^%s$" % name) == "", "nothing of it is left"
+        assert node.log_records()[-1]["outcome"] == "failed"
     finally:
         docker("rm", "-f", name, check=False)

@@ -157,8 +157,9 @@ class Handover(Driver):
             if self.created:  # refused by the runtime: the container was made from the record, nothing of it runs
                 self.docker.remove(self.container_id)
                 self.container_id, self.created = None, False
-            raise SnapshotError("restore refused: %s" % attempt.reason, restored=False, reason=attempt.reason,
-                                verify=attempt.verdict, runtime_record=self.runtime_record)
+            raise SnapshotError("%s; the container made from the snapshot's record was removed, nothing of it ran"
+                                % attempt.reason, restored=False, reason=attempt.reason, verify=attempt.verdict,
+                                runtime_record=self.runtime_record)
         if not self.container_id:
             recreate_or_refuse(self.container, attempt)
             self.create(attempt, dict(self.env))  # without the request: the runtime hands it to runc as it is
