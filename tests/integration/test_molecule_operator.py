@@ -20,11 +20,22 @@ def plain(text):
     return " ".join(re.sub(r"^\s*[\u2500-\u257f]+", "", line).strip() for line in text.splitlines())
 
 
-def molecule(env_overrides):
+def molecule(env_overrides, command=("test", "-s", "operator")):
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFEROPS_MOLECULE_")}
     env.update(PATH="%s:%s" % (BIN, os.environ["PATH"]), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), **env_overrides)
-    return subprocess.run([str(BIN / "molecule"), "test", "-s", "operator"], cwd=str(REPO), env=env,
+    return subprocess.run([str(BIN / "molecule")] + list(command), cwd=str(REPO), env=env,
                           capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_without_the_settings_molecule_lists_every_scenario_and_the_operator_one_says_what_to_set():
+    listed = molecule({}, command=("list",))
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    for scenario in ("default", "generate", "restore", "failure", "operator"):
+        assert re.search(r"\b%s\b" % scenario, plain(listed.stdout + listed.stderr)), scenario
+    unset = molecule({})
+    assert unset.returncode != 0
+    assert "set INFEROPS_MOLECULE_HOST to a host of your inventory" in plain(unset.stdout + unset.stderr) and \
+        "INFEROPS_MOLECULE_INVENTORY is not set" in plain(unset.stdout + unset.stderr), plain(unset.stdout)[-3000:]
 
 
 def test_operator_scenario_on_this_host_changes_nothing(tmp_path, containers, docker_env):
