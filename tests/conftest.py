@@ -331,6 +331,15 @@ def workload(workload_factory):
     return w
 
 
+def flip_one_byte(path, offset):
+    """One byte of a file changed in place (its lowest bit): same inode, same size."""
+    with open(str(path), "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+
 def run_module(module, args, check=False, tmp_dir=None, extra_env=None):
     """Run inferops.snapshot.<module> on localhost through `ansible` (AnsiballZ, real argspec).
 

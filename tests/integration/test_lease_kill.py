@@ -30,7 +30,7 @@ from conftest import BIN, COLLECTIONS, ensure_collection_link, free_port, run_mo
 from _roles_helpers import local_inventory, status_record
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import LEASE_MARGIN, AgentSocketClient
 
 PLAYBOOK = Path(__file__).with_name("lease_generate.yml")
 ROLE = "inferops.snapshot.snapshot_generate : "
@@ -77,9 +77,12 @@ class Playbook:
         if self.proc.poll() is not None:
             return time.monotonic()
         os.killpg(self.proc.pid, signal.SIGSTOP)
-        workers = set(pgid for pid, (ppid, pgid) in process_table().items() if ppid == self.proc.pid)
+        workers = controller_groups(self.proc.pid)
         for pgid in workers - {self.proc.pid}:
-            os.killpg(pgid, signal.SIGKILL)
+            killpg(pgid, signal.SIGSTOP)  # no worker forks another meanwhile
+        workers |= controller_groups(self.proc.pid)
+        for pgid in workers - {self.proc.pid}:
+            killpg(pgid, signal.SIGKILL)
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
         self._reader.join(10)
@@ -106,6 +109,37 @@ def wait(predicate, timeout, what, run=None, interval=0.005):
         if time.monotonic() - started > timeout:
             raise AssertionError("%s did not happen within %s s%s" % (what, timeout, (":\n" + run.output()) if run else ""))
         time.sleep(interval)
+
+
+def controller_groups(root):
+    """The process groups of ``root`` and of every process below it (its workers may be its grandchildren, each in
+    a session of its own, the module in its worker's), except those of runc and CRIU: a module starts them in a
+    session of their own, and they outlive the controller on a real host too."""
+    table = process_table()
+    below, todo = set(), [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, _pgid) in table.items():
+            if ppid == parent and pid not in below:
+                below.add(pid)
+                todo.append(pid)
+    spared = set(table[pid][1] for pid in below if comm(pid) in ("runc", "criu"))
+    return set(table[pid][1] for pid in below | {root} if pid in table) - spared
+
+
+def killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # ended meanwhile
+
+
+def comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
 
 
 def process_table():
@@ -161,10 +195,10 @@ class Pod:
             "identity": self.identity, "readiness_url": self.container.url + "/health",
             "readiness_file": readiness_file}}
 
-    def role_inventory(self, readiness_file=None):
+    def role_inventory(self, readiness_file=None, timeout=120):
         ready = {"readiness_file": readiness_file} if readiness_file else {"readiness_url": self.container.url + "/health"}
         return {"snapshot_config": {"enabled": True, "hostSnapshotPath": str(self.root),
-                                    "npuSnapshotPath": str(self.root.parent / "npu-snapshots"), "timeoutSeconds": 120},
+                                    "npuSnapshotPath": str(self.root.parent / "npu-snapshots"), "timeoutSeconds": timeout},
                 "snapshot_service": {"namespace": "t", "name": "lease"},
                 "snapshot_instances": [{"name": "p0", "pods": [dict(name=self.name, **ready)]}]}
 
@@ -419,3 +453,55 @@ def test_the_engine_serves_again_after_the_controller_is_killed_at_each_step(pod
     assert [pod.container.generate(p) for p in PROMPTS] == pod.expected
     pod.forget()
     print(json.dumps(dict(seen, total="%.0f s" % (time.monotonic() - started)), indent=1))
+
+
+TIMEOUT = 20  # the bounded-lease test's snapshot_config.timeoutSeconds; the role's lease stays its default (120 s)
+AGENT_ACTS = 2.0  # the watchdog's restore + unlock once the lease ran out (0.1 s measured; the rest is for a busy host)
+
+
+class DefaultLeaseRole(Role):
+    """The snapshot_generate role as an operator runs it: its own lease (snapshot_generate_lease, 120 s) and a short
+    generation timeout (timeoutSeconds)."""
+
+    def __init__(self, pod):
+        self.pod = pod
+        self.playbook = pod.tmp / "default_lease_role.yml"
+        self.playbook.write_text("- name: Generate with the snapshot_generate role and its default lease\n"
+                                 "  hosts: all\n  gather_facts: false\n"
+                                 "  roles:\n    - inferops.snapshot.snapshot_generate\n")
+
+    def start(self, readiness_file=None):
+        run = Playbook(self.pod.tmp, {"snapshot_generate_poll_interval": 0.2}, playbook=self.playbook,
+                       host_vars=self.pod.role_inventory(readiness_file, timeout=TIMEOUT))
+        run.names = self.names
+        return run
+
+
+def test_the_lease_ends_with_the_generation_timeout_when_the_module_dies_with_its_controller(pods):
+    """Issue 25, item 3: with timeoutSeconds 20 and the role's default lease of 120 s, the module killed with its
+    controller at the lock, the backup and the checkpoint leaves the engine locked no longer than the timeout plus
+    LEASE_MARGIN: its agent brings it back by then (it waited the whole 120 s before)."""
+    seen = {}
+    for number, (stage, recognise) in enumerate((("lock", at_lock), ("backup", at_backup),
+                                                  ("checkpoint", at_checkpoint))):
+        pod = pods[number % len(pods)]
+        pod.forget()
+        run = DefaultLeaseRole(pod).start()
+        try:
+            what = wait(lambda: recognise(run, pod), 90, "the %s step" % stage, run)
+        finally:
+            killed_at = run.kill()
+        wait(lambda: not checkpoints_running(pod.container_id), 60, "the end of the orphaned checkpoint", interval=0.05)
+        reply = wait(pod.running, TIMEOUT + LEASE_MARGIN + SLACK,
+                     "the engine RUNNING again within timeout + margin after a kill at the %s step (%s)" % (stage, what),
+                     interval=0.05)
+        back_after = time.monotonic() - killed_at
+        record = reply["abandoned"]
+        assert record is not None and record["errors"] == [] and record["state"] == "RUNNING", (stage, record)
+        assert record["lease_s"] <= TIMEOUT + LEASE_MARGIN, (stage, record)
+        # from the kill: the lease ran out by then, plus the agent's own restore and unlock (a fraction of a second)
+        assert back_after <= TIMEOUT + LEASE_MARGIN + AGENT_ACTS, (stage, back_after)
+        assert [pod.container.generate(p) for p in PROMPTS] == pod.expected, stage
+        seen[stage] = "%s; lease %.1f s; serving again %.1f s after the kill" % (what, record["lease_s"], back_after)
+        pod.forget()
+    print(json.dumps(seen, indent=1))

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, flip_one_byte
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests, layout, schema, world
 
@@ -88,21 +88,13 @@ def test_an_unchanged_file_is_matched_by_its_identity_without_reading_it(models,
     assert hashes.read == [], "an unchanged file was read again"
 
 
-def flip_a_byte(path, offset):
-    with open(str(path), "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-
-
 @pytest.mark.parametrize("offset", [0, 65536 + 17, 1234567, 3 * 1024 * 1024 - 1])
 def test_an_in_place_edit_with_its_mtime_put_back_is_a_mismatch(models, offset):
     """One byte anywhere, same inode and size, mtime restored (what `touch -r` or a careful tool does): ctime moved."""
     recorded = recorded_world(models)
     path = models / "tiny.gguf"
     before = path.stat()
-    flip_a_byte(path, offset)
+    flip_one_byte(path, offset)
     os.utime(str(path), ns=(before.st_atime_ns, before.st_mtime_ns))
     after = path.stat()
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
@@ -169,7 +161,7 @@ def test_a_read_write_weights_mount_is_compared_and_engine_state_is_left_out(mod
     assert recorded["excluded"] == {"/cache": "declared engine state (engine_state_mounts)"}
     (cache / "kv.bin").write_bytes(b"other state")  # the engine's own: not the world
     assert world.compare(recorded, world.docker_facts(info), "4.2.1", "1.1.5") == []
-    flip_a_byte(weights / "model.bin", 77777)
+    flip_one_byte(weights / "model.bin", 77777)
     assert world.compare(recorded, world.docker_facts(info), "4.2.1", "1.1.5")[0].startswith(
         "files_mismatch: /weights/model.bin changed (size 100000, sha256")
 
@@ -188,7 +180,7 @@ def test_the_collections_own_mounts_are_left_out():
 def test_a_file_written_while_the_snapshot_is_taken_fails_the_generation_naming_the_fix(models):
     process = world.docker_facts(docker_info(models))
     facts = world.capture(process, "4.2.1", "1.1.5")
-    flip_a_byte(models / "config.json", 1)  # the engine wrote it after the checkpoint, before the digests
+    flip_one_byte(models / "config.json", 1)  # the engine wrote it after the checkpoint, before the digests
     with pytest.raises(world.WorldError, match="files_changing: /models/config.json changed while the snapshot was "
                                                "taken.*engine_state_mounts"):
         world.add_digests(facts)
