@@ -81,7 +81,7 @@ def test_no_request_without_the_marker():
 def test_request_from_env_with_node_defaults():
     request = rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/snap/p"}), CONFIG)
     assert request == {"snapshot": "/snap/p", "timeout": 60.0, "policy": "once", "identity": None, "device": True,
-                       "strict": False, "runtime_version": None, "image_id": None, "checksum": None, "metadata_file": "/run/inferops-snapshot/metadata.json",
+                       "strict": False, "requester": None, "runtime_version": None, "image_id": None, "checksum": None, "metadata_file": "/run/inferops-snapshot/metadata.json",
                        "agent_socket_dir": "/run/inferops-snapshot", "problems": [], "annotated": []}
 
 
@@ -272,6 +272,56 @@ def test_unusable_requests_start_cold_with_the_reason(fake_node, case, reason):
     assert metadata["restored"] is False and metadata["env"]["POD_IP"] == "10.0.0.9"
     assert metadata["reason"] == record["reason"]
     assert not (Path(fake_node["config"]["state_dir"]) / CID).exists()
+
+
+CONTAINERD = {"io.kubernetes.cri.sandbox-namespace": "tenant-b", "io.kubernetes.cri.sandbox-name": "pod-b",
+              "io.kubernetes.cri.container-name": "engine", "io.kubernetes.cri.container-type": "container"}
+CRIO = {"io.kubernetes.pod.namespace": "tenant-b", "io.kubernetes.pod.name": "pod-b",
+        "io.kubernetes.container.name": "engine"}
+
+
+@pytest.mark.parametrize("annotations, expected, problem", [
+    (CONTAINERD, {"namespace": "tenant-b", "pod": "pod-b", "container": "engine", "by": "containerd"}, None),
+    (CRIO, {"namespace": "tenant-b", "pod": "pod-b", "container": "engine", "by": "cri-o"}, None),
+    ({}, None, None),  # dockerd: no tenants, whoever runs docker is root
+    (dict(CONTAINERD, **{"io.kubernetes.cri.container-type": "sandbox"}), "any", "pod sandbox"),
+    (dict(CONTAINERD, **{"io.kubernetes.pod.namespace": "tenant-a"}), "any", "tenant-a and tenant-b"),
+])
+def test_the_requester_is_who_the_container_runtime_says_it_is(annotations, expected, problem):
+    found, problems = rr.requester(spec({}, annotations))
+    if problem is None:
+        assert (found, problems) == (expected, [])
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+@pytest.mark.parametrize("asks, reason", [
+    ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-a/svc/p0/pod-a"}, "tenant_mismatch: the snapshot's directory is of "
+                                                                 "namespace tenant-a, and containerd says"),
+    ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-b/svc/p0/pod-b", "INFEROPS_RESTORE_IDENTITY": "tenant-a/svc/p0/pod-a"},
+     "tenant_mismatch: the identity is of namespace tenant-a"),
+    ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-b/svc/p0/pod-b", "INFEROPS_RESTORE_SOURCE": "tenant-a/svc/p1/pod-c",
+      "INFEROPS_RESTORE_IDENTITY": "tenant-b/svc/p0/pod-b"}, "the clone's source is of namespace tenant-a"),
+    ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-b/svc/p0"}, "bad_request: restore-identity: tenant-b/svc/p0 does not "
+                                                          "spell namespace/service/instance/pod"),
+])
+def test_a_pod_never_restores_another_namespaces_snapshot_whatever_it_asks(fake_node, asks, reason):
+    env = dict((key, value.format(roots=fake_node["roots"])) for key, value in asks.items())
+    b = bundle(fake_node, env, annotations=CONTAINERD)
+    argv = CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID]
+    assert run(fake_node, argv) == ("exec", [fake_node["runc"]] + argv)
+    record = log_records(fake_node)[-1]
+    assert record["outcome"] == "cold" and reason in record["reason"], record
+    assert record["requester"]["namespace"] == "tenant-b"
+
+
+def test_without_an_identity_the_path_below_the_root_is_the_identity_checked(fake_node):
+    snap = fake_node["roots"] / "tenant-b" / "svc" / "p0" / "pod-b"
+    b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": str(snap)}, annotations=CONTAINERD)
+    run(fake_node, CONTAINERD_GLOBALS + ["create", "--bundle", b, CID])
+    record = log_records(fake_node)[-1]
+    assert record["identity"] == {"namespace": "tenant-b", "service": "svc", "instance": "p0", "pod": "pod-b"}
+    assert record["verify"]["identity_checked"] is True and record["reason"].startswith("missing:"), record
 
 
 def test_cold_metadata_is_not_written_under_a_mount(fake_node):

@@ -149,6 +149,15 @@ RESTORE_REQUEST_KEYS = (
     ("agent_socket_dir", "org.inferops.agent-socket-dir", ENV_AGENT_SOCKET_DIR),
 )
 RESTORE_POLICIES = ("once", "always")
+# Who asks, on a CRI node: the OCI annotations the container runtime itself sets from the pod's real metadata, which
+# a pod creator cannot set (docs/security.md says why, from containerd's and CRI-O's sources): (runtime, namespace,
+# pod, container, container type). A node without them (dockerd) has no tenants: whoever may run docker is root.
+CRI_REQUESTER_KEYS = (
+    ("containerd", "io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name",
+     "io.kubernetes.cri.container-name", "io.kubernetes.cri.container-type"),
+    ("cri-o", "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
+     "io.kubernetes.cri-o.ContainerType"),
+)
 
 # -- host paths and their defaults ------------------------------------------------------------------
 DEFAULT_SNAPSHOT_ROOT = "/var/lib/inferops/snapshots"

@@ -115,6 +115,23 @@ def _bool(text):
     raise ValueError("expected true or false, got %r" % text)
 
 
+def requester(spec):
+    """(who asks, problems): the namespace, pod and container the container runtime says this container belongs to
+    (layout.CRI_REQUESTER_KEYS; None on a node without one), and why it cannot be trusted to ask at all."""
+    annotations = spec.get("annotations") or {}
+    found, problems = [], []
+    for runtime_name, namespace, pod, container, kind in layout.CRI_REQUESTER_KEYS:
+        if annotations.get(kind) == "sandbox":
+            problems.append("requester: %s says this is a pod sandbox (%s), which is never restored" % (runtime_name, kind))
+        if annotations.get(namespace):
+            found.append({"namespace": annotations[namespace], "pod": annotations.get(pod),
+                          "container": annotations.get(container), "by": runtime_name})
+    if len(set(item["namespace"] for item in found)) > 1:
+        problems.append("requester: the container's annotations name namespaces %s; refusing to guess its tenant"
+                        % " and ".join(sorted(set(item["namespace"] for item in found))))
+    return (found[0] if found else None), problems
+
+
 def restore_request(spec, config):
     """What the container asks for, with the node's defaults filled in; None when it asks nothing.
 
@@ -139,6 +156,8 @@ def restore_request(spec, config):
                "agent_socket_dir": raw.get("agent_socket_dir") or config["agent_socket_dir"], "problems": [],
                "annotated": sorted(key for key, annotation, _variable in REQUEST_KEYS if annotations.get(annotation))}
     problems = request["problems"]
+    request["requester"], refused = requester(spec)
+    problems.extend(refused)
     if "timeout" in raw:
         try:
             request["timeout"] = float(raw["timeout"])

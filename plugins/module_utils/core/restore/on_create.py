@@ -112,10 +112,36 @@ class OnCreate(Driver):
         last = "no snapshot root is configured on this node (snapshot_node_snapshot_roots)"
         for root in roots:
             try:
-                return paths.validate_snapshot_dir(attempt.requested, field="restore-from", root=root)
+                snapshot_dir = paths.validate_snapshot_dir(attempt.requested, field="restore-from", root=root)
             except SnapshotError as exc:
                 last = exc.msg
+                continue
+            self.bind_to_requester(os.path.relpath(snapshot_dir, os.path.normpath(root)).split("/"))
+            return snapshot_dir
         raise Fallback("unsafe_path: %s; allowed roots: %s" % (last, ", ".join(roots) or "none"))
+
+    def bind_to_requester(self, below_root):
+        """The identity a restore must find signed in the snapshot: the one requested, else the one the path spells
+        below its root (<namespace>/<service>/<instance>/<pod>) -- never none. On a CRI node the snapshot must lie
+        below the root's directory of the pod's own namespace, and that identity (and a clone's source) be of it:
+        a pod restores only its own tenant's snapshots, whatever its annotations or env ask for."""
+        if self.identity is None:
+            if len(below_root) != len(layout.IDENTITY_KEYS):
+                raise Fallback("bad_request: restore-identity: %s does not spell namespace/service/instance/pod below "
+                               "its snapshot root; give the identity (org.inferops.restore-identity or %s)"
+                               % ("/".join(below_root), layout.ENV_RESTORE_IDENTITY))
+            self.identity = dict(zip(layout.IDENTITY_KEYS, below_root))
+        who = self.request.get("requester")
+        if who is None:
+            return
+        claimed = [("the snapshot's directory", below_root[0]), ("the identity", self.identity["namespace"])]
+        if self.source is not None:
+            claimed.append(("the clone's source", self.source["namespace"]))
+        for what, namespace in claimed:
+            if namespace != who["namespace"]:
+                raise Fallback("tenant_mismatch: %s is of namespace %s, and %s says this container is of pod %s in "
+                               "namespace %s; a pod restores only snapshots of its own namespace"
+                               % (what, namespace, who["by"], who["pod"], who["namespace"]))
 
     def image_id(self, attempt):
         return self.request["image_id"] or self.docker.get("image_id")
@@ -262,9 +288,9 @@ class OnCreate(Driver):
         target = os.path.join(state, "images")
         shutil.rmtree(target, ignore_errors=True)
         os.mkdir(target, 0o700)
-        for entry in os.listdir(source):
+        for entry in os.listdir(source):  # relative links: CRIU opens images from inside the container's root too
             if entry != criu_client.FILES_IMAGE:
-                os.symlink(os.path.join(source, entry), os.path.join(target, entry))
+                os.symlink(os.path.relpath(os.path.join(source, entry), target), os.path.join(target, entry))
         paths.write_file_atomic(os.path.join(target, criu_client.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}
         self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
@@ -369,7 +395,8 @@ class OnCreate(Driver):
                   "device_actions": attempt.device_actions, "authenticated": bool(verdict.get("authenticated")),
                   "verify": dict(dict((key, verdict.get(key)) for key in VERIFY_SUMMARY),
                                  image_checked=bool(self.image_id(attempt)),
-                                 identity_checked=self.identity is not None)}
+                                 identity_checked=self.identity is not None),
+                  "identity": self.identity, "requester": self.request.get("requester")}
         for detail in ("record_error", "lazy_pages", "file_locks"):
             if detail in attempt.details:
                 record[detail] = attempt.details[detail]
