@@ -94,14 +94,16 @@ def agent_env(env=None):
 
 def old_agent_package(tmp_path):
     """A copy of the agent as an image built before leases has it: its protocol knows none of the request fields
-    added since (lease, locks). Its PYTHONPATH entry, for ``ensure_agent_package``'s place."""
+    added since (lease, locks, nonce) nor the resumed operation. Its PYTHONPATH entry, for ``ensure_agent_package``'s
+    place."""
     old = tmp_path / "old_agent" / "inferops_agent"
     shutil.copytree(str(MODULE_UTILS / "core" / "agent"), str(old))
     protocol = old / "protocol.py"
-    known = '{"v", "op", "timeout", "lease", "locks", "device_memory"}'
+    known = '{"v", "op", "timeout", "lease", "locks", "device_memory", "nonce"}'
+    operations = "OP_RENEW, OP_RELOCK, OP_RESUMED)"
     text = protocol.read_text()
-    assert known in text, "the agent's known request fields changed: make old_agent_package follow"
-    protocol.write_text(text.replace(known, '{"v", "op", "timeout"}'))
+    assert known in text and operations in text, "the agent's known request fields changed: make old_agent_package follow"
+    protocol.write_text(text.replace(known, '{"v", "op", "timeout"}').replace(operations, "OP_RENEW, OP_RELOCK)"))
     return old.parent
 
 

@@ -15,7 +15,11 @@ the package ``inferops_agent`` (on the interpreter's path, e.g. PYTHONPATH=/opt/
 starts a control server thread on a unix socket, then runs the engine in the same interpreter
 (runpy), so both share one loaded libascendcl. The engine may import this module (``from
 inferops_agent import launcher``) to reach the same Controller, e.g. to expose it on its own HTTP
-endpoint.
+endpoint, or to register a RESTORE_POST hook (``Controller.register_hook``): what re-seeds the engine's own
+samplers after a restore, from the restore's nonce.
+
+Only root and the engine's own user may talk to the socket: the agent checks each peer's credentials
+(SO_PEERCRED) and refuses anyone else before reading what they ask.
 
 Pure standard library, and self-contained: it imports nothing outside this folder.
 """
@@ -32,17 +36,19 @@ import os
 import runpy
 import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
 
-from . import acl, protocol
+from . import acl, protocol, reseed
 
 DEFAULT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
 SOCKET_ENV = protocol.SOCKET_ENV
 SOCKET_DIR_ENV = protocol.SOCKET_DIR_ENV
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 LIBRARY_ENV = protocol.LIBRARY_ENV
+RESTORE_POST = reseed.RESTORE_POST  # Controller.register_hook(RESTORE_POST, fn): fn(nonce) after every restore
 
 _CONTROLLER = None
 
@@ -104,6 +110,13 @@ class Controller:
     did (``abandoned``) in every reply until a later successful lock or unlock. A restore that fails is
     not followed by an unlock (the engine would serve from device memory the backup released); it is
     retried, every LEASE_RETRY_SECONDS.
+
+    The restore (see reseed.py): a process restored from a snapshot shares every pseudo-random generator's state
+    with every other copy of that snapshot. The restore path says so (``resumed``, with the restore's nonce): the
+    controller re-seeds what it can reach in the interpreter and calls the engine's RESTORE_POST hooks with the
+    nonce. It also notices a restore by itself (its incarnation changed: ``notice_restore``, on every request and
+    every half second from the server) and re-seeds the interpreter's generators at once -- the hooks wait for the
+    restore path's nonce, which is the one in the metadata file.
     """
 
     LEASE_RETRY_SECONDS = 5.0   # after an expiry action that failed
@@ -125,6 +138,11 @@ class Controller:
         self._lease = None      # {"seconds", "deadline" (monotonic), "granted_at", "renewed_at", "by", "incarnation"}
         self._timer = None      # the watchdog: a threading.Timer armed for the lease's deadline
         self._abandoned = None  # what the watchdog did when a lease ran out
+        self._hooks = dict((stage, []) for stage in reseed.STAGES)
+        self._restore_lock = threading.RLock()
+        self._incarnation_seen = incarnation()
+        self._resumed = None    # the last restore of this process: when, who said so, what was re-seeded
+        self._resumed_nonce = None
 
     @classmethod
     def load(cls, library_path=None):
@@ -139,6 +157,70 @@ class Controller:
         with self._info_lock:
             self._engine_info.update(fields)
 
+    def register_hook(self, stage, hook):
+        """Call ``hook(nonce)`` at ``stage``: RESTORE_POST, once per restore of this process, with the restore's nonce
+        (32 hex digits, the metadata file's restore_nonce), after the interpreter's generators were re-seeded and
+        before the engine is unlocked -- so no device call in it (it would wait for the unlock). What the engine
+        re-seeds there: its own generators and samplers (docs/engines.md). A hook that raises fails the restore."""
+        if stage not in self._hooks:
+            raise ValueError("stage %r: expected one of %s" % (stage, ", ".join(reseed.STAGES)))
+        if not callable(hook):
+            raise TypeError("hook: expected a callable taking the nonce, got %r" % (hook,))
+        with self._restore_lock:
+            if hook not in self._hooks[stage]:
+                self._hooks[stage].append(hook)
+
+    def unregister_hook(self, stage, hook):
+        with self._restore_lock:
+            if hook in self._hooks.get(stage, ()):
+                self._hooks[stage].remove(hook)
+
+    def notice_restore(self):
+        """Re-seed the interpreter's generators once this process finds itself restored (a new incarnation), whoever
+        restored it and before anyone says so; returns whether it did."""
+        now = self._incarnation()
+        with self._restore_lock:
+            if now == self._incarnation_seen:
+                return False
+            self._incarnation_seen = now
+            done, errors = reseed.reseed_interpreter()
+            self._resumed = {"at": _utc(self._wall()), "by": "agent", "reseeded": done, "errors": errors,
+                             "hooks": None}
+        _log("this process was restored from a checkpoint: re-seeded %s%s" % (
+            ", ".join(done) or "nothing (no generator loaded)",
+            "; not re-seeded: %s" % errors if errors else ""))
+        return True
+
+    def _resume(self, nonce):
+        """The restore path says this process was restored (protocol.OP_RESUMED): re-seed, then the hooks, once per
+        nonce."""
+        with self._restore_lock:
+            self._incarnation_seen = self._incarnation()
+            if nonce == self._resumed_nonce:  # the same restore asking again: done already
+                reply = {"v": protocol.PROTOCOL_VERSION, "ok": True, "op": protocol.OP_RESUMED, "changed": False}
+                reply.update(self.describe())
+                return reply
+            done, errors = reseed.reseed_interpreter()
+            hooks = list(self._hooks[RESTORE_POST])
+            for hook in hooks:
+                try:
+                    hook(nonce)
+                except Exception as exc:  # pylint: disable=broad-except  # the engine must survive its hook
+                    errors["hook %s" % getattr(hook, "__qualname__", repr(hook))] = "%s: %s" % (type(exc).__name__, exc)
+            self._resumed_nonce = nonce
+            self._resumed = {"at": _utc(self._wall()), "by": "restore", "reseeded": done, "errors": errors,
+                             "hooks": len(hooks)}
+        _log("restored from a snapshot: re-seeded %s, %d RESTORE_POST hook(s) called with the restore's nonce%s" % (
+            ", ".join(done) or "nothing (no generator loaded)", len(hooks),
+            "; failed: %s" % errors if errors else ""))
+        if errors:
+            return protocol.error_reply(protocol.OP_RESUMED, protocol.KIND_RESEED, "not everything was re-seeded after "
+                                        "the restore: %s" % "; ".join("%s: %s" % item for item in sorted(errors.items())),
+                                        state=self.state)
+        reply = {"v": protocol.PROTOCOL_VERSION, "ok": True, "op": protocol.OP_RESUMED, "changed": True}
+        reply.update(self.describe())
+        return reply
+
     def describe(self):
         with self._info_lock:
             info = dict(self._engine_info)
@@ -152,6 +234,7 @@ class Controller:
             "engine": info,
             "lease": lease,
             "abandoned": abandoned,
+            "resumed": dict(self._resumed) if self._resumed else None,
         }
         if self.runtime is not None:
             try:
@@ -171,12 +254,15 @@ class Controller:
     def handle(self, message):
         """Answer one decoded request; never raises."""
         op = message.get("op") if isinstance(message, dict) else None
+        self.notice_restore()
         try:
             op, timeout = protocol.parse_request(message)
             lease = protocol.parse_lease(message)
         except protocol.ProtocolError as exc:
             return protocol.error_reply(op if op in protocol.OPERATIONS else None,
                                         protocol.KIND_BAD_REQUEST, str(exc), state=self.state)
+        if op == protocol.OP_RESUMED:
+            return self._resume(protocol.parse_nonce(message))
         if op == protocol.OP_STATE:
             reply = {"v": protocol.PROTOCOL_VERSION, "ok": True, "op": op, "changed": False}
             reply.update(self.describe())
@@ -469,18 +555,41 @@ class Controller:
         return reply
 
 
+def peer_credentials(connection):
+    """(pid, uid, gid) of the process at the other end of a unix socket, as the kernel recorded them at connect."""
+    return struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+
+
+def peer_refusal(pid, uid, own_uid):
+    """Why the peer may not control this engine, or None: only root and the engine's own user may (in the agent's
+    user namespace)."""
+    if uid in (0, own_uid):
+        return None
+    return ("uid %d (pid %d) may not control this engine: only root and the engine's own uid %d may (the agent "
+            "checks each peer's credentials)" % (uid, pid, own_uid))
+
+
 class _RequestHandler(socketserver.StreamRequestHandler):
     def handle(self):
         self.connection.settimeout(30)
         try:
+            refused = peer_refusal(*(peer_credentials(self.connection)[:2] + (os.geteuid(),)))
+        except (OSError, struct.error) as exc:
+            refused = "the peer's credentials cannot be read (%s)" % exc
+        try:
             line = self.rfile.readline(protocol.MAX_MESSAGE_BYTES + 1)
-            message = protocol.decode(line)
+            if refused:  # read, never decoded nor acted on: the reply is the refusal
+                _log("refused a request: %s" % refused)
+                reply = protocol.error_reply(None, protocol.KIND_FORBIDDEN, refused)
+            else:
+                message = protocol.decode(line)
         except protocol.ProtocolError as exc:
             reply = protocol.error_reply(None, protocol.KIND_BAD_REQUEST, str(exc), state=self.server.controller.state)
         except (OSError, socket.timeout):
             return
         else:
-            reply = self.server.controller.handle(message)
+            if not refused:
+                reply = self.server.controller.handle(message)
         try:
             self.wfile.write(protocol.encode(reply))
         except OSError:
@@ -502,6 +611,14 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             socketserver.UnixStreamServer.__init__(self, socket_path, _RequestHandler)
         finally:
             os.umask(old_umask)
+
+    def service_actions(self):
+        """Every turn of serve_forever (half a second at most): a restored process re-seeds at once (see
+        Controller.notice_restore), not only when someone asks it something."""
+        try:
+            self.controller.notice_restore()
+        except Exception as exc:  # pylint: disable=broad-except  # the server thread must not die
+            _log("checking for a restore failed: %r" % exc)
 
     def start(self):
         thread = threading.Thread(target=self.serve_forever, name="inferops-agent", daemon=True)

@@ -37,7 +37,8 @@ OP_RESTORE = "restore"
 OP_UNLOCK = "unlock"
 OP_RENEW = "renew"  # extends the lease of whoever holds the lock (no ACL call)
 OP_RELOCK = "relock"  # takes POSIX file locks back for the process after a restore (no ACL call)
-OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW, OP_RELOCK)
+OP_RESUMED = "resumed"  # this process was restored from a snapshot: re-seed, RESTORE_POST hooks (no ACL call)
+OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW, OP_RELOCK, OP_RESUMED)
 
 # The lease (an optional field, added within version 1): a lock or a backup that carries
 # "lease": <seconds> tells the agent that the caller will come back -- unlock, or renew the lease --
@@ -61,6 +62,13 @@ LOCK_TYPES = ("read", "write")
 DEVICE_MEMORY_CHOICES = ("required", "required_and_optional")
 DEFAULT_DEVICE_MEMORY = "required"
 
+# Resumed (added within version 1): "nonce": 32 hex digits, fresh random bytes of this very restore (the metadata
+# file's restore_nonce). Every process restored from one snapshot starts with the same memory, so the same state of
+# every random generator in it; the restore path tells the restored agent, which re-seeds what it can reach in the
+# interpreter and calls the engine's RESTORE_POST hooks with the nonce (launcher.Controller.register_hook). An agent
+# that predates the operation refuses it as a bad request; the restore path then goes on without it.
+NONCE_HEX_DIGITS = 32
+
 STATE_RUNNING = "RUNNING"
 STATE_LOCKED = "LOCKED"
 STATE_BACKED_UP = "BACKED_UP"
@@ -75,6 +83,8 @@ KIND_UNAVAILABLE = "unavailable"  # no ACL runtime loaded in this process
 KIND_INTERNAL = "internal"
 KIND_LEASE = "lease"              # renew refused: no lease to renew, or it already ran out
 KIND_FILE_LOCK = "file_lock"      # relock: a lock another process holds now, or a descriptor not open
+KIND_FORBIDDEN = "forbidden"      # the peer is neither root nor the engine's own user (SO_PEERCRED): nothing done
+KIND_RESEED = "reseed"            # resumed: a generator not re-seeded, or a RESTORE_POST hook of the engine failed
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 3600.0
@@ -113,8 +123,10 @@ def decode(data):
     return message
 
 
-def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None):
+def make_request(op, timeout=DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None, nonce=None):
     request = {"v": PROTOCOL_VERSION, "op": op, "timeout": float(timeout)}
+    if nonce is not None:
+        request["nonce"] = nonce
     if lease is not None:
         request["lease"] = float(lease)
     if locks is not None:
@@ -138,13 +150,27 @@ def parse_request(message):
         raise ProtocolError("field 'timeout': expected a number of seconds, got %r" % (timeout,))
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ProtocolError("field 'timeout': %r is outside (0, %d] seconds" % (timeout, MAX_TIMEOUT))
-    unknown = sorted(set(message) - {"v", "op", "timeout", "lease", "locks", "device_memory"})
+    unknown = sorted(set(message) - {"v", "op", "timeout", "lease", "locks", "device_memory", "nonce"})
     if unknown:
         raise ProtocolError("unknown field(s) %s" % ", ".join(repr(k) for k in unknown))
     parse_lease(message)
     parse_locks(message)
     parse_device_memory(message)
+    parse_nonce(message)
     return op, float(timeout)
+
+
+def parse_nonce(message):
+    """The nonce of a resumed request (None on any other op); ProtocolError when it is missing or malformed."""
+    if message.get("op") != OP_RESUMED:
+        if "nonce" in message:
+            raise ProtocolError("field 'nonce': only %s takes a nonce, not %r" % (OP_RESUMED, message.get("op")))
+        return None
+    nonce = message.get("nonce")
+    if not isinstance(nonce, str) or len(nonce) != NONCE_HEX_DIGITS or nonce.strip("0123456789abcdef"):
+        raise ProtocolError("field 'nonce': expected %d lowercase hex digits (the restore's restore_nonce), got %r"
+                            % (NONCE_HEX_DIGITS, nonce))
+    return nonce
 
 
 def parse_device_memory(message):

@@ -138,10 +138,10 @@ class AgentSocketClient:
             return os.path.exists(self.path), "no socket at %s" % self.path
         return wait_for(listening, timeout, interval=0.01, what="the agent socket %s" % self.path)
 
-    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None):
+    def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None, nonce=None):
         """One request; ``lease`` (seconds) goes with lock, backup and renew, ``locks`` with relock, ``device_memory``
-        with backup (see protocol.py)."""
-        data = protocol.encode(protocol.make_request(op, timeout, lease, locks, device_memory))
+        with backup, ``nonce`` with resumed (see protocol.py)."""
+        data = protocol.encode(protocol.make_request(op, timeout, lease, locks, device_memory, nonce))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout + TRANSPORT_MARGIN)
         try:
