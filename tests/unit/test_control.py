@@ -1,10 +1,16 @@
+import functools
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 
 import pytest
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import EndpointError, ParameterError
 from ansible_collections.inferops.snapshot.plugins.modules.npu_snapshot_lock import plan
@@ -89,3 +95,97 @@ def test_a_socket_path_longer_than_sun_path_is_reached_through_its_directory():
     finally:
         server.close()
         shutil.rmtree(directory)
+
+
+# -- the host never follows a link planted inside a process's root (issue 28) ------------------------------------
+
+@pytest.fixture
+def jailed(tmp_path):
+    """A process whose root (/proc/<pid>/root) is a directory of this test, as a container's is; a real socket
+    listening inside it and another one outside it, where a planted link would lead."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "run" / "inferops-snapshot").mkdir(parents=True)
+    outside.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.chroot(sys.argv[1]); print('in', "
+                              "flush=True); time.sleep(600)", str(root)], stdout=subprocess.PIPE, text=True)
+    servers = []
+    try:
+        assert child.stdout.readline().strip() == "in"
+
+        def listen(path):
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(str(path))
+            server.listen(4)
+            server.settimeout(0.5)
+            servers.append(server)
+            answered = []
+
+            def answer():
+                while True:
+                    try:
+                        conn, _address = server.accept()
+                    except OSError:
+                        return
+                    conn.recv(65536)
+                    answered.append(str(path))
+                    conn.sendall(b'{"v": 1, "ok": true, "state": "RUNNING"}\n')
+                    conn.close()
+            threading.Thread(target=answer, daemon=True).start()
+            return answered
+        yield dict(pid=child.pid, root=root, outside=outside, listen=listen)
+    finally:
+        child.kill()
+        child.wait()
+        for server in servers:
+            server.close()
+
+
+def _in_root(jail, inner):
+    return "/proc/%d/root%s" % (jail["pid"], inner)
+
+
+@pytest.mark.parametrize("use_openat2", [True, False], ids=["openat2", "fd walk"])
+def test_the_agent_socket_in_a_process_root_is_reached_there(jailed, monkeypatch, use_openat2):
+    monkeypatch.setattr(paths, "open_path_in_root", functools.partial(paths.open_path_in_root,
+                                                                       use_openat2=use_openat2))
+    answered = jailed["listen"](jailed["root"] / "run" / "inferops-snapshot" / "agent.1.sock")
+    client = control.AgentSocketClient(_in_root(jailed, "/run/inferops-snapshot/agent.1.sock"))
+    assert client.listening() and client.request("state", 5)["state"] == "RUNNING" and answered
+
+
+@pytest.mark.parametrize("use_openat2", [True, False], ids=["openat2", "fd walk"])
+@pytest.mark.parametrize("planted", ["directory", "socket", "component"])
+def test_a_link_planted_in_a_process_root_is_refused_not_followed(jailed, monkeypatch, use_openat2, planted):
+    """A compromised engine links its socket dir (or the socket, or a directory above it) to a socket outside its
+    root, absolute or relative: a naive path through /proc/<pid>/root would reach the host's socket."""
+    monkeypatch.setattr(paths, "open_path_in_root", functools.partial(paths.open_path_in_root,
+                                                                       use_openat2=use_openat2))
+    root, outside = jailed["root"], jailed["outside"]
+    answered = jailed["listen"](outside / "agent.1.sock")
+    sockets = root / "run" / "inferops-snapshot"
+    if planted == "directory":
+        sockets.rmdir()
+        sockets.symlink_to(outside)  # absolute: the host would resolve it against its own root
+    elif planted == "socket":
+        (sockets / "agent.1.sock").symlink_to(os.path.relpath(outside / "agent.1.sock", sockets))
+    else:
+        shutil.rmtree(str(root / "run"))
+        (outside / "inferops-snapshot").mkdir()
+        os.rename(str(outside / "agent.1.sock"), str(outside / "inferops-snapshot" / "agent.1.sock"))
+        (root / "run").symlink_to("../outside")
+    naive = _in_root(jailed, "/run/inferops-snapshot/agent.1.sock")
+    assert os.path.exists(naive), "the planted link does lead outside the root"
+    client = control.AgentSocketClient(naive)
+    with pytest.raises(EndpointError, match="refusing the agent socket .*symbolic link inside the process's root"):
+        client.listening()
+    with pytest.raises(EndpointError, match="refusing the agent socket .*symbolic link inside the process's root"):
+        client.request("lock", 5)
+    with pytest.raises(EndpointError, match="refusing"):
+        client.wait_listening(5)  # refused at once, not waited for
+    time.sleep(0.6)  # a connection would have been accepted by now
+    assert answered == [], "the host connected through the planted link"
+
+
+def test_a_parent_component_is_refused_in_a_process_root(jailed):
+    with pytest.raises(EndpointError, match="refusing"):
+        control.AgentSocketClient(_in_root(jailed, "/run/../../outside/agent.1.sock")).request("state", 5)

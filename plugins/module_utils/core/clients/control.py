@@ -12,14 +12,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import contextlib
+import errno
 import json
 import os
+import re
 import socket
+import stat
 import threading
 
 from urllib.error import HTTPError, URLError
 from urllib.request import ProxyHandler, Request, build_opener
 
+from .. import paths
 from .. import proc as proc_facts
 from ..agent import protocol
 from ..clock import wait_for
@@ -103,12 +107,38 @@ def _check_reply(op, reply, where):
     return reply
 
 
-# sun_path holds 108 bytes. A socket reached through /proc/<pid>/root/<socket dir> can be longer: then it is
-# reached through its directory, opened first (O_PATH), as /proc/self/fd/<n>/<name>.
+# sun_path holds 108 bytes. A host path longer than that is reached through its directory, opened first (O_PATH), as
+# /proc/self/fd/<n>/<name>.
 SUN_PATH_MAX = 107
+# A socket inside a process's own root: resolved there without following any link (paths.open_path_in_root).
+IN_PROCESS_ROOT = re.compile(r"^(/proc/[0-9]+/root)(/.+)$")
+
+
+def open_socket_path(path):
+    """An O_PATH descriptor of the socket at ``path``. Below /proc/<pid>/root -- a container's root, which a
+    compromised engine controls -- no symbolic link is followed (paths.LinkRefused); None for any other path."""
+    match = IN_PROCESS_ROOT.match(path)
+    if not match:
+        return None
+    root = os.open(match.group(1), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the host's /proc: trusted
+    try:
+        fd = paths.open_path_in_root(root, match.group(2))
+    finally:
+        os.close(root)
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.ENOTSOCK, "not a socket", path)
+    return fd
 
 
 def _connect(sock, path):
+    fd = open_socket_path(path)
+    if fd is not None:
+        try:
+            sock.connect("/proc/self/fd/%d" % fd)  # that very inode, whatever happens to the path meanwhile
+        finally:
+            os.close(fd)
+        return
     if len(path.encode("utf-8")) <= SUN_PATH_MAX:
         sock.connect(path)
         return
@@ -117,6 +147,12 @@ def _connect(sock, path):
         sock.connect("/proc/self/fd/%d/%s" % (directory, os.path.basename(path)))
     finally:
         os.close(directory)
+
+
+def _refused_link(path, exc):
+    return EndpointError("refusing the agent socket %s: %s inside the process's root; the host never follows a link "
+                         "the engine could have planted there: set agent_socket_dir (and the engine's "
+                         "INFEROPS_AGENT_SOCKET_DIR) to the real directory" % (path, exc.strerror), endpoint="unix://" + path)
 
 
 class AgentSocketClient:
@@ -135,8 +171,21 @@ class AgentSocketClient:
         def listening():
             if gone is not None and gone():
                 raise EndpointError("the process behind %s exited before its agent listened" % self.path)
-            return os.path.exists(self.path), "no socket at %s" % self.path
+            return self.listening(), "no socket at %s" % self.path
         return wait_for(listening, timeout, interval=0.01, what="the agent socket %s" % self.path)
+
+    def listening(self):
+        """Whether the socket is there (reached as ``request`` reaches it); a planted link is an EndpointError."""
+        try:
+            fd = open_socket_path(self.path)
+        except paths.LinkRefused as exc:
+            raise _refused_link(self.path, exc)
+        except (IOError, OSError):
+            return False
+        if fd is None:
+            return os.path.exists(self.path)
+        os.close(fd)
+        return True
 
     def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, locks=None, device_memory=None, nonce=None):
         """One request; ``lease`` (seconds) goes with lock, backup and renew, ``locks`` with relock, ``device_memory``
@@ -147,6 +196,8 @@ class AgentSocketClient:
         try:
             try:
                 _connect(sock, self.path)
+            except paths.LinkRefused as exc:
+                raise _refused_link(self.path, exc)
             except (IOError, OSError) as exc:
                 raise EndpointError(
                     "cannot reach the snapshot agent at %s (%s): is the engine running under the inferops "
