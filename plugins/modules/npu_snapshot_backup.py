@@ -70,6 +70,17 @@ options:
         unlocks it); needed for an agent or an engine endpoint that predates leases. At most 86400.
     type: float
     default: 120
+  device_memory:
+    description:
+      - What the backup saves of the device memory, with the args shape of CANN's snapshot API
+        (C(aclrtSnapShotProcessBackup(pid, args))): V(required) the memory the runtime tags required (C(backupFlags)
+        0), V(required_and_optional) the optional memory too (C(backupFlags) 1). The restore uses the same.
+      - A runtime with only the older shape (no arguments) backs up what it backs up; it takes V(required) only, and
+        the task fails for V(required_and_optional). RV(snapshot_api) says which shape the engine's runtime has.
+      - An agent that predates this option refuses any value but V(required).
+    type: str
+    choices: [required, required_and_optional]
+    default: required
 notes:
   - The backup stays valid only in the memory of the process; take the host snapshot before the
     process exits, then resume the process with M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked).
@@ -156,6 +167,14 @@ durations:
   returned: success
   type: dict
   sample: {backup: 0.21, record: 0.001}
+snapshot_api:
+  description:
+    - The snapshot API the backup went through, as recorded in the device part (C(device/device.json)): C(api)
+      (C(args) or C(legacy), null from an agent that predates the record), C(device_memory), and the
+      C(runtime_api_version) and C(driver_api_version) a restore must find again (args shape).
+  returned: success
+  type: dict
+  sample: {api: args, device_memory: required, runtime_api_version: 10000, driver_api_version: 500}
 lease:
   description: The lease the agent holds after the task (null with O(lease=0)); as in M(inferops.snapshot.npu_snapshot_lock).
   returned: success
@@ -172,7 +191,8 @@ ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS, **_module.GENERATION_ARGS)
 ARGUMENT_SPEC.update(snapshot_dir=dict(type="path", required=True),
                      identity=dict(type="dict", options=_module.IDENTITY_OPTIONS),
                      lock=dict(type="bool", default=False),
-                     lease=dict(type="float", default=120.0))
+                     lease=dict(type="float", default=120.0),
+                     device_memory=dict(type="str", choices=["required", "required_and_optional"], default="required"))
 
 
 def main_logic(module):
@@ -184,7 +204,8 @@ def main_logic(module):
     lease = lease_seconds(params["lease"])
     held = None if module.check_mode else claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
     client = _module.control_client(module)
-    result = device.back_up(client, staging_dir, identity, lease, params["lock"], params["timeout"], module.check_mode)
+    result = device.back_up(client, staging_dir, identity, lease, params["lock"], params["timeout"], module.check_mode,
+                            device_memory=params["device_memory"])
     return dict(result, took_over=(held or {}).get("took_over"))
 
 

@@ -97,6 +97,7 @@ def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=Fals
         return dict(changed=False, state=previous, actions=[], pid=reply["pid"], devices=reply.get("devices", []),
                     runtime_version=reply.get("runtime_version"), lease=reply.get("lease"),
                     device_memory_bytes=recorded.get("device_memory_bytes"), durations={},
+                    snapshot_api=recorded.get("snapshot_api"),
                     diff=dict(before=dict(state=previous), after=dict(state=previous)), **result)
     if previous == protocol.STATE_RUNNING and not lock:
         raise RuntimeRefusedError(
@@ -112,6 +113,7 @@ def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=Fals
         return dict(changed=True, state=protocol.STATE_BACKED_UP, actions=operations, pid=reply["pid"],
                     devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
                     device_memory_bytes=(reply.get("engine") or {}).get("device_memory_bytes"), lease=None,
+                    snapshot_api=snapshot_facts(reply),
                     durations={}, diff=dict(before=dict(state=previous), after=dict(state=protocol.STATE_BACKED_UP)),
                     **result)
     if lease and not operations:  # backed up by the engine itself: the lease starts with this record
@@ -136,6 +138,7 @@ def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=Fals
     return dict(changed=True, state=reply["state"], actions=done, pid=reply["pid"], lease=reply.get("lease"),
                 devices=reply.get("devices", []), runtime_version=reply.get("runtime_version"),
                 device_memory_bytes=part["device_memory_bytes"], durations=watch.durations,
+                snapshot_api=part["snapshot_api"],
                 diff=dict(before=dict(state=previous), after=dict(state=reply["state"])), **result)
 
 
