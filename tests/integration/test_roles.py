@@ -3,6 +3,7 @@ before anything runs, check mode, idempotence, waiting for the warmup, an instan
 when one pod fails, and cleanup. The molecule scenarios (extensions/molecule) cover the seed's test table."""
 
 import json
+import subprocess
 import os
 import time
 import uuid
@@ -290,3 +291,31 @@ def test_a_failed_run_leaves_a_pod_it_was_refused_alone_even_after_the_other_run
     results = dict((entry["pod"], entry) for entry in run.facts["npu-host"]["snapshot_generate_results"])
     assert results["pod-a"]["removed"] == [] and "another generation" in results["pod-a"]["reason"], results
     assert results["pod-b"]["removed"] == [str(root / "pod-b")], results
+
+
+def test_a_read_only_store_is_a_clear_error_the_cleanup_does_not_fail_on_and_the_summary_is_printed(
+        tmp_path, pod_factory):
+    """Issue 25: with the snapshot store read-only, generation used to fail with "unexpected error in
+    snapshot_status: [Errno 30] Read-only file system", its cleanup failed the same way, and the per-pod summary was
+    never printed. Now the error names the path and the cause, the cleanup goes on, every engine serves and the
+    summary says what happened to the pod."""
+    c, pod = pod_factory()
+    c.run().wait_ready()
+    expected = [c.generate(p) for p in PROMPTS]
+    store = tmp_path / "host"
+    store.mkdir(mode=0o700)
+    subprocess.run(["mount", "--bind", str(store), str(store)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(store)], check=True)
+        run = run_playbook(tmp_path / "runs", "generate.yml", inventory(tmp_path, "ro", [pod]),
+                           extra_vars=[{"snapshot_generate_fail_on_error": False}])  # the results are dumped
+    finally:
+        subprocess.run(["umount", str(store)], check=True)
+    assert run.rc == 0 and run.facts["npu-host"]["snapshot_generate_outcome"]["status"] == "failed", run
+    assert "unexpected error" not in run.stdout, run
+    entry = run.facts["npu-host"]["snapshot_generate_results"][0]
+    assert entry["status"] == "failed" and "cannot write %s" % store in entry["reason"] \
+        and "Read-only file system -- the storage it is on is read-only; remount it read-write" in entry["reason"], entry
+    assert "%s: failed" % pod["name"] in run.stdout, "the per-pod summary was not printed"
+    assert run.facts["npu-host"]["snapshot_generate_engines"][pod["name"]] == {"engine": "RUNNING", "serving": True}
+    assert [c.generate(p) for p in PROMPTS] == expected

@@ -162,6 +162,8 @@ def join(snapshot_dir, generation_id, lease=DEFAULT_LEASE):
 
 def release(snapshot_dir, generation_id):
     """Drop the claim when it is ours (a lapsed or foreign claim is left as it is)."""
+    if not os.path.isdir(os.path.dirname(snapshot_dir.rstrip("/"))):
+        return False  # nothing was ever written for the pod: no claim (a store that refused the first write)
     with locked(snapshot_dir):
         claim = read(snapshot_dir)
         if claim and claim["id"] == generation_id:
