@@ -64,7 +64,10 @@ options:
     description: Request body; a mapping or list is sent as JSON (with C(Content-Type) C(application/json)).
     type: raw
   headers:
-    description: Request headers.
+    description:
+      - Request headers, for example an C(Authorization) the engine wants. Their values are C(no_log) secrets to
+        Ansible, never in a task result or log (the invocation shows their names only). They are kept in
+        C(canary.json), 0600, encrypted with the rest of the snapshot when it is, and sent again at every restore.
     type: dict
     default: {}
   compare:
@@ -134,7 +137,7 @@ ARGUMENT_SPEC = dict(
     url=dict(type="str", required=True),
     method=dict(type="str"),
     body=dict(type="raw"),
-    headers=dict(type="dict", default={}),
+    headers=dict(type="dict", default={}, no_log=True),
     compare=dict(type="str", default="exact"),
     timeout=dict(type="float", default=30.0),
     docker_cli=dict(type="str", default="docker"),

@@ -1,0 +1,31 @@
+"""snapshot_canary's headers are no_log (issue 28): a header's value -- an engine's bearer token -- never reaches a
+task result, a failure's message or the invocation; only canary.json (0600) keeps it, to ask again at a restore.
+The real module through ansible, against the sample workload."""
+
+import json
+import os
+import stat
+
+from conftest import run_module
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+
+SECRET = "Bearer s3cr3t-canary-token-4f1d"
+IDENTITY = {"namespace": "default", "service": "canary", "instance": "p0", "pod": "canary-0"}
+
+
+def test_a_headers_value_is_kept_in_canary_json_and_never_in_a_result(workload, tmp_path):
+    snapshot_dir = str(tmp_path / "snapshots" / "default" / "canary" / "p0" / "canary-0")
+    args = {"pid": workload.pid, "snapshot_dir": snapshot_dir, "identity": IDENTITY, "compare": "json:answer",
+            "url": workload.url + "/v1/generate?prompt=canary", "headers": {"Authorization": SECRET}}
+    recorded = run_module("snapshot_canary", args, extra_env={"ANSIBLE_VERBOSITY": "3"})  # the invocation shown
+    assert recorded["changed"] and recorded["answer"]["status"] == 200, recorded
+    assert SECRET not in json.dumps(recorded) and "s3cr3t" not in json.dumps(recorded)
+    assert recorded["invocation"]["module_args"]["headers"] == {"Authorization": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}
+    canary = os.path.join(layout.staging_dir(snapshot_dir), layout.CANARY)
+    assert stat.S_IMODE(os.stat(canary).st_mode) == 0o600
+    with open(canary) as handle:
+        assert json.load(handle)["request"]["headers"] == {"Authorization": SECRET}, "asked again at every restore"
+    refused = run_module("snapshot_canary", dict(args, url=workload.url + "/no-such-path"))
+    assert refused["failed"] and "HTTP 404" in refused["msg"], refused
+    assert SECRET not in json.dumps(refused)
