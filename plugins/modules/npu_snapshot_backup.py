@@ -73,8 +73,9 @@ options:
   device_memory:
     description:
       - What the backup saves of the device memory, with the args shape of CANN's snapshot API
-        (C(aclrtSnapShotProcessBackup(pid, args))): V(required) the memory the runtime tags required (C(backupFlags)
-        0), V(required_and_optional) the optional memory too (C(backupFlags) 1). The restore uses the same.
+        (C(aclrtSnapShotProcessBackup(pid, args))). V(required) is the memory the runtime tags required
+        (C(backupFlags) 0), V(required_and_optional) the optional memory too (C(backupFlags) 1). The restore uses
+        the same.
       - A runtime with only the older shape (no arguments) backs up what it backs up; it takes V(required) only, and
         the task fails for V(required_and_optional). RV(snapshot_api) says which shape the engine's runtime has.
       - An agent that predates this option refuses any value but V(required).
@@ -169,9 +170,9 @@ durations:
   sample: {backup: 0.21, record: 0.001}
 snapshot_api:
   description:
-    - The snapshot API the backup went through, as recorded in the device part (C(device/device.json)): C(api)
-      (C(args) or C(legacy), null from an agent that predates the record), C(device_memory), and the
-      C(runtime_api_version) and C(driver_api_version) a restore must find again (args shape).
+    - The snapshot API the backup went through, as recorded in the device part (C(device/device.json)). C(api) is
+      C(args) or C(legacy) (null from an agent that predates the record); C(device_memory) what it saved; and
+      C(runtime_api_version) and C(driver_api_version) what a restore must find again (args shape).
   returned: success
   type: dict
   sample: {api: args, device_memory: required, runtime_api_version: 10000, driver_api_version: 500}
