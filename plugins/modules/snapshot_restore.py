@@ -334,6 +334,16 @@ file_locks:
   returned: when restored from a checkpoint that held POSIX locks
   type: dict
   sample: {checkpointed: 2, taken_back: 2}
+reseed:
+  description:
+    - What the restored engine's agent was told after the restore, so that no two copies of one snapshot share their
+      random streams (docs/security.md). C(told) true, with what the agent re-seeded in the interpreter (C(reseeded))
+      and how many RESTORE_POST hooks of the engine it called with the restore's nonce (C(hooks)); or C(told) false
+      with C(why) (no agent in the process, or one that predates this). An agent that fails to is a cold start with a
+      C(reseed_failed) reason.
+  returned: when restored (with O(method=runtime), in RV(runtime_record))
+  type: dict
+  sample: {told: true, reseeded: [random, ssl], hooks: 1}
 metadata_env_keys:
   description: Names (not values) of the variables written to the metadata file.
   returned: success

@@ -1,7 +1,11 @@
 """Every copy of a snapshot its own randomness (issue 28): the agent re-seeds the interpreter's generators (real
 forked copies of one process, as clones of one snapshot are), calls the engine's RESTORE_POST hooks with the
-restore's nonce once per restore, and notices a restore by itself; the protocol's resumed operation and its nonce."""
+restore's nonce once per restore, and notices a restore by itself; the protocol's resumed operation and its nonce;
+the pipeline's reseed stage, which tells a real agent socket the nonce of the metadata file (an old agent, or none,
+let the restore go on; a hook that fails is a cold start)."""
 
+import importlib
+import importlib.util
 import json
 import os
 import random
@@ -12,8 +16,14 @@ import types
 
 import pytest
 
+import conftest
+import test_pipeline
+from test_pipeline import no_locks  # noqa: F401  # pylint: disable=unused-import  # the fixture
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import launcher, protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import reseed as agent_reseed
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotTimeout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import reseed
 
 NONCE = "0123456789abcdef0123456789abcdef"
 
@@ -174,3 +184,92 @@ def test_the_nonce_is_an_optional_field_of_version_1():
     request = protocol.make_request("resumed", 5, nonce=NONCE)
     assert protocol.parse_request(request) == ("resumed", 5.0) and protocol.parse_nonce(request) == NONCE
     assert textwrap.dedent(launcher.Controller.register_hook.__doc__)  # documented for the engine
+
+
+# ------------------------------------------------- the pipeline's reseed stage, against a real agent socket
+
+def load_agent(package_parent, name):
+    """The agent package below ``package_parent`` imported under ``name`` (an image's copy, old or new)."""
+    path = package_parent / "inferops_agent"
+    spec = importlib.util.spec_from_file_location(name, str(path / "__init__.py"),
+                                                  submodule_search_locations=[str(path)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module(name + ".launcher")
+
+
+@pytest.fixture
+def agent_here(tmp_path):
+    """An agent serving this very process (the pipeline test's 'restored process' is the test itself), as the
+    launcher serves an engine: ``start(agent_module)`` returns its Controller."""
+    servers = []
+
+    def start(module=launcher):
+        controller = module.Controller(runtime=None, runtime_error="no ACL runtime in this test")
+        server = module.AgentServer(str(tmp_path / "agent" / ("agent.%d.sock" % os.getpid())), controller)
+        server.start()
+        servers.append((server, controller))
+        return controller
+    yield start
+    for server, controller in servers:
+        server.close()
+        controller.close()
+
+
+class Restoring(test_pipeline.Broken):
+    """The pipeline test's driver with an agent socket dir, and the metadata file written as a driver writes it."""
+
+    def __init__(self, socket_dir, metadata_path, **kwargs):
+        super(Restoring, self).__init__(**kwargs)
+        self.socket_dir, self.metadata_path = socket_dir, metadata_path
+
+    def after_host_restore(self, attempt):
+        super(Restoring, self).after_host_restore(attempt)
+        metadata.write_host(self.metadata_path, metadata.document({}, True, attempt.snapshot_dir, "snapshot_restore",
+                                                                  restore_nonce=attempt.restore_nonce))
+
+
+def test_every_restore_tells_the_restored_agent_the_nonce_of_its_metadata_file(tmp_path, agent_here, no_locks):
+    controller = agent_here()
+    heard = []
+    controller.register_hook(launcher.RESTORE_POST, heard.append)
+    snap = test_pipeline.snapshot(tmp_path)
+    nonces = []
+    for _restore in range(2):
+        driver = Restoring(str(tmp_path / "agent"), str(tmp_path / "metadata.json"))
+        attempt = test_pipeline.run(snap, driver)
+        assert attempt.restored, attempt.reason
+        with open(str(tmp_path / "metadata.json")) as handle:
+            nonces.append(json.load(handle)["restore_nonce"])
+        assert heard[-1] == nonces[-1] == attempt.restore_nonce
+        assert attempt.details["reseed"] == {"told": True, "reseeded": controller.describe()["resumed"]["reseeded"],
+                                             "hooks": 1}
+        assert list(attempt.watch.durations).index("reseed") == list(attempt.watch.durations).index("metadata") + 1
+    assert nonces[0] != nonces[1] and heard == nonces, "each restore its own nonce"
+
+
+def test_a_hook_that_fails_makes_the_restore_a_cold_start(tmp_path, agent_here, no_locks):
+    def broken(nonce):
+        raise RuntimeError("the sampler is gone")
+    agent_here().register_hook(launcher.RESTORE_POST, broken)
+    driver = Restoring(str(tmp_path / "agent"), str(tmp_path / "metadata.json"))
+    attempt = test_pipeline.run(test_pipeline.snapshot(tmp_path), driver)
+    assert not attempt.restored and attempt.reason.startswith("reseed_failed: resumed refused by the process behind")
+    assert "the sampler is gone" in attempt.reason and driver.calls[-2:] == ["undo", "cold_start"]
+
+
+def test_an_agent_older_than_resumed_lets_the_restore_go_on_and_says_why(tmp_path, agent_here, no_locks):
+    old = load_agent(conftest.old_agent_package(tmp_path), "old_inferops_agent")
+    agent_here(old)
+    driver = Restoring(str(tmp_path / "agent"), str(tmp_path / "metadata.json"))
+    attempt = test_pipeline.run(test_pipeline.snapshot(tmp_path), driver)
+    assert attempt.restored and attempt.details["reseed"]["told"] is False, attempt.details
+    assert "predates re-seeding" in attempt.details["reseed"]["why"] and "'resumed'" in attempt.details["reseed"]["why"]
+
+
+def test_a_process_without_an_agent_is_restored_and_only_its_metadata_file_has_the_nonce(tmp_path, no_locks):
+    told = reseed.tell(os.getpid(), str(tmp_path / "no-agent"), NONCE, 5)
+    assert told["told"] is False and "has no agent socket" in told["why"]
+    with pytest.raises(SnapshotTimeout):  # a snapshot with a device part has an agent: waited for, then a failure
+        reseed.tell(os.getpid(), str(tmp_path / "no-agent"), NONCE, 0.3, wait=True)

@@ -11,6 +11,12 @@ Run it under the inferops agent so the modules can reach its snapshot state:
 Configuration is by environment (see CONFIG below). It honours VLLM_NPU_SNAPSHOT_PATH: when set,
 the engine takes the device snapshot itself after warmup (lock + backup) and only then reports
 ready, as the seed design's engine does.
+
+Randomness after a restore (docs/engines.md): every copy restored from one snapshot starts with the same state of
+every generator in it. The agent re-seeds Python's global ``random`` itself; generators the engine owns it cannot
+reach, so the engine registers a RESTORE_POST hook and re-seeds them from the restore's nonce -- ``sampler`` here,
+standing in for a native sampler such as llama.cpp's. ``forgotten`` is one nobody re-seeds: every copy repeats
+it. GET /v1/random shows all three and the nonce the hook got.
 """
 
 import hashlib
@@ -78,6 +84,20 @@ class Engine:
         self.answers_served = 0
         self._thread_ctx = threading.local()
         self.locked = []  # (descriptor, mapping) kept open: closing either would drop the process's locks on it
+        # The engine's own generators: a sampler it re-seeds after every restore, and one it forgot.
+        self.sampler = random.Random(config["seed"])
+        self.forgotten = random.Random(config["seed"])
+        self.restore_nonce = None
+        register = getattr(controller, "register_hook", None)  # an agent older than hooks has none
+        if register is not None:
+            register(_agent.RESTORE_POST, self.on_restore)
+
+    def on_restore(self, nonce):
+        """RESTORE_POST: this process was restored from a snapshot; ``nonce`` is this restore's own (the metadata
+        file's restore_nonce). Short, and no device call: the engine is still locked."""
+        self.restore_nonce = nonce
+        self.sampler.seed(int(nonce, 16))
+        log("restored: sampler re-seeded from the restore's nonce")
 
     def _bind_thread(self):
         """ACL contexts are per thread: every serving thread sets the device once."""
@@ -187,6 +207,13 @@ class Engine:
             self.phase = "serving"  # resumed after the host snapshot
         return self.phase
 
+    def draws(self, count):
+        """``count`` numbers from each generator: Python's global one, the engine's sampler, the forgotten one."""
+        return {"global": [random.random() for _n in range(count)],
+                "sampler": [self.sampler.random() for _n in range(count)],
+                "forgotten": [self.forgotten.random() for _n in range(count)],
+                "restore_nonce": self.restore_nonce, "pid": os.getpid()}
+
     def info(self):
         metadata = None
         try:
@@ -222,6 +249,8 @@ def make_handler(engine):
                 return self._send(200 if ready else 503, {"ready": ready, "phase": phase, "error": engine.error})
             if url.path == "/v1/info":
                 return self._send(200, engine.info())
+            if url.path == "/v1/random":
+                return self._send(200, engine.draws(min(int(parse_qs(url.query).get("n", ["4"])[0]), 64)))
             if url.path == "/v1/generate":
                 if engine.current_phase() not in READY_PHASES:
                     return self._send(503, {"error": "not ready: %s" % engine.phase})

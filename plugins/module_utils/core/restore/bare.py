@@ -103,7 +103,8 @@ class BareProcess(Driver):
             raise Fallback(why)
 
     def prepare(self, attempt):
-        doc = metadata.document(self.env, True, attempt.snapshot_dir, "snapshot_restore", engine=ENGINE)
+        doc = metadata.document(self.env, True, attempt.snapshot_dir, "snapshot_restore", engine=ENGINE,
+                                restore_nonce=attempt.restore_nonce)
         metadata.write_host(self.metadata_path, doc)
         attempt.details["metadata_env_keys"] = metadata.env_keys(doc)
 

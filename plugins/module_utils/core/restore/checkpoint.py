@@ -173,7 +173,7 @@ def write_metadata(docker, container_id, metadata_path, env, attempt, restored):
     merged.update(env)
     doc = metadata.document(merged, restored, attempt.snapshot_dir, "snapshot_restore", attempt.reason,
                             engine="docker", container=(info.get("Name") or "").lstrip("/") or container_id,
-                            container_id=container_id)
+                            container_id=container_id, restore_nonce=attempt.restore_nonce if restored else None)
     inner_dir, name = os.path.split(metadata_path)
     scratch = tempfile.mkdtemp(prefix="inferops-meta-")
     try:

@@ -397,7 +397,7 @@ class OnCreate(Driver):
                                  image_checked=bool(self.image_id(attempt)),
                                  identity_checked=self.identity is not None),
                   "identity": self.identity, "requester": self.request.get("requester")}
-        for detail in ("record_error", "lazy_pages", "file_locks"):
+        for detail in ("record_error", "lazy_pages", "file_locks", "reseed"):
             if detail in attempt.details:
                 record[detail] = attempt.details[detail]
         self.node.log.event("restore", **record)
@@ -409,7 +409,7 @@ class OnCreate(Driver):
                                 attempt.reason, engine="docker", container=self.docker.get("name") or self.container_id,
                                 container_id=self.container_id, identity=self.identity,
                                 source=self.source if restored else None,
-                                restore_nonce=fleet.new_nonce() if restored else None)
+                                restore_nonce=attempt.restore_nonce if restored else None)
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             metadata.write_in_root(root_fd, inner or self.paths[0], doc, self.user.get("uid"), self.user.get("gid"))

@@ -6,8 +6,8 @@
 Every restore -- ``snapshot_restore`` with ``docker start --checkpoint``, the node's restore-on-create
 runtime, a bare process -- runs these stages on one stopwatch:
 
-    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> file_locks -> device_restore
-        -> pages_in -> canary -> complete
+    locate, verify -> check -> prepare -> host_restore -> verify_pages -> metadata -> reseed -> file_locks
+        -> device_restore -> pages_in -> canary -> complete
                  any failure, at any stage: undo what was started -> cold_start, with the reason
     then, whatever happened: commit (the outcome, written once)
 
@@ -50,10 +50,10 @@ import os
 import threading
 import traceback
 
-from .. import canary, device, encryption, layout, manifest, paths, plaintext, proc, stage as staged_cache, status
+from .. import canary, device, encryption, fleet, layout, manifest, paths, plaintext, proc, stage as staged_cache, status
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
-from . import file_locks, verify
+from . import file_locks, reseed, verify
 
 
 DECRYPT_DIR = "/dev/shm"   # tmpfs: the plaintext of an encrypted snapshot never reaches a disk
@@ -102,6 +102,7 @@ class Attempt:
         self.reason = None
         self.details = {}              # driver facts for the caller's result (container id, placement, ...)
         self.documents = {}            # {relpath: bytes} of the small files, as read and hashed by the verification
+        self.restore_nonce = fleet.new_nonce()  # this restore's own: its metadata file's, and the agent's (reseed.py)
 
     @property
     def outcome(self):
@@ -332,6 +333,13 @@ def run(driver, attempt):
                 driver.release(attempt)
         with stage("metadata"):
             driver.after_host_restore(attempt)
+        # -- issue 28: every restored copy its own randomness (the nonce the drivers wrote into the metadata file) --
+        with stage("reseed"):
+            attempt.details["reseed"] = reseed.tell(
+                attempt.pid, driver.agent_socket_dir(attempt), attempt.restore_nonce, attempt.remaining(1.0),
+                wait=bool(attempt.device_restore and attempt.manifest.get("device")),
+                gone=lambda: not driver.alive(attempt))
+        # -- end issue 28 --
         with stage("file_locks"):  # the POSIX locks CRIU dropped at the restore, held again before anything serves
             locks = file_locks.hold_again(attempt.images_dir, attempt.pid, driver.agent_socket_dir(attempt),
                                           min(attempt.remaining(1.0), 10.0), gone=lambda: not driver.alive(attempt))

@@ -196,7 +196,7 @@ def _result(attempt, base, warn):
         warn("cold start instead of a restore: %s" % attempt.reason)
     result = dict(base, changed=True, restored=attempt.restored, reason=attempt.reason, verify=attempt.verdict,
                   durations=attempt.watch.durations)
-    for key in ("placement", "metadata_env_keys", "file_locks", "runtime_record"):
+    for key in ("placement", "metadata_env_keys", "file_locks", "reseed", "runtime_record"):
         if key in attempt.details:
             result[key] = attempt.details[key]
     if attempt.device_actions is not None:

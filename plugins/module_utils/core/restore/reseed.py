@@ -1,0 +1,56 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""After every restore, the restored process's randomness its own. PRIVATE to the inferops.snapshot collection.
+
+Every process restored from one snapshot -- each restore, each clone -- starts with the same memory, so with the
+same state of every pseudo-random generator in it: every copy would repeat the same "random" request ids, TLS
+secrets and sampling seeds. The pipeline gives each restore a fresh nonce (``Attempt.restore_nonce``), which the
+driver writes into the metadata file, and its ``reseed`` stage -- right after the metadata file, before the
+device state is back and the engine unlocked -- tells the restored process's agent (protocol.OP_RESUMED, with the
+nonce): the agent re-seeds the generators it can reach in the interpreter and calls the engine's RESTORE_POST
+hooks with the nonce (agent/reseed.py, docs/agent.md).
+
+- A process whose snapshot has a device part has an agent: its socket is waited for, as the device stage does.
+  Otherwise a process without an agent's socket cannot be told; its metadata file has the nonce, the result
+  says so (``told: false``).
+- An agent older than the operation refuses it as a bad request: the restore goes on, and the result says why the
+  engine was not re-seeded (its image's copy of the agent predates this).
+- An agent that is there and cannot do it -- a hook of the engine that fails, a generator it cannot re-seed, no
+  answer -- fails the stage: a cold start (``reseed_failed:``), since copies of one snapshot could then share
+  their random streams.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ..agent import protocol
+from ..clients.control import AgentSocketClient
+from ..errors import RuntimeRefusedError
+
+AGENT_WAIT = 5.0      # the socket comes back with its process (device.resume_process waits the same way)
+REQUEST_TIMEOUT = 10.0
+
+
+def tell(pid, socket_dir, nonce, timeout, wait=False, gone=None):
+    """Tell the agent of the restored process ``pid`` that it was restored, with the restore's ``nonce``; returns what
+    happened (``told``, and what was re-seeded or why nothing was). SnapshotError when the agent could not do it."""
+    if not socket_dir:
+        return {"told": False, "why": "no agent socket directory for this restore"}
+    client = AgentSocketClient.for_pid(pid, socket_dir)
+    if wait:
+        client.wait_listening(min(timeout, AGENT_WAIT), gone=gone)
+    elif not client.listening():
+        return {"told": False, "why": "the restored process has no agent socket at %s: only its metadata file has the "
+                                      "restore's nonce" % client.path}
+    try:
+        reply = client.request(protocol.OP_RESUMED, min(timeout, REQUEST_TIMEOUT), nonce=nonce)
+    except RuntimeRefusedError as exc:
+        error = exc.result.get("error") or {}
+        if error.get("kind") != protocol.KIND_BAD_REQUEST:
+            raise
+        return {"told": False, "why": "the engine's agent predates re-seeding after a restore (%s): copy the "
+                                      "collection's agent into the image again" % error.get("message")}
+    resumed = reply.get("resumed") or {}
+    return {"told": True, "reseeded": resumed.get("reseeded"), "hooks": resumed.get("hooks")}
