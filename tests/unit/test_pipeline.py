@@ -4,12 +4,15 @@ nothing is left behind (no half-restored process, no plaintext, no held staged c
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from test_stage import IDENTITY, PAGES, fields, make
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, layout, seal, stage, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import clock, encryption
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import held as held_files
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import file_locks, pipeline
 
@@ -226,15 +229,91 @@ def test_a_delegated_restore_hashes_only_what_it_acts_on_and_runs_no_stage_of_it
     assert layout.MANIFEST in attempt.documents and layout.DEVICE_PART in attempt.documents
 
 
+def swap(path, data):
+    """What a writer of the store does to replace a file without writing into the one being read: a new file, renamed
+    over it."""
+    with open(path + ".new", "wb") as handle:
+        handle.write(data)
+    os.rename(path + ".new", path)
+
+
 def test_documents_are_used_as_verified_not_read_again(tmp_path, no_locks):
     snap = snapshot(tmp_path)
 
     class Swapping(Broken):
         def check(self, attempt):  # a writer swaps the device part after the verification
-            with open(os.path.join(attempt.snapshot_dir, layout.DEVICE_PART), "w") as handle:
-                handle.write('{"forged": true}')
+            swap(os.path.join(attempt.snapshot_dir, layout.DEVICE_PART), b'{"forged": true}')
             self.seen = attempt.document(layout.DEVICE_PART)
 
     driver = Swapping()
     attempt = run(snap, driver)
     assert attempt.restored and b"forged" not in driver.seen and b"BACKED_UP" in driver.seen
+
+
+class ReadsPages(Broken):
+    """A host restore that reads the page image as CRIU would, from the directory the pipeline gives it."""
+
+    def host_restore(self, attempt):
+        self.swap_now(attempt)
+        with open(os.path.join(attempt.images_dir, "pages-1.img"), "rb") as handle:
+            self.restored_bytes = handle.read()
+        return super(ReadsPages, self).host_restore(attempt)
+
+    def swap_now(self, attempt):
+        pass
+
+
+def test_a_page_image_swapped_by_rename_after_the_verification_is_not_what_the_restore_reads(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    original = open(os.path.join(snap, PAGES), "rb").read()
+
+    class Swapping(ReadsPages):
+        def swap_now(self, attempt):
+            swap(os.path.join(attempt.snapshot_dir, PAGES), b"forged" + original[6:])
+
+    driver = Swapping()
+    attempt = run(snap, driver)
+    assert attempt.restored and driver.restored_bytes == original, "the inode verified is the inode restored"
+    assert attempt.verdict["held"]["mode"] == "leased"
+
+
+def test_a_page_image_opened_for_writing_while_the_restore_reads_it_is_a_cold_start_before_anything_runs(
+        tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    writer = []
+
+    class Writing(ReadsPages):
+        def swap_now(self, attempt):  # another process opens it to write: the kernel holds it off and breaks the lease
+            writer.append(subprocess.Popen([sys.executable, "-c", "import os, sys; os.open(sys.argv[1], os.O_WRONLY)",
+                                            os.path.join(attempt.snapshot_dir, PAGES)]))
+            clock.wait_for(lambda: (bool(attempt.held.broken()), attempt.held.broken()), 30, 0.01,
+                           what="the lease to break")
+
+    driver = Writing()
+    attempt = run(snap, driver)
+    assert not attempt.restored and attempt.reason.startswith("swapped: " + PAGES), attempt.reason
+    assert "release" not in driver.calls and driver.calls[-2:] == ["undo", "cold_start"]
+    assert writer[0].wait(timeout=30) == 0, "the writer goes on once the restore let go"
+
+
+def test_where_no_lease_can_be_taken_the_restore_reads_a_copy_made_by_the_read_that_verified_it(
+        tmp_path, no_locks, monkeypatch):
+    monkeypatch.setattr(held_files, "F_SETLEASE", -1)  # as on NFS: fcntl refuses the lease
+    snap = snapshot(tmp_path)
+    shm = str(tmp_path / "shm")
+    original = open(os.path.join(snap, PAGES), "rb").read()
+
+    class Swapping(ReadsPages):
+        def swap_now(self, attempt):
+            with open(os.path.join(attempt.snapshot_dir, PAGES), "r+b") as handle:  # in place: no lease to break
+                handle.write(b"forged")
+            assert attempt.held.mode == "copied" and attempt.images_dir.startswith(shm)
+
+    driver = Swapping()
+    attempt = run(snap, driver, decrypt_dir=shm)
+    assert attempt.restored and driver.restored_bytes == original, attempt.reason
+    files = sum(len(names) for _dir, _sub, names in os.walk(snap))
+    assert attempt.verdict["held"] == {"mode": "copied", "files": files,
+                                       "why_copied": attempt.verdict["held"]["why_copied"]}
+    assert "cannot be leased here" in attempt.verdict["held"]["why_copied"]
+    assert os.listdir(shm) == [], "the copy is gone with the restore"

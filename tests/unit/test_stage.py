@@ -250,6 +250,7 @@ class Fake(pipeline.Driver):
 
     def host_restore(self, attempt):
         self.read_from = attempt.images_dir
+        self.read_inode = os.stat(os.path.join(attempt.images_dir, os.path.basename(PAGES))).st_ino
         return os.getpid()
 
     def cold_start(self, attempt):
@@ -280,7 +281,9 @@ def test_a_tampered_copy_falls_back_to_the_full_verification_of_the_snapshot(tmp
     stage.stage(snap, cache)
     tamper_keeping_mtime(os.path.join(layout.stage_content(entry_dir(cache, snap)), PAGES))
     driver, attempt = restore(snap, cache)
-    assert attempt.restored and driver.read_from == layout.images_dir(snap), "restored from the snapshot itself"
+    assert attempt.restored and driver.read_inode == os.stat(os.path.join(snap, PAGES)).st_ino, \
+        "restored from the snapshot itself (the very files the verification held)"
+    assert driver.read_from != layout.images_dir(layout.stage_content(entry_dir(cache, snap)))
     assert attempt.verdict["checksums"] == "verified" and attempt.verdict["staged"] is None
     assert "ctime_ns" in attempt.verdict["staged_miss"]
     assert attempt.verdict["hashed_bytes"] > 200000

@@ -252,12 +252,13 @@ def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
     return written
 
 
-def decrypt_file(keys, source, target, relpath, pool=None):
+def decrypt_file(keys, source, target, relpath, pool=None, fd=None):
     """Decrypt ``source`` into ``target`` (0600) with the right one of ``keys`` ({id: key}); DecryptError otherwise.
+    ``fd``: read the ciphertext through this descriptor (the one a restore holds: held.Held) instead of the path.
 
     Each chunk is read, authenticated and written at its place by a worker of ``pool``: the plaintext is
     read only after the whole file is written (CRIU restores from it), so the order does not matter."""
-    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd_in = os.dup(fd) if fd is not None else os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         head = os.pread(fd_in, HEADER.size, 0)
         if len(head) != HEADER.size:
@@ -351,11 +352,14 @@ def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None, digest=Non
     return digests
 
 
-def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None):
+def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None, files=None):
+    """Decrypt ``relpaths`` of ``source_dir`` into ``target_dir``; ``files``: the descriptors a restore holds
+    (held.Held), read instead of the paths."""
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for rel in relpaths:
             paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
-            decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool)
+            decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool,
+                         fd=files.fd(rel) if files is not None else None)
 
 
 def decrypt_bytes(keys, data, relpath):

@@ -57,10 +57,14 @@ def list_files(root):
     return found
 
 
-def _hash_range(path, offset=0, length=None):
-    """(bytes read, sha256) of ``length`` bytes of ``path`` from ``offset`` (to the end when None)."""
+def _hash_range(path, offset=0, length=None, fd=None, sink=None):
+    """(bytes read, sha256) of ``length`` bytes of ``path`` from ``offset`` (to the end when None). ``fd``: read
+    through this descriptor (held.Held) instead of opening ``path``; ``sink``: write what was read there too, at
+    the same offsets (a copy made by the read that verifies it)."""
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    own = fd is None
+    if own:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead when cold
@@ -73,9 +77,12 @@ def _hash_range(path, offset=0, length=None):
             if not n:
                 break
             digest.update(view[:n])  # hashlib releases the GIL: files and chunks hash in parallel threads
+            if sink is not None:
+                _write_at(sink, view[:n], offset + done)
             done += n
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
     return done, digest.hexdigest()
 
 
@@ -96,22 +103,23 @@ def fingerprint(directory):
         return None
 
 
-def hash_tree(root, whole, chunked=None, workers=None, progress=None):
+def hash_tree(root, whole, chunked=None, workers=None, progress=None, files=None):
     """Hash files in parallel threads: ``whole`` relpaths as one stream each, ``chunked`` ({relpath:
     chunk_bytes}) chunk by chunk, so that one big file is hashed on every core at once.
 
     Returns (results {relpath: (size, sha256)} for ``whole``, chunks {relpath: [(length, sha256), ...]}
     for ``chunked``, stats). ``progress(done_bytes, done_jobs)`` is called as jobs complete. A file in
     both is read twice (sealing does that, from the page cache the checkpoint just filled); verification
-    reads every byte once.
+    reads every byte once. ``files``: a held.Held the files are read through (and copied into), instead of paths.
     """
     chunked = chunked or {}
+    size_of = files.size if files is not None else (lambda rel: os.lstat(os.path.join(root, rel)).st_size)
     jobs = []
     for rel in whole:
-        size = os.lstat(os.path.join(root, rel)).st_size
+        size = size_of(rel)
         jobs.append((rel, None, 0, None, (1 if rel in chunked else 0, size)))
     for rel, chunk_bytes in chunked.items():
-        size = os.lstat(os.path.join(root, rel)).st_size
+        size = size_of(rel)
         for index, offset in enumerate(range(0, max(size, 1), chunk_bytes)):
             length = min(chunk_bytes, size - offset)
             jobs.append((rel, index, offset, length, (0, length)))
@@ -121,7 +129,9 @@ def hash_tree(root, whole, chunked=None, workers=None, progress=None):
     started = time.monotonic()
     results, chunks, done_bytes = {}, {}, 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [(job, pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3])) for job in jobs]
+        futures = [(job, pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3],
+                                     *((files.fd(job[0]), files.sink(job[0])) if files is not None else ())))
+                   for job in jobs]
         for count, (job, future) in enumerate(futures, 1):
             got = future.result()
             if job[1] is None:
@@ -213,28 +223,41 @@ DOCUMENTS = (MANIFEST, layout.CONTAINER_RECORD, layout.CANARY, layout.DEVICE_PAR
 DOCUMENT_LIMIT = 16 * 1024 * 1024
 
 
-def read_document(path, limit=DOCUMENT_LIMIT):
-    """The bytes of a small regular file, never through a link; a larger one is an error, not a partial read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+def read_document(path, limit=DOCUMENT_LIMIT, fd=None, sink=None):
+    """The bytes of a small regular file, never through a link; a larger one is an error, not a partial read.
+    ``fd``: read through this descriptor (held.Held) instead of opening ``path``; ``sink``: also write them there."""
+    own = fd is None
+    if own:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("%s is not a regular file" % path)
         chunks, total = [], 0
         while True:
-            data = os.read(fd, 1 << 20)
+            data = os.pread(fd, 1 << 20, total)
             if not data:
                 break
+            if sink is not None:
+                _write_at(sink, data, total)
             total += len(data)
             if total > limit:
                 raise ValueError("%s is larger than %d bytes" % (path, limit))
             chunks.append(data)
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
     return b"".join(chunks)
 
 
+def _write_at(fd, data, offset):
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
 def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None, defer=None,
-           keep=DOCUMENTS, unhashed=None):
+           keep=DOCUMENTS, unhashed=None, files=None):
     """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
 
     ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
@@ -258,6 +281,9 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     ``details["documents"]`` ({relpath: bytes}, only those whose digest is the listed one): the manifest is
     parsed from its own, and a restore acts on these bytes, never on the file again. ``checksum.sha256`` is read
     once too: its fingerprint, its parse and the signature check are of the same bytes.
+
+    ``files`` (held.Held): every file is read through the descriptors the restore holds (and copied as it is
+    read, when the Held copies), never by path: what is verified is what the restore then reads.
     """
     expect = expect or {}
     reasons = []
@@ -271,14 +297,30 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     if reasons:
         return False, reasons, details
 
+    def held(rel):
+        """(fd, sink) of ``rel`` through ``files``: a file the restore did not hold is not verified."""
+        if files is None:
+            return None, None
+        if rel not in files.fds:
+            raise ValueError("%s appeared after the restore began" % rel)
+        return files.fd(rel), files.sink(rel)
+
+    def size_of(rel):
+        return files.size(rel) if files is not None and rel in files.fds else \
+            os.lstat(os.path.join(directory, rel)).st_size
+
     try:
-        raw = read_document(os.path.join(directory, CHECKSUMS))
+        raw = read_document(os.path.join(directory, CHECKSUMS), DOCUMENT_LIMIT, *held(CHECKSUMS))
         listed = parse_checksums(raw.decode("utf-8"))
     except (ChecksumFormatError, UnicodeDecodeError, ValueError, IOError, OSError) as exc:
         return False, ["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)], details
     details["fingerprint"] = hashlib.sha256(raw).hexdigest()
     # Who made it, before anything else is read: an untrusted snapshot is refused whatever it holds.
-    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw)
+    signed = None
+    if files is not None and layout.SIGNATURE in files.fds:
+        signed = read_document(os.path.join(directory, layout.SIGNATURE), 64 * 1024, *held(layout.SIGNATURE))
+    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw,
+                                                                         document=signed)
     if refused:
         return False, [refused], details
     reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
@@ -298,12 +340,12 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     details["checksums"] = "verified" if not taken else ("sizes only" if not hash_files else
                                                          "verified but %d files taken as listed" % len(taken))
     # Taken as listed; a file whose size differs from the manifest's record is still caught below.
-    hashes.update((rel, (os.lstat(os.path.join(directory, rel)).st_size, listed[rel])) for rel in taken)
+    hashes.update((rel, (size_of(rel), listed[rel])) for rel in taken)
     documents = details["documents"]
     for rel in to_hash:
         if rel in keep and rel not in hashes:
             try:
-                data = read_document(os.path.join(directory, rel))
+                data = read_document(os.path.join(directory, rel), DOCUMENT_LIMIT, *held(rel))
             except (IOError, OSError, ValueError) as exc:
                 return False, ["unreadable: %s: %s" % (rel, exc)], details
             hashes[rel] = (len(data), hashlib.sha256(data).hexdigest())
@@ -315,7 +357,7 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     for rel, entry in plan.items():
         if rel not in to_hash:
             continue
-        size = os.lstat(os.path.join(directory, rel)).st_size
+        size = size_of(rel)
         if size != entry["size"]:
             hashes[rel] = (size, None)  # truncated or grown: no need to read it to know
         else:
@@ -330,10 +372,18 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
                                                    if rel in chunked),
                                    "listed": dict((rel, listed[rel]) for rel in later)}
             for rel in later:  # taken as listed for now; the size is checked against the manifest below
-                hashes[rel] = (os.lstat(os.path.join(directory, rel)).st_size, listed[rel])
+                hashes[rel] = (size_of(rel), listed[rel])
             whole = [rel for rel in whole if rel not in hashes]
             chunked = dict((rel, size) for rel, size in chunked.items() if rel not in hashes)
-    whole_hashes, chunk_hashes, stats = hash_tree(directory, whole, chunked, workers=workers, progress=progress)
+    try:
+        if files is not None:
+            missing = sorted(rel for rel in whole + list(chunked) if rel not in files.fds)
+            if missing:
+                raise ValueError("%s appeared after the restore began" % ", ".join(missing))
+        whole_hashes, chunk_hashes, stats = hash_tree(directory, whole, chunked, workers=workers, progress=progress,
+                                                      files=files)
+    except (IOError, OSError, ValueError) as exc:
+        return False, ["unreadable: the snapshot's files could not be hashed: %s" % exc], details
     hashes.update(whole_hashes)
     for rel in chunked:
         good = [digest for _length, digest in chunk_hashes[rel]] == plan[rel]["chunks"]
@@ -366,11 +416,11 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     return not reasons, reasons, details
 
 
-def verify_deferred(directory, deferred, workers=None, progress=None):
+def verify_deferred(directory, deferred, workers=None, progress=None, files=None):
     """The content check ``verify(defer=...)`` left for later: (reasons, stats); [] when every byte is as listed."""
     chunked = dict((rel, entry[0]) for rel, entry in deferred["chunked"].items())
     whole_hashes, chunk_hashes, stats = hash_tree(directory, deferred["whole"], chunked, workers=workers,
-                                                  progress=progress)
+                                                  progress=progress, files=files)
     reasons = []
     for rel in sorted(deferred["listed"]):
         if rel in chunked:

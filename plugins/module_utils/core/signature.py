@@ -147,18 +147,21 @@ def sign(directory, private_key):
     return document
 
 
-def check(directory, trusted, checksums=None):
+def check(directory, trusted, checksums=None, document=None):
     """(authenticated, reason or None, key id or None) of a published snapshot against ``trusted``
     ({key id: public key}). Without trusted keys nothing is authenticated and nothing is refused.
-    ``checksums``: the bytes of checksum.sha256 the caller read (and goes on using); read here otherwise."""
+    ``checksums`` / ``document``: the bytes of checksum.sha256 and signature.json the caller read (and goes on
+    using); read here otherwise."""
     path = os.path.join(directory, layout.SIGNATURE)
     if not trusted:
         return False, None, None
-    if not os.path.isfile(path) or os.path.islink(path):
+    if document is None and (not os.path.isfile(path) or os.path.islink(path)):
         return False, "unsigned: the snapshot has no %s, and this host trusts only signed snapshots" % layout.SIGNATURE, None
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(64 * 1024)
+        raw = document
+        if raw is None:
+            with open(path, "rb") as handle:
+                raw = handle.read(64 * 1024)
         document = json.loads(raw.decode("utf-8"))
         if checksums is None:
             with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:

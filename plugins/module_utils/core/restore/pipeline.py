@@ -51,6 +51,7 @@ import threading
 import traceback
 
 from .. import canary, device, encryption, fleet, layout, manifest, paths, plaintext, proc, stage as staged_cache, status
+from .. import held as held_files
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import file_locks, reseed, verify
@@ -91,6 +92,7 @@ class Attempt:
         self.leave_stopped = False     # the host restore leaves the tasks stopped, for release() after the verdict
         self.stage_dir = stage_dir     # the node's cache of verified snapshots (stage.py), or None
         self.staged = None             # the verified copy restored from (stage.Entry, held until the end), or None
+        self.held = None               # the snapshot's files held for this restore (held.Held), or None
         self.verdict = None
         self.manifest = None
         self.pid = None
@@ -133,8 +135,12 @@ class Attempt:
 
     @property
     def stored_dir(self):
-        """Where the snapshot's files as stored are read from: its verified staged copy, or the snapshot."""
-        return self.staged.dir if self.staged else self.snapshot_dir
+        """Where the snapshot's files as stored are read from, once verified: its staged copy, the very files the
+        verification hashed (held.Held's view: leased, or copied as they were hashed), or -- for a path that reads
+        nothing of the images itself -- the snapshot."""
+        if self.staged:
+            return self.staged.dir
+        return self.held.view if self.held else self.snapshot_dir
 
     @property
     def plain_dir(self):
@@ -269,14 +275,22 @@ def run(driver, attempt):
             attempt.snapshot_dir = driver.locate(attempt)
             expect = dict(driver.expectations(attempt), checksum=attempt.checksum)
             staged_why = _find_staged(driver, attempt)
+            if not (attempt.staged or attempt.check_mode or driver.delegates):
+                try:  # every file opened once, before anything is hashed: what is verified is what is restored
+                    attempt.held = held_files.Held.open(attempt.snapshot_dir, attempt.decrypt_dir)
+                except held_files.HoldError as exc:
+                    raise Fallback(exc.reason)
+            # Hashing the page images while CRIU reads them needs both to read the same bytes: the same leased inodes
             defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
-                and not attempt.staged else None
+                and not attempt.staged and (attempt.held is None or attempt.held.mode == held_files.LEASED) else None
             # A delegate hashes the images right before it restores them; this run hashes what it acts on itself.
             unhashed = _is_image if driver.delegates and not attempt.check_mode else None
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
                                                  attempt.workers, attempt.hash_files and not attempt.staged,
                                                  trusted=attempt.trusted, world_now=driver.world_now, defer=defer,
-                                                 unhashed=unhashed)
+                                                 unhashed=unhashed, files=attempt.held)
+            if attempt.held:
+                attempt.verdict["held"] = attempt.held.summary()
             deferred = attempt.verdict.pop("deferred", None)
             attempt.documents = attempt.verdict.pop("documents", None) or {}
             if attempt.staged:
@@ -296,7 +310,7 @@ def run(driver, attempt):
             _check_memory(attempt)  # before anything is decrypted or restored
             deferred = _leave_to_decryption(attempt, deferred)
             if deferred:
-                pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers).start()
+                pages = PageCheck(attempt.snapshot_dir, deferred, attempt.workers, attempt.held).start()
                 attempt.leave_stopped = True
         if attempt.manifest.get("encryption") and not driver.delegates:
             with stage("decrypt"):
@@ -319,18 +333,21 @@ def run(driver, attempt):
                 driver.complete(attempt)
             attempt.restored = True
             return attempt
-        if pages is not None:
-            with stage("verify_pages"):  # nothing restored has run yet: the verdict decides whether it ever does
-                wrong = pages.result(attempt.remaining())
-                attempt.verdict["overlapped"] = {"files": len(pages.deferred["listed"]), "hashing": pages.stats,
-                                                 "task_states_at_verdict": proc.tree_states(attempt.pid),
-                                                 "released": not wrong}
-                attempt.verdict["hashed_bytes"] = (attempt.verdict.get("hashed_bytes") or 0) + \
-                    (pages.stats or {}).get("bytes", 0)
+        if pages is not None or attempt.held is not None:
+            with stage("verify_pages"):  # nothing restored has run yet (leave-stopped): the verdict decides
+                wrong = pages.result(attempt.remaining()) if pages is not None else []
+                wrong = wrong + _swapped(attempt)
+                if pages is not None:
+                    attempt.verdict["overlapped"] = {"files": len(pages.deferred["listed"]), "hashing": pages.stats,
+                                                     "task_states_at_verdict": proc.tree_states(attempt.pid),
+                                                     "released": not wrong}
+                    attempt.verdict["hashed_bytes"] = (attempt.verdict.get("hashed_bytes") or 0) + \
+                        (pages.stats or {}).get("bytes", 0)
                 if wrong:
                     attempt.verdict.update(valid=False, reasons=wrong)
                     raise Fallback("; ".join(wrong))
-                driver.release(attempt)
+                if attempt.leave_stopped:
+                    driver.release(attempt)
         with stage("metadata"):
             driver.after_host_restore(attempt)
         # -- issue 28: every restored copy its own randomness (the nonce the drivers wrote into the metadata file) --
@@ -350,6 +367,9 @@ def run(driver, attempt):
                 attempt.device_actions = driver.device_resume(attempt)
         with stage("pages_in"):  # every page in before anything serves from it (at once unless lazy, or done above)
             driver.pages_in(attempt)
+            wrong = _swapped(attempt)  # a lazy restore read the page images until now
+            if wrong:
+                raise Fallback("; ".join(wrong))
         recorded = canary.parse(attempt.document(layout.CANARY)) if attempt.has_document(layout.CANARY) else None
         if recorded is not None:
             with stage("canary"):  # the restored engine answers as the checkpointed one did, or it is not restored
@@ -383,6 +403,9 @@ def run(driver, attempt):
     finally:
         if attempt.staged:  # CRIU has read the copy: retention may remove it again
             attempt.staged.release()
+        if attempt.held:  # CRIU has read everything it will: leases, descriptors and the view go
+            attempt.held.close()
+            attempt.held = None
         if attempt.plain:  # CRIU has read the images: the plaintext goes, whatever happened
             attempt.plain.remove()
             attempt.plain = None
@@ -390,6 +413,13 @@ def run(driver, attempt):
         if not attempt.check_mode:
             driver.commit(attempt)
     return attempt
+
+
+def _swapped(attempt):
+    """Reasons when someone opened a held file for writing while the restore read it (held.Held.broken)."""
+    broken = attempt.held.broken() if attempt.held is not None else []
+    return ["swapped: %s was opened for writing while the restore read it; nothing restored from it runs" % rel
+            for rel in broken]
 
 
 def _is_image(relpath):
@@ -432,10 +462,11 @@ def _find_staged(driver, attempt):
 
 
 class PageCheck:
-    """The deferred content check of the page images (manifest.verify_deferred), in a thread of its own."""
+    """The deferred content check of the page images (manifest.verify_deferred), in a thread of its own, through the
+    descriptors the restore holds (``files``) when it holds them."""
 
-    def __init__(self, directory, deferred, workers=None):
-        self.directory, self.deferred, self.workers = directory, deferred, workers
+    def __init__(self, directory, deferred, workers=None, files=None):
+        self.directory, self.deferred, self.workers, self.files = directory, deferred, workers, files
         self.reasons = None
         self.stats = None
         self._thread = threading.Thread(target=self._run, name="inferops-verify-pages")
@@ -447,7 +478,8 @@ class PageCheck:
 
     def _run(self):
         try:
-            self.reasons, self.stats = manifest.verify_deferred(self.directory, self.deferred, self.workers)
+            self.reasons, self.stats = manifest.verify_deferred(self.directory, self.deferred, self.workers,
+                                                                files=self.files)
         except Exception as exc:  # unreadable now: not verified, so never released
             self.reasons = ["unreadable: the page images could not be hashed: %s: %s" % (type(exc).__name__, exc)]
 
@@ -508,7 +540,8 @@ def decrypt(attempt):
     attempt.plain = plaintext.PrivateDir(attempt.decrypt_dir)  # 0700, ours alone
     try:
         encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,
-                                attempt.plain_dir, described["files"], attempt.workers)
+                                attempt.plain_dir, described["files"], attempt.workers,
+                                files=attempt.held if attempt.held and attempt.held.mode == held_files.LEASED else None)
     except encryption.DecryptError as exc:
         raise Fallback(exc.msg)
 

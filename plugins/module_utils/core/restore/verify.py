@@ -59,7 +59,7 @@ def engine_reason(recorded, engine):
 
 
 def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
-                world_now=None, defer=None, unhashed=None):
+                world_now=None, defer=None, unhashed=None, files=None):
     """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest, documents}; never raises
     for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
     ``engine``: docker or criu, the engine that would restore it (None: any). ``trusted``: the public keys a
@@ -68,16 +68,20 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
     it was taken in (world.py).
 
     ``documents``: the small files (manifest.DOCUMENTS) as read and hashed -- what a restore acts on instead of
-    reading them again. ``hash_files=False`` / ``unhashed``: see manifest.verify. ``defer``: see manifest.verify;
-    the verdict's ``deferred`` is then what ``manifest.verify_deferred`` must still pass.
+    reading them again. ``hash_files=False`` / ``unhashed`` / ``files`` (the descriptors a restore holds): see
+    manifest.verify. ``defer``: see manifest.verify; the verdict's ``deferred`` is then what
+    ``manifest.verify_deferred`` must still pass.
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
-                                              hash_files=hash_files, trusted=trusted, defer=defer, unhashed=unhashed)
+                                              hash_files=hash_files, trusted=trusted, defer=defer, unhashed=unhashed,
+                                              files=files)
     recorded = details["manifest"]
     mismatch = engine_reason(recorded, engine)
     if mismatch:
         reasons.append(mismatch)
-    if valid and not os.path.isfile(os.path.join(layout.images_dir(snapshot_dir), layout.IMAGES_INVENTORY)):
+    inventory = os.path.join(layout.IMAGES_DIR, layout.IMAGES_INVENTORY)
+    if valid and not (inventory in files.fds if files is not None else
+                      os.path.isfile(os.path.join(snapshot_dir, inventory))):
         reasons.append("incomplete: %s holds no CRIU images (%s)" % (layout.images_dir(snapshot_dir),
                                                                      layout.IMAGES_INVENTORY))
     if valid and not reasons and world_now is not None:

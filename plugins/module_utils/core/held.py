@@ -1,0 +1,205 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A snapshot's files held for one restore: the bytes verified are the bytes restored. PRIVATE to
+inferops.snapshot.
+
+Verifying a snapshot by path and then letting CRIU (or containerd, or the decryption) read it by path again
+leaves a window in which a writer of the store -- a shared export, a PVC other pods mount -- swaps the bytes
+after they were hashed. So a restore opens every file of the snapshot once, before it hashes anything, and
+holds those descriptors until the restored process has everything it will ever read:
+
+- **leased** (a local filesystem): each descriptor takes a read lease (``F_SETLEASE F_RDLCK``, root's
+  CAP_LEASE). The kernel refuses the lease while anyone has the file open for writing, and breaks it when
+  anyone opens or truncates it for writing later -- that writer is held off for the lease-break time. The
+  verification hashes through the descriptors, CRIU reads the very same inodes through ``view``: a private
+  directory (0700, tmpfs) of links to ``/proc/<pid>/fd/<n>``, which no rename in the store can redirect.
+  ``broken()`` after CRIU has read everything says whether anyone tried to write meanwhile (the restore then
+  fails closed: nothing of it runs).
+- **copied** (no lease possible: NFS and other network filesystems, or a file already open for writing): the
+  verification copies each file into a private directory on tmpfs as it hashes it, reading the store once;
+  CRIU reads that copy.
+
+``mode`` says which; ``copy_parent`` is where a copy goes (the node's decrypt directory), checked for room
+before anything is copied.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import errno
+import fcntl
+import os
+import signal
+import stat
+import threading
+
+from . import layout, paths, plaintext, proc
+
+F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
+F_GETLEASE = getattr(fcntl, "F_GETLEASE", 1025)
+F_SETSIG = getattr(fcntl, "F_SETSIG", 10)
+# The kernel tells a lease holder of a break with a signal, SIGIO by default, which would kill the restoring
+# process: SIGURG's default is to be ignored. The restore asks the lease's state (broken()) instead.
+BREAK_SIGNAL = signal.SIGURG
+LEASED, COPIED = "leased", "copied"
+
+
+class HoldError(Exception):
+    """The snapshot cannot be held for this restore: ``reason`` is ``<kind>: <detail>`` (a cold start)."""
+
+    def __init__(self, reason):
+        super(HoldError, self).__init__(reason)
+        self.reason = reason
+
+
+def list_files(root):
+    """Relative paths of the regular files below ``root``; a link or a special file refuses the snapshot."""
+    found = []
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise HoldError("unsafe_file: %s is not a regular file or directory; a snapshot holds only plain "
+                                "files" % os.path.relpath(os.path.join(directory, name), root))
+        found.extend(os.path.relpath(os.path.join(directory, name), root) for name in files)
+    return sorted(found)
+
+
+class Held:
+    def __init__(self, snapshot_dir, copy_parent, leases=True):
+        self.snapshot_dir = snapshot_dir
+        self.copy_parent = copy_parent
+        self.fds = {}             # relpath -> descriptor, opened once
+        self.sizes = {}
+        self.mode = LEASED if leases else COPIED
+        self.why_copied = None if leases else "leases not asked for"
+        self.private = None       # plaintext.PrivateDir: the view (leased) or the copy (copied)
+        self._copies = {}         # relpath -> descriptor of its copy (copied)
+        self._lock = threading.Lock()  # the chunks of one file are hashed (and copied) by several threads
+
+    @classmethod
+    def open(cls, snapshot_dir, copy_parent, leases=True):
+        """Every file of ``snapshot_dir`` opened once (never through a link), leased where the filesystem allows;
+        raises HoldError (a cold start) when it cannot be held at all, or a copy would not fit."""
+        held = cls(snapshot_dir, copy_parent, leases)
+        try:
+            for rel in list_files(snapshot_dir):
+                fd = os.open(os.path.join(snapshot_dir, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                held.fds[rel] = fd
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise HoldError("unsafe_file: %s is not a regular file" % rel)
+                held.sizes[rel] = st.st_size
+                if held.mode == LEASED:
+                    try:
+                        fcntl.fcntl(fd, F_SETSIG, BREAK_SIGNAL)
+                        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_RDLCK)
+                    except (IOError, OSError) as exc:
+                        held._give_up_leases("%s cannot be leased here (%s)" % (rel, os.strerror(exc.errno)))
+            if held.mode == COPIED:
+                held._check_room()
+                held.private = plaintext.PrivateDir(copy_parent)
+            return held
+        except (IOError, OSError) as exc:
+            held.close()
+            raise HoldError("unreadable: cannot open the snapshot's files for the restore: %s" % exc)
+        except HoldError:
+            held.close()
+            raise
+
+    def _give_up_leases(self, why):
+        for fd in self.fds.values():
+            try:
+                fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
+            except (IOError, OSError):
+                pass
+        self.mode, self.why_copied = COPIED, why
+
+    def _check_room(self):
+        need = sum(self.sizes.values())
+        free = paths.free_bytes(self.copy_parent)
+        if free is not None and need > free:
+            raise HoldError("insufficient_space: the snapshot cannot be leased here (%s), so the restore copies it "
+                            "while it verifies it: %d MiB, and %s has %d MiB free; free space there or give the node "
+                            "a larger private directory (decrypt_dir)" % (self.why_copied, need >> 20,
+                                                                          self.copy_parent, free >> 20))
+        have = proc.available_memory()
+        if paths.is_tmpfs(self.copy_parent) and have is not None and need > have:
+            raise HoldError("insufficient_memory: the snapshot cannot be leased here (%s), and its copy on tmpfs "
+                            "needs %d MiB; this host has %d MiB available" % (self.why_copied, need >> 20, have >> 20))
+
+    # -- for the verification (manifest.verify's ``files``) --------------------------------------------
+    def fd(self, rel):
+        """The descriptor ``rel`` was opened with; KeyError when it was not there when the restore began."""
+        return self.fds[rel]
+
+    def size(self, rel):
+        return os.fstat(self.fds[rel]).st_size
+
+    def sink(self, rel):
+        """Where the verification writes what it read of ``rel`` (copied), or None (leased)."""
+        if self.mode != COPIED:
+            return None
+        with self._lock:
+            fd = self._copies.get(rel)
+            if fd is None:
+                target = os.path.join(self.private.path, rel)
+                paths.ensure_dir(os.path.dirname(target))
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             paths.FILE_MODE)
+                os.ftruncate(fd, self.sizes[rel])
+                self._copies[rel] = fd
+            return fd
+
+    # -- for the restore --------------------------------------------------------------------------------
+    @property
+    def view(self):
+        """The directory the restore reads the snapshot from: the same inodes (leased), or the verified copy."""
+        if self.private is None:  # leased: links to the held descriptors, in a private directory
+            self.private = plaintext.PrivateDir(self.copy_parent)
+            pid = os.getpid()
+            for rel, fd in self.fds.items():
+                target = os.path.join(self.private.path, rel)
+                paths.ensure_dir(os.path.dirname(target))
+                os.symlink("/proc/%d/fd/%d" % (pid, fd), target)
+        if self._copies:  # every byte is in: done writing
+            for fd in self._copies.values():
+                os.close(fd)
+            self._copies = {}
+        return self.private.path
+
+    @property
+    def images_dir(self):
+        return layout.images_dir(self.view)
+
+    def broken(self):
+        """The files someone opened for writing since they were leased ([] when none, and always when copied)."""
+        if self.mode != LEASED:
+            return []
+        return sorted(rel for rel, fd in self.fds.items() if _lease(fd) != fcntl.F_RDLCK)
+
+    def summary(self):
+        return {"mode": self.mode, "files": len(self.fds), "why_copied": self.why_copied}
+
+    def close(self):
+        """Let go of everything: leases, descriptors, the view or the copy."""
+        for fd in list(self._copies.values()) + list(self.fds.values()):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._copies, self.fds = {}, {}
+        if self.private is not None:
+            self.private.remove()
+            self.private = None
+
+
+def _lease(fd):
+    try:
+        return fcntl.fcntl(fd, F_GETLEASE)
+    except (IOError, OSError) as exc:
+        if exc.errno == errno.EBADF:
+            return None
+        raise
