@@ -5,6 +5,7 @@ mirror), and the errors that name what to fix. The machine's own daemon.json, ru
 never written: the role gets scratch paths for them."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -19,7 +20,9 @@ def scratch_files(tmp_path):
     runc_conf = tmp_path / "criu" / "runc.conf"
     runc_conf.parent.mkdir()
     runc_conf.write_text("log-file /var/log/criu-runc.log\ntcp-close\n")
-    return {"snapshot_prereqs_docker_daemon_json": str(daemon_json), "snapshot_prereqs_criu_config": str(runc_conf)}
+    plugins = tmp_path / "criu-plugins"  # where the role installs the CRIU NPU plugin (CRIU's own dir otherwise)
+    return {"snapshot_prereqs_docker_daemon_json": str(daemon_json), "snapshot_prereqs_criu_config": str(runc_conf),
+            "snapshot_prereqs_criu_plugin_dir": str(plugins), "snapshot_prereqs_criu_cache": str(tmp_path / "cache")}
 
 
 def test_prepares_this_node_and_a_second_run_changes_nothing(tmp_path):
@@ -27,12 +30,14 @@ def test_prepares_this_node_and_a_second_run_changes_nothing(tmp_path):
     inventory = local_inventory(**files)
 
     preview = run_playbook(tmp_path / "runs", "node_setup.yml", inventory, extra_vars=[NO_RUNTIME], check=True)
-    assert preview.rc == 0 and preview.recap["npu-host"]["changed"] == 2, preview  # daemon.json, runc.conf
+    # daemon.json, runc.conf, the NPU plugin's source and directory (built and installed for real only)
+    assert preview.rc == 0 and preview.recap["npu-host"]["changed"] == 4, preview
     assert json.loads(open(files["snapshot_prereqs_docker_daemon_json"]).read()) == {"storage-driver": "vfs",
                                                                                      "log-level": "warn"}
 
     first = run_playbook(tmp_path / "runs", "node_setup.yml", inventory, extra_vars=[NO_RUNTIME])
-    assert first.rc == 0 and first.recap["npu-host"]["changed"] == 2, first
+    assert first.rc == 0 and first.recap["npu-host"]["changed"] == 6, first  # + the plugin's source, build, directory, install
+    assert os.path.isfile(os.path.join(files["snapshot_prereqs_criu_plugin_dir"], "inferops_npu_plugin.so"))
     assert json.loads(open(files["snapshot_prereqs_docker_daemon_json"]).read()) == {
         "storage-driver": "vfs", "log-level": "warn", "experimental": True}, "other keys are kept"
     assert open(files["snapshot_prereqs_criu_config"]).read().splitlines() == [
