@@ -99,7 +99,11 @@ took_over:
       runc or CRIU still running, their work dir, the pod's staging directory). Null when there was none.
   returned: when it took one over (status=generating)
   type: dict
-  sample: {id: 0f6c..., holder: {host: node-1, pid: 4242, what: python3 ansible-playbook}, why: "the run that held it is gone: its process (pid 4242, python3 ansible-playbook) is gone", cleaned: ["removed its staging dir /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.partial"]}
+  sample:
+    id: 0f6c1d2e-3a4b-5c5d-8e9f-00112233aabb
+    holder: {host: node-1, pid: 4242, what: python3 ansible-playbook}
+    why: "the run that held it is gone: its process (pid 4242, python3 ansible-playbook) is gone"
+    cleaned: ["removed its staging dir /var/lib/inferops/snapshots/default/qwen/p0/.vllm-0.partial"]
 record:
   description: The status record after the task (null when there is none). In check mode, the record it would write.
   returned: always

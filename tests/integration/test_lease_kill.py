@@ -482,8 +482,8 @@ def test_the_lease_ends_with_the_generation_timeout_when_the_module_dies_with_it
     controller at the lock, the backup and the checkpoint leaves the engine locked no longer than the timeout plus
     LEASE_MARGIN: its agent brings it back by then (it waited the whole 120 s before)."""
     seen = {}
-    for number, (stage, recognise) in enumerate((("lock", at_lock), ("backup", at_backup),
-                                                  ("checkpoint", at_checkpoint))):
+    stages = (("lock", at_lock), ("backup", at_backup), ("checkpoint", at_checkpoint))
+    for number, (stage, recognise) in enumerate(stages):
         pod = pods[number % len(pods)]
         pod.forget()
         run = DefaultLeaseRole(pod).start()

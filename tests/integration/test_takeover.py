@@ -188,7 +188,7 @@ def test_a_killed_checkpoints_work_dir_is_swept_by_snapshot_cleanup_and_by_the_n
     assert run.finish() == 0, run.output()
     result = json.loads(result_file.read_text())
     assert result["status"] == "completed", result
-    gone = (result["work_dirs_swept"] or []) + [line for line in ((result["took_over"] or {}).get("cleaned") or [])]
+    gone = (result["work_dirs_swept"] or []) + list((result["took_over"] or {}).get("cleaned") or [])
     assert any(second in entry for entry in gone), result
     assert not os.path.exists(second)
     assert serving_again(pod) == pod.expected

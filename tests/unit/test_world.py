@@ -115,8 +115,8 @@ def test_a_same_size_model_renamed_over_the_old_one_is_a_mismatch(models):
     assert len(reasons) == 1 and reasons[0].startswith("files_mismatch: /models/tiny.gguf changed (size"), reasons
 
 
-def test_a_copy_of_the_same_weights_elsewhere_matches_by_digest_once_then_from_the_cache(models, tmp_path,
-                                                                                           monkeypatch):
+def test_a_copy_of_the_same_weights_elsewhere_matches_by_digest_once_then_from_the_cache(
+        models, tmp_path, monkeypatch):
     recorded = recorded_world(models)
     copy = tmp_path / "replica"
     subprocess.run(["cp", "-r", str(models), str(copy)], check=True)  # other inodes, other mtimes

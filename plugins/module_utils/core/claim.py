@@ -102,8 +102,8 @@ def describe(claim):
     elif held_by.get("start") is None:
         where = "on %s (pid %s)" % (held_by.get("host"), held_by.get("pid"))
     elif proc.gone_reason(held_by) is None:
-        where = "on %s, run by pid %s (%s), which is still running" % (held_by.get("host"), held_by.get("pid"),
-                                                                        held_by.get("what") or "?")
+        where = "on %s, run by pid %s (%s), which is still running" % (
+            held_by.get("host"), held_by.get("pid"), held_by.get("what") or "?")
     else:  # its connection ended with its last task: the run may go on, over a new one
         where = "on %s, last seen through pid %s (%s), a connection that ended with its task" % (
             held_by.get("host"), held_by.get("pid"), held_by.get("what") or "?")

@@ -393,6 +393,6 @@ def _difference(where, path, was, cur):
     except (OSError, ValueError) as exc:  # digests.Changed included: it is changing as we look
         return ["files_mismatch: %s cannot be compared: %s" % (where, exc)]
     if now != was["sha256"]:
-        return ["files_mismatch: %s changed (size %d, sha256 %s -> %s)" % (where, cur["size"], was["sha256"][:12],
-                                                                            now[:12])]
+        return ["files_mismatch: %s changed (size %d, sha256 %s -> %s)" % (
+            where, cur["size"], was["sha256"][:12], now[:12])]
     return []
