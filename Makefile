@@ -124,11 +124,10 @@ bench: venv simulator collection env
 clean:
 	rm -rf $(BUILD)
 
-# The execution environment's build context (execution-environment.yml): the collection built from
-# this checkout, then `ansible-builder create`. Building the image needs a registry for its base:
-# `podman build --build-arg EE_BASE_IMAGE=... build/ee/context` (docs/awx.md).
+# The execution environment's build context for an AWX without internet (execution-environment.yml, docs/awx.md):
+# the collection built from this checkout and kubernetes.core as tarballs, the wheelhouse of every Python package
+# the image build installs (the one step that needs a package index; cached), then `ansible-builder create`.
+# The build itself needs no network: `podman build --network none --build-arg EE_BASE_IMAGE=... build/ee/context`.
 .PHONY: ee
 ee: build-collection
-	@mkdir -p $(BUILD)/ee
-	cp $(BUILD)/dist/inferops-snapshot-$$(sed -n 's/^version: *//p' galaxy.yml).tar.gz $(BUILD)/ee/inferops-snapshot.tar.gz
-	$(BIN)/ansible-builder create -f execution-environment.yml -c $(BUILD)/ee/context --output-filename Containerfile
+	bash scripts/ee-context.sh

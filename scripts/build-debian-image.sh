@@ -6,28 +6,35 @@
 # role in containers of these images (Debian 12 and 13).
 #
 #   bash scripts/build-debian-image.sh trixie      # last line of stdout: the image's name
+#   bash scripts/build-debian-image.sh bookworm ee python3-venv,openssh-client
+#                                                  # inferops/debian:bookworm-ee, with these packages too
+#                                                  # (tests/integration/test_awx_ee.py's base for the EE build)
 #
 # The rootfs tarball is cached outside the checkout, in /var/cache/inferops/rootfs/<suite>.tar (with the
 # recipe beside it): a fresh machine pays the debootstrap once (about 1-2 min), later runs and a wiped
 # docker only the import (seconds). Concurrent runs wait for each other (flock). Root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-suite=${1:?usage: build-debian-image.sh <debian suite, e.g. trixie>}
-[[ $suite =~ ^[a-z]+$ ]] || { echo "not a Debian suite name: $suite" >&2; exit 2; }
+suite=${1:?usage: build-debian-image.sh <debian suite, e.g. trixie> [<flavour> <more,packages>]}
+flavour=${2:-}
+more=${3:-}
+[[ $suite =~ ^[a-z]+$ && $flavour =~ ^[a-z]*$ && $more =~ ^[a-z0-9.,+-]*$ ]] ||
+    { echo "usage: build-debian-image.sh <debian suite> [<flavour> <more,packages>]" >&2; exit 2; }
 cache=${INFEROPS_ROOTFS_CACHE:-/var/cache/inferops/rootfs}
-image=inferops/debian:$suite
+name=$suite${flavour:+-$flavour}
+image=inferops/debian:$name
 
 # shellcheck source=scripts/env/setup.sh
 source "$root/scripts/env/setup.sh"   # its functions only; nothing runs
 # shellcheck disable=SC2034  # read by setup.sh's functions (log, debian_mirror, build_rootfs_tar)
-{ CURRENT_STEP=debian-$suite; BASE_SUITE=$suite; BUILD_DIR=$cache; }
+{ CURRENT_STEP=debian-$name; BASE_SUITE=$suite; BUILD_DIR=$cache; BASE_INCLUDE=$BASE_INCLUDE${more:+,$more}; }
 recipe="debootstrap --variant=minbase --include=$BASE_INCLUDE $suite; slimmed; v1"
 recipe_id=$(printf '%s' "$recipe" | sha256sum | cut -c1-16)   # an image label: no spaces
 
 mkdir -p "$cache"
-exec 9>"$cache/.$suite.lock"
+exec 9>"$cache/.$name.lock"
 flock 9
-tar=$cache/$suite.tar
+tar=$cache/$name.tar
 if [[ "$(docker image inspect --format '{{ index .Config.Labels "org.inferops.recipe" }}' "$image" 2>/dev/null)" == \
     "$recipe_id" ]]; then
     log "$image present"

@@ -53,7 +53,7 @@ def node_wide():
 # from a serial run on the 2-core CI machine, docs/dev/environment.md).
 SLOW_FILES_FIRST = (
     "test_k8s_snapshot.py", "test_restore_on_create.py", "test_roles.py", "test_ansible_versions.py",
-    "test_prereqs_debian.py",
+    "test_prereqs_debian.py", "test_awx_ee.py", "test_doc_examples.py",
     "test_fleet_k8s.py", "test_lease_kill.py", "test_demo.py", "test_llama_engine.py", "test_shared_storage.py",
     "test_lazy_pages.py", "test_fleet_clone.py", "test_encryption.py", "test_prereqs.py", "test_multihost.py",
     "test_staged_restore.py",
