@@ -146,7 +146,10 @@ def test_wrapper_playbooks_through_ansible_runner_hand_their_artifacts_on(tmp_pa
 def test_awx_configuration_playbook_names_files_that_exist():
     """extensions/awx/configure.yml cannot run without an AWX here; what it reads from disk must exist."""
     play = yaml.safe_load((AWX / "configure.yml").read_text())[0]
+    assert play["vars"]["awx_playbook_dir"] == ""  # the project's repository holds extensions/awx/project/ at its root
     for template in play["vars"]["awx_templates"]:
         assert (AWX / "project" / template["playbook"]).is_file(), template
+        # a fork of this repository as the project: docs/awx.md's awx_playbook_dir
+        assert (REPO / "extensions/awx/project" / template["playbook"]).is_file(), template
         if "survey" in template:
             assert (AWX / "surveys" / template["survey"]).is_file(), template

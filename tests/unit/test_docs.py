@@ -182,8 +182,9 @@ def test_troubleshooting_is_keyed_by_messages_the_code_really_has():
 
 # '<kind>: ' prefixes in the code that are no reason an operator reads: CRIU log lines the CRIU client quotes as
 # not being the cause, the runtime log's word for a start it passes on, a value of the k8s env annotation, a
-# parameter of _k8s_service.restore_template_env (a helper of the docs and tests, not a module option).
-NOT_REASONS = {"rlimit", "cgroupd", "noop", "removed", "source_stem"}
+# parameter of _k8s_service.restore_template_env (a helper of the docs and tests, not a module option), an argument
+# of the agent's Python API for engines (a TypeError for the integrator).
+NOT_REASONS = {"rlimit", "cgroupd", "noop", "removed", "source_stem", "hook"}
 REASON_KIND = re.compile(r"^([a-z][a-z0-9]*(?:_[a-z0-9]+)*): ")
 
 
@@ -285,3 +286,26 @@ def test_relative_links_resolve():
         elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
             broken.append((path.name, target, "no such heading"))
     assert not broken, broken
+
+
+# --------------------------------------------------------------------- docs that run
+
+def test_every_block_a_reader_copies_is_run_by_a_test_or_says_why_not():
+    """tests/doc_blocks.py: a block with a language is marked doctest (a test names it and runs it) or not run (with
+    the reason); a name is run by exactly one block and named by a test (or by .ci/run, which runs `make test`)."""
+    import doc_blocks
+    runners = "\n".join(path.read_text(encoding="utf-8") for path in sorted((REPO / "tests").rglob("*.py"))
+                        if path.name != "doc_blocks.py") + (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    unmarked, names, unrun = [], [], []
+    for doc in doc_blocks.DOCS:
+        for block in doc_blocks.blocks(doc):
+            if block.lang and block.marker is None:
+                unmarked.append("%s:%d" % (doc, block.line))
+            if block.marker == "doctest":
+                names.append(block.name)
+                if not re.search(r"\b%s\b" % re.escape(block.name), runners):
+                    unrun.append("%s:%d %s" % (doc, block.line, block.name))
+    assert not unmarked, "blocks with neither <!-- doctest: NAME --> nor <!-- not run: REASON -->: %s" % unmarked
+    assert len(names) == len(set(names)), names
+    assert not unrun, "doctest blocks no test runs: %s" % unrun
+    assert {"quickstart-dockerfile", "quickstart-generate", "quickstart-restore", "awx-make-ee"} <= set(names)
