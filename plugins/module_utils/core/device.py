@@ -278,10 +278,10 @@ def devices_unavailable(images_dir, targets=None, plugin_dirs=None, proc_root="/
         return None
     dirs = plugin_dirs or [d for d in (os.environ.get("CRIU_LIBS_DIR"), layout.CRIU_PLUGIN_DIR) if d]
     if not any(os.path.isfile(os.path.join(d, layout.NPU_PLUGIN_FILE)) for d in dirs):
+        held = ", ".join(sorted(set(f["path"] for f in recorded["fds"])))
         return ("npu_plugin_missing: the checkpointed process holds NPU device files (%s) that CRIU restores only "
                 "with the NPU plugin, and this node has no %s in %s; install it with the "
-                "inferops.snapshot.snapshot_prereqs role" % (", ".join(sorted(set(f["path"] for f in recorded["fds"]))),
-                                                              layout.NPU_PLUGIN_FILE, " or ".join(dirs)))
+                "inferops.snapshot.snapshot_prereqs role" % (held, layout.NPU_PLUGIN_FILE, " or ".join(dirs)))
     for device in recorded["fds"]:
         path = device["path"]
         if os.path.basename(path) == layout.NPU_MANAGER:

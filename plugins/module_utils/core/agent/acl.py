@@ -219,6 +219,7 @@ class SnapshotArgs(ctypes.Structure):
 
     _fields_ = [("flags", ctypes.c_uint32), ("reserved", ctypes.c_char * 60)]
 
+
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _PROTOTYPES = {
     # name: (restype, argtypes)

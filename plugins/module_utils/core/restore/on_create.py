@@ -204,8 +204,8 @@ class OnCreate(Driver):
         lazy = bool(node.config.get("lazy_pages"))
         images_dir = self.remapped_images(attempt, state)  # the pod's new address (issue 24)
         argv = node.runc.restore_argv(container_id, self.bundle, images_dir, work,
-                                         pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"],
-                                         lazy_pages=lazy)
+                                      pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"],
+                                      lazy_pages=lazy)
         if lazy:  # listening before runc starts: CRIU hands it the tasks' memory as they are created
             try:
                 self.lazy = criu_client.LazyPages(node.criu, attempt.images_dir, work).start(
