@@ -135,7 +135,7 @@ class LlamaEngine:
     """
 
     def __init__(self, image, model_dir, port=None, name=None, model=MODEL, args=(), seed=42, n_ctx=512,
-                 env=None, mounts=(), runtime=None, docker_args=()):
+                 env=None, mounts=(), runtime=None, docker_args=(), model_rw=False):
         self.image = image.id if isinstance(image, LlamaImage) else image
         self.model_dir, self.model = str(model_dir), model
         self.port = port or free_port()
@@ -146,6 +146,7 @@ class LlamaEngine:
         self.mounts = list(mounts)  # extra "-v" values
         self.runtime = runtime
         self.docker_args = list(docker_args)  # more `docker run` options, e.g. ["-w", "/cache"]
+        self.model_rw = model_rw  # the model directory mounted read-write (weights on a writable volume)
 
     @property
     def url(self):
@@ -156,7 +157,8 @@ class LlamaEngine:
         ``llama_engines(**original.config(runtime=node.name, env=restore_env(snap)))`` recreates it."""
         settings = dict(image=self.image, model_dir=self.model_dir, port=self.port, name=None, model=self.model,
                         args=list(self.extra_args), seed=self.seed, n_ctx=self.n_ctx, env=dict(self.env),
-                        mounts=list(self.mounts), runtime=self.runtime, docker_args=list(self.docker_args))
+                        mounts=list(self.mounts), runtime=self.runtime, docker_args=list(self.docker_args),
+                        model_rw=self.model_rw)
         settings.update(changes)
         return settings
 
@@ -166,7 +168,8 @@ class LlamaEngine:
                 "--n_threads_batch", "2"] + self.extra_args
 
     def create_args(self):
-        args = ["--name", self.name, "--network", "host", "-v", "%s:%s:ro" % (self.model_dir, MODELS)]
+        args = ["--name", self.name, "--network", "host",
+                "-v", "%s:%s%s" % (self.model_dir, MODELS, "" if self.model_rw else ":ro")]
         if self.runtime:
             args = ["--runtime", self.runtime] + args
         for mount in self.mounts:

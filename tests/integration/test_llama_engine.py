@@ -20,11 +20,13 @@ those on a file the process maps: restore/file_locks.py has the agent take them 
 import os
 import time
 
+import pytest
+
 from _llama_helpers import (SERVICE, LlamaEngine, assert_cold_start, cold_reference, generate, identity, llama_engines,
                             llama_image, llama_model, llama_node, posix_locks, process_start_ticks, recreate,
                             restore_env, snapshot_dir, take_snapshot, unique_name, write_model)
 from _roles_helpers import local_inventory, run_playbook
-from conftest import docker, run_module
+from conftest import docker, flip_one_byte, run_module
 
 FIXTURES = (llama_engines, llama_image, llama_model, llama_node)  # pytest finds the imported fixtures here
 
@@ -283,3 +285,100 @@ def test_the_roles_in_host_only_mode_generate_restore_and_force_with_a_canary(
     assert engine.completions(PROMPTS) == expected
     assert engine.probes(2) != cold, "a fresh process: the restore did not bring the checkpointed one back"
     docker("rm", "-f", pod)
+
+
+# -- issue 25: a changed model is always seen -----------------------------------------------------------------
+
+def unsampled_offset(path):
+    """An offset in the model's tensor data that none of the 16 evenly spread 64 KiB blocks an older collection
+    fingerprinted covers: a change there kept the old fingerprint."""
+    size = os.path.getsize(str(path))
+    step = (size - 65536) // 15
+    return step * 11 + 65536 + (step - 65536) // 2
+
+
+def rename_over_with_one_byte_changed(path):
+    """How model updates are rolled out: the new file written beside the old one and renamed over it (same size)."""
+    data = bytearray(open(str(path), "rb").read())
+    data[unsampled_offset(path)] ^= 0x01
+    staged = str(path) + ".new"
+    with open(staged, "wb") as handle:
+        handle.write(bytes(data))
+    os.rename(staged, str(path))
+
+
+def edit_in_place_with_mtime_put_back(path):
+    """One byte changed in place, its mtime put back (what a careful copy tool or `touch -r` does)."""
+    before = os.stat(path)
+    flip_one_byte(path, unsampled_offset(path))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def edit_in_place(path):
+    flip_one_byte(path, unsampled_offset(path))
+
+
+@pytest.mark.parametrize("change, model_rw", [
+    (rename_over_with_one_byte_changed, False),  # a same-size model renamed over the old one
+    (edit_in_place_with_mtime_put_back, False),  # same inode, size and mtime
+    (edit_in_place, True),  # weights read from a read-write volume (common) are the world as much as read-only ones
+], ids=["renamed-over", "in-place-mtime-restored", "read-write-mount"])
+def test_a_changed_model_comes_back_cold_naming_the_file(
+        llama_image, llama_model, llama_node, llama_engines, change, model_rw):
+    """Issue 25, item 4: one byte changed anywhere in the model (here where no block an older collection sampled
+    lies) is seen, however it was changed: a cold start that is a fresh process of the new model, files_mismatch
+    naming the file."""
+    g = generate(llama_node, llama_engines, llama_image, llama_model, PROMPTS, model_rw=model_rw)
+    path = os.path.join(str(llama_model), "tiny.gguf")
+    size = os.path.getsize(path)
+    change(path)
+    assert os.path.getsize(path) == size
+    reference = cold_reference(llama_engines, g)
+    engine, record = recreate(llama_node, llama_engines, g)
+    assert_cold_start(engine, record, g, reference, "files_mismatch: /models/tiny.gguf changed (size %d, sha256 " % size)
+
+
+def test_the_quick_recheck_sees_a_changed_model_and_other_arguments_and_verify_names_why(
+        llama_image, llama_model, llama_node, llama_engines, tmp_path):
+    """generate.yml with its default recheck (quick) used to say `unchanged` after the model file or the engine's
+    arguments changed, keeping a stale snapshot, while verify.yml said NOT usable without the reason. The quick
+    recheck applies every staleness reason a restore applies (world facts included), regenerates, and says why."""
+    pod = unique_name("q")
+    original = llama_engines(llama_image, llama_model, name=pod).run()
+    original.wait_ready()
+    inventory = local_inventory(
+        snapshot_config={"enabled": True, "hostSnapshotPath": str(llama_node.roots),
+                         "npuSnapshotPath": str(tmp_path / "npu"), "timeoutSeconds": 120},
+        snapshot_service={"namespace": "default", "name": SERVICE},
+        snapshot_instances=[{"name": "p0", "pods": [{"name": pod, "container": pod,
+                                                     "readiness_url": original.url + "/v1/models"}]}],
+        snapshot_generate_device=False, snapshot_restore_device=False)
+    first = run_playbook(tmp_path / "runs", "generate.yml", inventory)
+    assert first.rc == 0 and first.facts["npu-host"]["snapshot_generate_results"][0]["status"] == "completed", first
+    kept = run_playbook(tmp_path / "runs", "generate.yml", inventory)
+    assert kept.rc == 0 and kept.facts["npu-host"]["snapshot_generate_results"][0]["status"] == "unchanged", kept
+
+    rename_over_with_one_byte_changed(os.path.join(str(llama_model), "tiny.gguf"))
+    verified = run_playbook(tmp_path / "runs", "verify.yml", inventory)
+    result = verified.facts["npu-host"]["snapshot_verify_results"][0]
+    assert result["usable"] is False and any(r.startswith("files_mismatch: /models/tiny.gguf changed")
+                                             for r in result["reasons"]), result
+    assert "%s: NOT usable" % pod in verified.stdout and "files_mismatch: /models/tiny.gguf changed" in verified.stdout, \
+        verified
+    # a rollout restarts the engine on the new model (the running one still maps the old, deleted file)
+    docker("restart", pod)
+    original.wait_ready()
+    regenerated = run_playbook(tmp_path / "runs", "generate.yml", inventory)
+    entry = regenerated.facts["npu-host"]["snapshot_generate_results"][0]
+    assert regenerated.rc == 0 and entry["status"] == "completed", regenerated
+    assert entry["reason"].startswith("replaced a snapshot that was not usable: files_mismatch: /models/tiny.gguf"), entry
+    assert entry["checksum"] != first.facts["npu-host"]["snapshot_generate_results"][0]["checksum"]
+
+    original.remove()  # recreated with other arguments
+    other = llama_engines(**original.config(name=pod, n_ctx=256)).run()
+    other.wait_ready()
+    again = run_playbook(tmp_path / "runs", "generate.yml", inventory)
+    entry = again.facts["npu-host"]["snapshot_generate_results"][0]
+    assert again.rc == 0 and entry["status"] == "completed" and "args_mismatch: " in entry["reason"], entry
