@@ -19,7 +19,17 @@ if [[ -f $include/criu-plugin.h && "$(cat "$include/INFEROPS-VERSION" 2>/dev/nul
     exit 0
 fi
 DIR=$STATE/apt-$suite
-[[ -r $DIR/sources.list ]] || die "$DIR/sources.list is missing: criu-from-debian.sh keeps its apt state there"
+if [[ ! -r $DIR/sources.list ]]; then  # a prefix unpacked with another state directory: the same private apt state
+    KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+    uri=${CRIU_MIRROR:-}
+    [[ -n $uri ]] || uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources \
+        2>/dev/null | grep -v '^[[:space:]]*#' | grep -oE '(https?|file)://[^[:space:]]+/debian/?([[:space:]]|$)' |
+        head -n 1 | tr -d '[:space:]') || true
+    [[ -n $uri && -r $KEYRING ]] || die "no Debian archive in the host's apt sources (set CRIU_MIRROR) or no $KEYRING"
+    mkdir -p "$DIR"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d}
+    printf 'deb [signed-by=%s] %s %s main\n' "$KEYRING" "${uri%/}" "$suite" >"$DIR/sources.list"
+    : >"$DIR/status"
+fi
 ARCH=$(dpkg --print-architecture)
 APT=(-o "Dir::Etc::SourceList=$DIR/sources.list" -o "Dir::Etc::SourceParts=$DIR/sources.list.d"
     -o "Dir::Etc::Preferences=$DIR/preferences" -o "Dir::Etc::PreferencesParts=$DIR/preferences.d"
