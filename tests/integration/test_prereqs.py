@@ -22,11 +22,11 @@ def scratch_files(tmp_path):
     runc_conf.write_text("log-file /var/log/criu-runc.log\ntcp-close\n")
     plugins = tmp_path / "criu-plugins"  # where the role installs the CRIU NPU plugin (CRIU's own dir otherwise)
     return {"snapshot_prereqs_docker_daemon_json": str(daemon_json), "snapshot_prereqs_criu_config": str(runc_conf),
-            "snapshot_prereqs_criu_plugin_dir": str(plugins), "snapshot_prereqs_criu_cache": str(tmp_path / "cache")}
+            "snapshot_prereqs_criu_plugin_dir": str(plugins)}
 
 
 def test_prepares_this_node_and_a_second_run_changes_nothing(tmp_path):
-    files = scratch_files(tmp_path)
+    files = dict(scratch_files(tmp_path), snapshot_prereqs_criu_cache=str(tmp_path / "cache"))  # the plugin's build
     inventory = local_inventory(**files)
 
     preview = run_playbook(tmp_path / "runs", "node_setup.yml", inventory, extra_vars=[NO_RUNTIME], check=True)

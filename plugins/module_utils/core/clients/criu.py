@@ -572,7 +572,7 @@ def remap_inet_addresses(data, new_ipv4):
         kept = [f for f in sk if f[0] not in (11, 12)]
         fields = kept + [[11, 0, w] for w in new] + [[12, 0, w] for w in (new if dst == src else dst)]
         fields.sort(key=lambda f: f[0])  # stable: repeated fields keep their order
-        body = _pb_encode([(n, w, v) for n, w, v in fields])
+        body = _pb_encode(fields)
         message = _pb_encode([(n, w, body if n == 4 else v) for n, w, v in entry])
         out += struct.pack("<I", len(message)) + message
         changed = True
