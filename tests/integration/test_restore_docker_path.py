@@ -110,3 +110,27 @@ def test_a_criu_failure_on_the_docker_path_names_a_log_that_exists(snapshot, tmp
         assert state == "true", "started cold after the failed restore"
     finally:
         docker("rm", "-f", snapshot["name"], check=False)
+
+
+def test_a_criu_failure_of_docker_checkpoint_create_names_a_log_that_exists(docker_env, tmp_path):
+    """The generation's Docker path (method=docker): CRIU cannot dump a character device of a major it has no plugin
+    for (here /dev/loop-control, held open); the error names CRIU's cause and a kept copy of containerd's
+    criu-dump.log, which goes with the task."""
+    name = "inferops-dpath-%s" % uuid.uuid4().hex[:6]
+    holder = "import time\nf = open('/dev/loop-control', 'rb')\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    docker("run", "-d", "--name", name, "--network", "none", "--device", "/dev/loop-control", "inferops/base:bookworm",
+           "python3", "-c", holder)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in docker("logs", name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        identity = {"namespace": "t", "service": "dpath", "instance": "p0", "pod": name}
+        result = run_module("host_checkpoint", {"container": name, "identity": identity, "method": "docker",
+                                                "snapshot_dir": str(tmp_path / "s" / "t" / "dpath" / "p0" / name),
+                                                "require_device_part": False, "timeout": 120})
+        assert result["failed"] and result["criu_log"], result
+        assert os.path.isfile(result["criu_log"]) and "(CRIU log: %s)" % result["criu_log"] in result["msg"], result
+        assert result["criu_error"] and result["criu_error"] in open(result["criu_log"], errors="replace").read()
+        assert "containerd" not in result["msg"], result["msg"]
+    finally:
+        docker("rm", "-f", name, check=False)
