@@ -18,7 +18,7 @@ import os
 
 from .agent import protocol
 
-COLLECTION_VERSION = "0.2.0"          # galaxy.yml's version (a unit test keeps them equal)
+COLLECTION_VERSION = "0.3.0"          # galaxy.yml's version (a unit test keeps them equal)
 
 # -- a snapshot directory: <root>/<namespace>/<service>/<instance>/<pod>/ -----------------------------
 IDENTITY_KEYS = ("namespace", "service", "instance", "pod")
