@@ -65,7 +65,9 @@ integration: venv simulator collection
 sanity: venv
 	bash scripts/sanity.sh
 
+# One tarball in build/dist, this checkout's version (the docs install build/dist/inferops-snapshot-*.tar.gz).
 build-collection: venv
+	@rm -f $(BUILD)/dist/inferops-snapshot-*.tar.gz
 	$(BIN)/ansible-galaxy collection build --force --output-path $(BUILD)/dist .
 
 # The README's test command: everything CI runs. pytest mostly waits (warmups, leases, engines starting:
