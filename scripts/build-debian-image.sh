@@ -6,20 +6,22 @@
 # role in containers of these images (Debian 12 and 13).
 #
 #   bash scripts/build-debian-image.sh trixie      # last line of stdout: the image's name
-#   bash scripts/build-debian-image.sh bookworm ee python3-venv,openssh-client
-#                                                  # inferops/debian:bookworm-ee, with these packages too
-#                                                  # (tests/integration/test_awx_ee.py's base for the EE build)
+#   bash scripts/build-debian-image.sh bookworm ee # inferops/debian:bookworm-ee: with python3-venv and
+#                                                  # openssh-client too (test_awx_ee.py's base for the EE build)
 #
 # The rootfs tarball is cached outside the checkout, in /var/cache/inferops/rootfs/<suite>.tar (with the
 # recipe beside it): a fresh machine pays the debootstrap once (about 1-2 min), later runs and a wiped
 # docker only the import (seconds). Concurrent runs wait for each other (flock). Root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-suite=${1:?usage: build-debian-image.sh <debian suite, e.g. trixie> [<flavour> <more,packages>]}
+suite=${1:?usage: build-debian-image.sh <debian suite, e.g. trixie> [ee]}
 flavour=${2:-}
-more=${3:-}
-[[ $suite =~ ^[a-z]+$ && $flavour =~ ^[a-z]*$ && $more =~ ^[a-z0-9.,+-]*$ ]] ||
-    { echo "usage: build-debian-image.sh <debian suite> [<flavour> <more,packages>]" >&2; exit 2; }
+case $flavour in
+    "") more="" ;;
+    ee) more=python3-venv,openssh-client ;;   # a venv for the EE build's pip; bindep.txt's ssh client
+    *) echo "unknown flavour '$flavour' (known: ee)" >&2; exit 2 ;;
+esac
+[[ $suite =~ ^[a-z]+$ ]] || { echo "not a Debian suite name: $suite" >&2; exit 2; }
 cache=${INFEROPS_ROOTFS_CACHE:-/var/cache/inferops/rootfs}
 name=$suite${flavour:+-$flavour}
 image=inferops/debian:$name

@@ -121,8 +121,8 @@ DEBIAN_BUILD_ARGS = ["--build-arg", "PYCMD=/opt/ee/bin/python3", "--build-arg", 
 
 
 def ee_base(tmp_path):
-    out = subprocess.run(["bash", str(REPO / "scripts" / "build-debian-image.sh"), "bookworm", "ee",
-                          "python3-venv,openssh-client"], capture_output=True, text=True, timeout=1500, check=False)
+    out = subprocess.run(["bash", str(REPO / "scripts" / "build-debian-image.sh"), "bookworm", "ee"],
+                         capture_output=True, text=True, timeout=1500, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "Dockerfile").write_text(BASE_DOCKERFILE.format(image=out.stdout.split()[-1]))
