@@ -481,17 +481,22 @@ def write_inventory(path, node, kubeconfig, more_nodes=()):
     return str(path)
 
 
-def run_playbook(playbook, inventory, extra_vars, timeout=240, check=False):
-    """ansible-playbook on one of the collection's playbooks; (rc, output). K8S_TEST_SHOW=1 prints the output."""
+def playbook_command(playbook, inventory, extra_vars, check=False):
+    """(argv, env) of ansible-playbook on one of the collection's playbooks."""
     ensure_collection_link()
     vars_file = Path(inventory).with_suffix(".vars-%d.json" % time.monotonic_ns())
     vars_file.write_text(json.dumps(extra_vars))
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_STDOUT_CALLBACK="default",
                ANSIBLE_FORCE_COLOR="0", ANSIBLE_PIPELINING="True")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / playbook),
-                           "-e", "@%s" % vars_file] + (["--check"] if check else []), env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return ([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / playbook),
+             "-e", "@%s" % vars_file] + (["--check"] if check else []), env)
+
+
+def run_playbook(playbook, inventory, extra_vars, timeout=240, check=False):
+    """ansible-playbook on one of the collection's playbooks; (rc, output). K8S_TEST_SHOW=1 prints the output."""
+    command, env = playbook_command(playbook, inventory, extra_vars, check)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if os.environ.get("K8S_TEST_SHOW"):
         print(proc.stdout[-6000:])
     return proc.returncode, proc.stdout + proc.stderr

@@ -16,6 +16,7 @@ deployment without a snapshot, another image version.
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +26,8 @@ import uuid
 import pytest
 import yaml
 
-from _k8s_helpers import Api, ApiServer, Kubelet, run_playbook, workload_pod, write_inventory, write_kubeconfig
+from _k8s_helpers import (Api, ApiServer, Kubelet, playbook_command, run_playbook, workload_pod, write_inventory,
+                          write_kubeconfig)
 from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
@@ -612,3 +614,37 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
     now = svc.info(pod)
     assert now["started_at"] == info["started_at"] and now["snapshot_state"] == "RUNNING", now
     assert svc.answers(pod) == expected
+
+
+def test_a_rerun_after_a_generation_killed_with_its_controller_takes_its_claim_over_at_once(cluster, tmp_path):
+    """Issue 25, item 2, Kubernetes: the controller of a generation is killed (its whole process group and its
+    workers, as a cancelled job's) while it waits for the warmup, holding the pod's claim on the node. A rerun right
+    after takes that claim over -- its holder, the dead ansible-playbook, is provably gone -- names it, and
+    completes, instead of being refused until the claim lapses."""
+    from test_lease_kill import controller_groups, killpg
+    svc, pod = Service(cluster, tmp_path, "killed"), "qwen-p0-0"
+    svc.create(pod, "p0", warmup=30)  # the first run claims the pod, then waits for this warmup
+    variables = {"k8s_snapshot_namespace": svc.namespace, "k8s_snapshot_service": svc.name,
+                 "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_config": svc.config(),
+                 "k8s_snapshot_device": False}
+    command, env = playbook_command("k8s_generate.yml", cluster.inventory, variables)
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    snapshot_dir = svc.snapshot_dir("p0", pod)
+    try:
+        dead = svc.api.wait(lambda: claim.read(snapshot_dir), "the first run's claim on %s" % pod, 90)
+    finally:  # as a cancelled job: the playbook and its workers stopped, then killed (runc and CRIU live on)
+        groups = controller_groups(first.pid)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pgid in groups | controller_groups(first.pid):
+                killpg(pgid, sig)
+        first.wait(30)
+    assert dead["holder"]["kind"] == "controller", dead
+    started = time.monotonic()
+    rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True)
+    assert rc == 0, output[-4000:]
+    assert "took over the claim of generation %s (the run that held it is gone: " % dead["id"] in output, output[-4000:]
+    assert time.monotonic() - started < claim.DEFAULT_LEASE
+    ann = svc.api.annotations(pod)
+    assert ann["snapshot.inferops.org/status"] == "completed", ann
+    assert claim.read(snapshot_dir) is None
