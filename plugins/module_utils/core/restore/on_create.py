@@ -288,9 +288,13 @@ class OnCreate(Driver):
         target = os.path.join(state, "images")
         shutil.rmtree(target, ignore_errors=True)
         os.mkdir(target, 0o700)
-        for entry in os.listdir(source):  # relative links: CRIU opens images from inside the container's root too
-            if entry != criu_client.FILES_IMAGE:
-                os.symlink(os.path.relpath(os.path.join(source, entry), target), os.path.join(target, entry))
+        for entry in os.listdir(source):
+            if entry == criu_client.FILES_IMAGE:
+                continue
+            held = os.path.join(source, entry)  # the held view's own link where it is one (its descriptor), else a
+            # relative link: CRIU opens images from inside the container's root too
+            link = os.readlink(held) if os.path.islink(held) else os.path.relpath(held, target)
+            os.symlink(link, os.path.join(target, entry))
         paths.write_file_atomic(os.path.join(target, criu_client.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}
         self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
