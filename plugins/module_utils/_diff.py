@@ -46,10 +46,9 @@ def restore(params, result):
     check = "created" not in result and "pid" not in result  # check mode: nothing was done
     before = ["%s: %s" % (what, "not running" if check else "absent" if result.get("created") else "stopped")]
     if result.get("restored"):
-        outcome = "restored from %s%s%s" % (result["snapshot_dir"],
-                                           " (method %s)" % result["method"] if result.get("method") else "",
-                                           ", device: %s" % ", ".join(result["device_actions"])
-                                           if result.get("device_actions") else "")
+        method = " (method %s)" % result["method"] if result.get("method") else ""
+        device = ", device: %s" % ", ".join(result["device_actions"]) if result.get("device_actions") else ""
+        outcome = "restored from %s%s%s" % (result["snapshot_dir"], method, device)
     else:
         outcome = "started cold: %s" % result.get("reason")
     after = ["%s: %s%s" % (what, "would be " if check else "", outcome)]
@@ -74,8 +73,8 @@ def checkpoint(params, result):
     if not result.get("checksum"):  # check mode: nothing was written, say what would be
         after = ["%s/  (would be published)" % snapshot_dir, "%s: %s" % (layout.status_path(snapshot_dir), "completed")]
         return _diff(before, after, "before the checkpoint", "after the checkpoint (check mode)")
-    after = ["%s/  (published: %s files, %s bytes, checksum %s)" % (snapshot_dir, result.get("files"),
-                                                                      result.get("total_bytes"), result["checksum"])]
+    after = ["%s/  (published: %s files, %s bytes, checksum %s)"
+             % (snapshot_dir, result.get("files"), result.get("total_bytes"), result["checksum"])]
     after.extend(os.path.join(snapshot_dir, rel) for rel in _listed(snapshot_dir))
     after.append("%s: %s" % (layout.status_path(snapshot_dir), result.get("status")))
     return _diff(before, after, "before the checkpoint", "after the checkpoint")

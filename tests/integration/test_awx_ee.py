@@ -158,8 +158,8 @@ def test_the_image_builds_with_no_network_from_the_context_alone(docker_env, tmp
         assert inside("ls /etc/pip.conf /output 2>/dev/null; echo done").split() == ["done"]
         # the AWX project's wrappers resolve against the image's collection
         wrappers = REPO / "extensions" / "awx" / "project"
-        assert "playbook: /runner/project/generate.yml" in docker("run", "--rm", "--network", "none", "-v", "%s:/runner/project:ro" % wrappers,
-                                                  image, "ansible-playbook", "--syntax-check",
-                                                  "/runner/project/generate.yml")
+        checked = docker("run", "--rm", "--network", "none", "-v", "%s:/runner/project:ro" % wrappers, image,
+                         "ansible-playbook", "--syntax-check", "/runner/project/generate.yml")
+        assert "playbook: /runner/project/generate.yml" in checked, checked
     finally:
         docker("rmi", "-f", image, check=False)

@@ -87,8 +87,8 @@ def test_checkpoint_lists_the_files_it_published_and_the_status_record(tmp_path)
 def test_stage_and_canary_show_what_they_write():
     staged = _diff.stage({}, {"changed": True, "snapshot_dir": SNAP, "stage_dir": "/c", "entry": "/c/ab12",
                               "bytes": 10, "reason": "not staged", "staged": None})
-    assert lines(staged["after"]) == ["%s  (a verified copy of %s, 10 bytes; not staged)" % (layout.stage_content("/c/ab12"),
-                                                                                              SNAP)]
+    copy = layout.stage_content("/c/ab12")
+    assert lines(staged["after"]) == ["%s  (a verified copy of %s, 10 bytes; not staged)" % (copy, SNAP)]
     canary = _diff.canary(None, {"request": {"url": "http://127.0.0.1/x"}, "answer": {"status": 200}}, "/p/canary.json")
     assert canary["before"] == "" and '"status": 200' in canary["after"]
 
