@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -166,6 +168,54 @@ def test_a_restored_engine_that_answers_otherwise_is_started_cold(signed):
         assert "an answer the engine never gave" in result["reason"] and s["expected"] in result["reason"]
     finally:
         docker("rm", "-f", name, check=False)
+
+
+def test_a_page_image_overwritten_after_verification_is_never_restored(signed):
+    """The attack of issue 28, 3: a writer of the store overwrites bytes of a page image after the verification
+    and before Docker's copy. It waits until the restore holds the file (a non-blocking open for writing fails
+    with EWOULDBLOCK while a lease is held: that attempt breaks it), then writes; the kernel holds the write off
+    until the restore lets go. Either the restore saw the lease broken and started cold (``swapped:``), or -- if
+    a probe came in between opening and leasing -- it restored from the copy its verifying read made: never
+    from the attacker's bytes."""
+    s = signed
+    name = s["pod"] + "-w"
+    target = os.path.join(s["snap"], "host", "criu",
+                          sorted(f for f in os.listdir(os.path.join(s["snap"], "host", "criu")) if f.startswith("pages-"))[0])
+    original = open(target, "rb").read()
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, target])
+    reset_device(s["device_dir"])
+    try:
+        result = restore(s, s["snap"], name)
+        if result["restored"]:  # a probe was open for writing when the file was leased: no lease, a copy
+            assert result["verify"]["held"]["mode"] == "copied", result["verify"]
+        else:
+            assert writer.wait(timeout=120) == 0, "the writer got its turn once the restore let go"
+            assert result["reason"].startswith("swapped: host/criu/pages-"), result["reason"]
+            assert result["verify"]["held"]["mode"] == "leased"
+        c = WorkloadContainer(name, s["image"], s["device_dir"], s["container"].port)
+        assert c.generate(PROMPT) == s["expected"], "the engine serves the genuine state (or started cold)"
+    finally:
+        writer.kill()
+        docker("rm", "-f", name, check=False)
+        with open(target, "wb") as handle:  # the snapshot as it was, for the other tests
+            handle.write(original)
+
+
+# The attacker: probes for a lease without blocking, and writes only into a file a restore holds.
+WRITER = """
+import errno, os, sys, time
+while True:
+    try:
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.EWOULDBLOCK:
+            raise
+        break
+    os.close(fd)
+    time.sleep(0.005)
+fd = os.open(sys.argv[1], os.O_WRONLY)  # held off until the restore lets go of its lease
+os.pwrite(fd, b"attacker's code" * 64, 8192)
+"""
 
 
 @pytest.mark.parametrize("bad, message", [

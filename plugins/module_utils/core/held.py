@@ -28,6 +28,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -97,8 +98,9 @@ class Held:
                         fcntl.fcntl(fd, F_SETSIG, BREAK_SIGNAL)
                         fcntl.fcntl(fd, F_SETLEASE, fcntl.F_RDLCK)
                     except (IOError, OSError) as exc:
-                        held._give_up_leases("%s cannot be leased here (%s)" % (rel, os.strerror(exc.errno)))
+                        held._give_up_leases("%s: %s" % (rel, os.strerror(exc.errno)))
             if held.mode == COPIED:
+                _make_parent(copy_parent)
                 held._check_room()
                 held.private = plaintext.PrivateDir(copy_parent)
             return held
@@ -121,14 +123,15 @@ class Held:
         need = sum(self.sizes.values())
         free = paths.free_bytes(self.copy_parent)
         if free is not None and need > free:
-            raise HoldError("insufficient_space: the snapshot cannot be leased here (%s), so the restore copies it "
-                            "while it verifies it: %d MiB, and %s has %d MiB free; free space there or give the node "
-                            "a larger private directory (decrypt_dir)" % (self.why_copied, need >> 20,
-                                                                          self.copy_parent, free >> 20))
+            raise HoldError("insufficient_space: the snapshot's files cannot be leased here (%s), so the restore "
+                            "copies them while it verifies them: %d MiB, and %s has %d MiB free; free space there or "
+                            "give the node a larger private directory (decrypt_dir)"
+                            % (self.why_copied, need >> 20, self.copy_parent, free >> 20))
         have = proc.available_memory()
         if paths.is_tmpfs(self.copy_parent) and have is not None and need > have:
-            raise HoldError("insufficient_memory: the snapshot cannot be leased here (%s), and its copy on tmpfs "
-                            "needs %d MiB; this host has %d MiB available" % (self.why_copied, need >> 20, have >> 20))
+            raise HoldError("insufficient_memory: the snapshot's files cannot be leased here (%s), and their copy on "
+                            "tmpfs needs %d MiB; this host has %d MiB available" % (self.why_copied, need >> 20,
+                                                                                   have >> 20))
 
     # -- for the verification (manifest.verify's ``files``) --------------------------------------------
     def fd(self, rel):
@@ -158,21 +161,46 @@ class Held:
     def view(self):
         """The directory the restore reads the snapshot from: the same inodes (leased), or the verified copy."""
         if self.private is None:  # leased: links to the held descriptors, in a private directory
+            _make_parent(self.copy_parent)
             self.private = plaintext.PrivateDir(self.copy_parent)
             pid = os.getpid()
             for rel, fd in self.fds.items():
                 target = os.path.join(self.private.path, rel)
                 paths.ensure_dir(os.path.dirname(target))
                 os.symlink("/proc/%d/fd/%d" % (pid, fd), target)
-        if self._copies:  # every byte is in: done writing
-            for fd in self._copies.values():
-                os.close(fd)
-            self._copies = {}
+        self._copied()
         return self.private.path
+
+    def _copied(self):
+        """The verification is done writing the copy: its descriptors go before anything reads it."""
+        for fd in self._copies.values():
+            os.close(fd)
+        self._copies = {}
 
     @property
     def images_dir(self):
         return layout.images_dir(self.view)
+
+    def place(self, below, target):
+        """The held files below ``below`` (a relpath: the CRIU images) at ``target``, for a reader that insists on a
+        path of its own (Docker's checkpoint directory): hard links to the held inodes where the filesystem allows
+        (linkat AT_EMPTY_PATH: no rename in the store redirects them), else copies read from the held descriptors
+        (or from the verified copy). Returns "hardlink" or "copy"."""
+        prefix = below.rstrip("/") + "/"
+        wanted = sorted(rel for rel in self.fds if rel.startswith(prefix))
+        self._copied()
+        how = "hardlink"
+        for rel in wanted:
+            dst = os.path.join(target, rel[len(prefix):])
+            paths.ensure_dir(os.path.dirname(dst))
+            if self.mode == LEASED and how == "hardlink" and _link_fd(self.fds[rel], dst):
+                continue
+            how = "copy"
+            if self.mode == LEASED:
+                _copy(self.fds[rel], None, dst)
+            else:
+                _copy(None, os.path.join(self.private.path, rel), dst)
+        return how
 
     def broken(self):
         """The files someone opened for writing since they were leased ([] when none, and always when copied)."""
@@ -194,6 +222,46 @@ class Held:
         if self.private is not None:
             self.private.remove()
             self.private = None
+
+
+def _make_parent(path):
+    """The directory private copies and views go below (the node's decrypt dir); made 0700 when missing, never
+    changed when it exists (/dev/shm is everyone's)."""
+    if not os.path.isdir(path):
+        os.makedirs(path, 0o700)
+
+
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except (OSError, AttributeError):  # pragma: no cover -- not glibc: copies instead of links
+    _LIBC = None
+
+
+def _link_fd(fd, target):
+    """Hard-link the inode ``fd`` holds at ``target`` (linkat AT_EMPTY_PATH, root's CAP_DAC_READ_SEARCH); False when
+    the filesystem or the mounts do not allow it (another filesystem or mount: EXDEV)."""
+    if _LIBC is None:
+        return False
+    return _LIBC.linkat(fd, b"", _AT_FDCWD, target.encode(), _AT_EMPTY_PATH) == 0
+
+
+def _copy(fd, path, target):
+    """Copy from the held descriptor ``fd`` (or, without one, the private file ``path``) to ``target`` (0600)."""
+    src = os.dup(fd) if fd is not None else os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        try:
+            offset, size = 0, os.fstat(src).st_size
+            while offset < size:
+                done = os.sendfile(dst, src, offset, min(1 << 30, size - offset))
+                if not done:
+                    break
+                offset += done
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def _lease(fd):

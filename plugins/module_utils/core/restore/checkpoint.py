@@ -30,18 +30,22 @@ from .pipeline import Driver, Fallback
 CHECKPOINT_NAME = "inferops-restore"
 
 
-def place_checkpoint(images_dir, container_id, name, docker_root):
+def place_checkpoint(images_dir, container_id, name, docker_root, held=None):
     """Put the verified CRIU images where `docker start --checkpoint NAME` looks for them.
 
-    Hard links when the snapshot and Docker's root share a filesystem (no copy of multi-GB images), a
-    copy otherwise. Docker deletes that directory with the container; the snapshot's own files are
-    untouched because CRIU only reads images.
+    Hard links when the snapshot and Docker's root share a filesystem and mount (no copy of multi-GB images), a
+    copy otherwise. With ``held`` (held.Held: the descriptors the verification read), the very inodes verified
+    are linked, or copied through those descriptors. Docker deletes that directory with the container; the
+    snapshot's own files are untouched because CRIU only reads images.
     """
     source = images_dir
     target = os.path.join(docker_root, "containers", container_id, "checkpoints", name)
     if os.path.lexists(target):
         shutil.rmtree(target)
     os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    if held is not None:
+        os.mkdir(target, 0o700)
+        return target, held.place(layout.IMAGES_DIR, target)
     try:
         shutil.copytree(source, target, copy_function=os.link)
         return target, "hardlink"
@@ -113,7 +117,8 @@ class DockerCheckpoint(Driver):
 
     def host_restore(self, attempt):
         target, attempt.details["placement"] = place_checkpoint(attempt.images_dir, self.container_id,
-                                                                CHECKPOINT_NAME, self.docker_root or layout.DOCKER_ROOT)
+                                                                CHECKPOINT_NAME, self.docker_root or layout.DOCKER_ROOT,
+                                                                held=attempt.held)
         targets = self.device_targets(attempt)
         if targets:  # CRIU's NPU plugin reads this node's numbering of the devices beside the images (Docker's copy)
             paths.write_file_atomic(os.path.join(target, layout.NPU_DEVICES_FILE),

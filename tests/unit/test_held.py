@@ -1,0 +1,143 @@
+"""core/held.py: a snapshot's files held for one restore -- opened once, leased against writers, shown as the same
+inodes or a copy made by the read that verified them, placed where Docker wants them without a path read again."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import held, manifest
+
+PAGES = "host/criu/pages-1.img"
+
+
+@pytest.fixture
+def snap(tmp_path):
+    root = tmp_path / "snap"
+    (root / "host" / "criu").mkdir(parents=True)
+    (root / PAGES).write_bytes(b"weights" * 10000)
+    (root / "manifest.json").write_bytes(b"{}")
+    return str(root)
+
+
+def no_leases(monkeypatch):
+    monkeypatch.setattr(held, "F_SETLEASE", -1)  # as on NFS: fcntl refuses the lease
+
+
+def test_every_file_is_leased_and_the_view_is_the_same_inodes(snap, tmp_path):
+    h = held.Held.open(snap, str(tmp_path))
+    try:
+        assert h.mode == "leased" and sorted(h.fds) == ["host/criu/pages-1.img", "manifest.json"]
+        assert os.stat(os.path.join(h.view, PAGES)).st_ino == os.stat(os.path.join(snap, PAGES)).st_ino
+        assert h.broken() == []
+    finally:
+        h.close()
+    assert os.listdir(str(tmp_path)) == ["snap"], "the view is gone"
+
+
+def test_a_rename_in_the_store_does_not_redirect_the_view(snap, tmp_path):
+    h = held.Held.open(snap, str(tmp_path))
+    try:
+        with open(os.path.join(snap, PAGES + ".new"), "wb") as handle:
+            handle.write(b"forged")
+        os.rename(os.path.join(snap, PAGES + ".new"), os.path.join(snap, PAGES))
+        assert open(os.path.join(h.view, PAGES), "rb").read().startswith(b"weights")
+        assert h.broken() == [], "a rename writes nothing into the held inode"
+    finally:
+        h.close()
+
+
+def test_opening_a_held_file_for_writing_breaks_its_lease_and_waits_for_the_release(snap, tmp_path):
+    h = held.Held.open(snap, str(tmp_path))
+    writer = subprocess.Popen([sys.executable, "-c", "import os, sys; os.open(sys.argv[1], os.O_WRONLY)",
+                               os.path.join(snap, PAGES)])
+    try:
+        from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
+        wait_for(lambda: (bool(h.broken()), h.broken()), 30, 0.01, what="the lease to break")
+        assert h.broken() == [PAGES] and writer.poll() is None, "the writer is held off while the restore reads"
+    finally:
+        h.close()
+    assert writer.wait(timeout=30) == 0
+
+
+def test_a_file_already_open_for_writing_cannot_be_leased_so_it_is_copied(snap, tmp_path):
+    fd = os.open(os.path.join(snap, PAGES), os.O_WRONLY)
+    try:
+        h = held.Held.open(snap, str(tmp_path / "shm"))
+    finally:
+        os.close(fd)
+    try:
+        assert h.mode == "copied" and PAGES in h.why_copied
+    finally:
+        h.close()
+
+
+def test_where_leases_fail_the_verifying_read_makes_the_copy_the_restore_reads(snap, tmp_path, monkeypatch):
+    no_leases(monkeypatch)
+    (tmp_path / "shm").mkdir()
+    h = held.Held.open(snap, str(tmp_path / "shm"))
+    try:
+        assert h.mode == "copied" and h.why_copied == PAGES + ": Invalid argument"
+        hashes, _stats = manifest.hash_tree(snap, sorted(h.fds), files=h)[0], None
+        with open(os.path.join(snap, PAGES), "r+b") as handle:  # rewritten in place after it was read
+            handle.write(b"forged")
+        copy = open(os.path.join(h.view, PAGES), "rb").read()
+        assert copy.startswith(b"weights") and hashes[PAGES][0] == len(copy)
+        assert os.path.realpath(h.view).startswith(str(tmp_path / "shm"))
+    finally:
+        h.close()
+    assert os.listdir(str(tmp_path / "shm")) == []
+
+
+def test_a_copy_that_would_not_fit_is_refused_before_anything_is_copied(snap, tmp_path, monkeypatch):
+    no_leases(monkeypatch)
+    monkeypatch.setattr(held.paths, "free_bytes", lambda path: 10)
+    with pytest.raises(held.HoldError, match=r"insufficient_space: .*cannot be leased here .*\(decrypt_dir\)"):
+        held.Held.open(snap, str(tmp_path))
+
+
+def test_a_link_in_the_snapshot_is_refused(snap, tmp_path):
+    os.symlink("/etc/shadow", os.path.join(snap, "host", "criu", "core-1.img"))
+    with pytest.raises(held.HoldError, match="unsafe_file: host/criu/core-1.img"):
+        held.Held.open(snap, str(tmp_path))
+
+
+@pytest.mark.parametrize("leases", [True, False])
+def test_placing_links_the_held_inodes_on_the_same_mount_and_copies_elsewhere(snap, tmp_path, monkeypatch, leases):
+    if not leases:
+        no_leases(monkeypatch)
+    (tmp_path / "shm").mkdir()
+    h = held.Held.open(snap, str(tmp_path / "shm"))
+    try:
+        if not leases:
+            manifest.hash_tree(snap, sorted(h.fds), files=h)  # the verification makes the copy
+        near, far = tmp_path / "near", "/dev/shm"  # the same mount as the snapshot; another filesystem
+        near.mkdir()
+        how = h.place("host/criu", str(near))
+        assert how == ("hardlink" if leases else "copy")
+        same = os.stat(near / "pages-1.img").st_ino == os.stat(os.path.join(snap, PAGES)).st_ino
+        assert same is leases
+        import tempfile
+        other = tempfile.mkdtemp(dir=far)
+        try:
+            assert h.place("host/criu", other) == "copy"
+            assert open(os.path.join(other, "pages-1.img"), "rb").read().startswith(b"weights")
+        finally:
+            import shutil
+            shutil.rmtree(other)
+    finally:
+        h.close()
+
+
+def test_the_shared_parent_of_views_and_copies_is_never_changed(snap, tmp_path, monkeypatch):
+    parent = tmp_path / "shm"
+    parent.mkdir()
+    os.chmod(str(parent), 0o1777)  # as /dev/shm: everyone's
+    for leases in (True, False):
+        if not leases:
+            no_leases(monkeypatch)
+        h = held.Held.open(snap, str(parent))
+        os.listdir(h.view)
+        h.close()
+        assert oct(os.stat(str(parent)).st_mode & 0o7777) == oct(0o1777)
