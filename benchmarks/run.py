@@ -281,14 +281,19 @@ class Bench:
         # The node has its NPU before the pod: the simulated device is installed (its memory allocated) now, not
         # during the cold start's warmup or a restore (docs/simulator.md "The cost model").
         self.sim_ctl(device_dir, "create", "0", "%dM" % (sizes_of(size_mb)[0] + 16))
+        # ... and its device nodes, which the engine holds as a real one does (docs/simulator.md): a container gets
+        # them as NPU containers do (docker run --device), a bare process uses them where they were made
+        devices = json.loads(self.sim_ctl(device_dir, "docker-args", "0"))
+        nodes = self.sim_ctl(device_dir, "nodes").strip()
         port = free_port()
         snap = os.path.join(self.workdir, "snapshots", "bench", "sample", "p0", name)
-        return {"name": name, "device_dir": device_dir, "port": port, "url": "http://127.0.0.1:%d" % port,
+        return {"name": name, "device_dir": device_dir, "devices": devices, "nodes": nodes,
+                "port": port, "url": "http://127.0.0.1:%d" % port,
                 "snapshot_dir": snap, "size_mb": size_mb,
                 "identity": {"namespace": "bench", "service": "sample", "instance": "p0", "pod": name}}
 
     def docker_run_args(self, w, warmup):
-        args = ["--name", w["name"], "--network", "host", "-v", "%s:%s" % (w["device_dir"], w["device_dir"])]
+        args = ["--name", w["name"], "--network", "host", "-v", "%s:%s" % (w["device_dir"], w["device_dir"])] + w["devices"]
         for key, value in sorted(self.workload_env(w["size_mb"], w["port"], w["device_dir"], warmup).items()):
             args += ["-e", "%s=%s" % (key, value)]
         return args + [IMAGE]
@@ -720,10 +725,12 @@ class Bench:
             device_dir = os.path.join(self.shmdir, "devcopy-%s" % uuid.uuid4().hex[:6])
             env = dict(os.environ, ACL_SIM_DEVICE_DIR=device_dir, ACL_SIM_DEVICE_MEM_BYTES="%dM" % (device_mb + 16),
                        ACL_SIM_DEVICE_PREALLOC=prealloc if prealloc == "none" else os.environ.get("ACL_SIM_DEVICE_PREALLOC") or prealloc)
+            env["ACL_SIM_DEVICE_NODES"] = self.sim_ctl(device_dir, "install", "1").strip()
             self.settle()
             try:
                 proc = run([sys.executable, os.path.join(HERE, "device_copy.py"), SIM_LIBRARY, device_mb], env=env)
             finally:
+                self.sim_ctl(device_dir, "uninstall")
                 shutil.rmtree(device_dir, ignore_errors=True)
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             self.record("device_copy", variant, size_mb, rep, result["restore_s"], **result)
@@ -1159,6 +1166,7 @@ class Bench:
                    INFEROPS_AGENT_SOCKET_DIR=socket_dir, INFEROPS_METADATA_FILE=os.path.join(socket_dir, "metadata.json"),
                    PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
         env.update(self.workload_env(w["size_mb"], w["port"], w["device_dir"], warmup))
+        env["ACL_SIM_DEVICE_NODES"] = w["nodes"]
         logfile = open(os.path.join(self.workdir, w["name"] + ".log"), "ab")
         env["PYTHONPATH"] = agent_package_dir()
         proc = subprocess.Popen(["/usr/bin/python3", "-m", "inferops_agent", "--",

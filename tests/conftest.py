@@ -117,8 +117,8 @@ def simulator_library():
 
 
 # The simulated NPU's device nodes (docs/simulator.md "Device nodes"): what a real NPU process holds after its
-# backup, and what CRIU dumps only through the collection's NPU plugin. On unless INFEROPS_TEST_DEVICE_NODES=0.
-DEVICE_NODES = os.environ.get("INFEROPS_TEST_DEVICE_NODES", "0") != "0"
+# backup, and what CRIU dumps only through the collection's NPU plugin. Every simulated NPU of the tests has its
+# own (install_devices), so that no two share a device number: a restore refuses a device another process holds.
 ACLSIM_CTL = REPO / "tests" / "simulator" / "aclsim_ctl.py"
 
 
@@ -133,6 +133,13 @@ def install_devices(device_dir, count=2):
     {"nodes": their directory, "chips": {"0": [major, minor]}, "manager": [major, minor], "manager_node": path}."""
     aclsim_ctl(device_dir, "install", count)
     return json.loads((Path(device_dir) / "nodes.json").read_text())
+
+
+def device_args(device_dir, *devices):
+    """``docker run`` options that give a container the simulated NPU of ``device_dir`` as NPU containers get their
+    devices: --device for davinci<N> of each of ``devices`` (default 0) and davinci_manager, at /dev (installed
+    first where needed)."""
+    return json.loads(aclsim_ctl(device_dir, "docker-args", *(devices or (0,))))
 
 
 def reset_device(device_dir, device_id=0):
@@ -196,7 +203,7 @@ def http_get(url, timeout=10):
 class Workload:
     """The sample inference workload, launched through the in-process agent."""
 
-    def __init__(self, tmp_path, library, device_dir, nodes=None, **env):
+    def __init__(self, tmp_path, library, device_dir, **env):
         self.tmp_path = tmp_path
         self.port = free_port()
         self.socket_dir = tmp_path / "agent"
@@ -213,8 +220,7 @@ class Workload:
             "WORKLOAD_HOST_MB": "2",
             "PYTHONUNBUFFERED": "1",
         })
-        if DEVICE_NODES if nodes is None else nodes:  # the host's nodes of this device directory
-            self.env["ACL_SIM_DEVICE_NODES"] = install_devices(device_dir)["nodes"]
+        self.env["ACL_SIM_DEVICE_NODES"] = install_devices(device_dir)["nodes"]  # this device directory's nodes
         self.env.update({k: str(v) for k, v in env.items()})
         self.proc = None
 
@@ -385,22 +391,18 @@ def docker(*args, check=True):
 
 
 class WorkloadContainer:
-    """The workload image run the way an operator would: host network, the simulated NPU's device
-    files bind-mounted from the host (so they outlive the container, like a real device)."""
+    """The workload image run the way an operator would: host network, its NPU's device nodes given as devices
+    (docker run --device, at /dev/davinci0 and /dev/davinci_manager), the simulated NPU's memory files
+    bind-mounted from the host (so they outlive the container, like a real device)."""
 
-    def __init__(self, name, image, device_dir, port, mounts=(), nodes=None, network="host", **env):
+    def __init__(self, name, image, device_dir, port, mounts=(), network="host", **env):
         self.name, self.image, self.device_dir, self.port = name, image, device_dir, port
         self.mounts = list(mounts)  # more host directories, each at the same path in the container
         self.network = network      # docker run --network: host, or a bridge network (then --ip NET:IP)
         self.env = {"ACL_SIM_DEVICE_DIR": str(device_dir), "ACL_SIM_DEVICE_MEM_BYTES": "256M",
                     "WORKLOAD_PORT": str(port), "WORKLOAD_DEVICE_MB": "32", "WORKLOAD_HOST_MB": "16",
                     "WORKLOAD_WARMUP_SECONDS": "2"}
-        # its NPU's device nodes given as devices (docker run --device), at /dev/davinci0 and /dev/davinci_manager
-        self.devices = []
-        if DEVICE_NODES if nodes is None else nodes:
-            install_devices(device_dir)
-            self.devices = json.loads(aclsim_ctl(device_dir, "docker-args", 0))
-            self.env["ACL_SIM_DEVICE_NODES"] = "/dev"
+        self.devices = device_args(device_dir)
         self.env.update({k: str(v) for k, v in env.items()})
 
     @property

@@ -12,6 +12,9 @@
 #               (/opt/inferops/criu) behind the wrapper /usr/local/bin/criu
 #   3b. plugin  the collection's CRIU NPU plugin, built against that CRIU's criu-plugin.h (libcriu-dev of
 #               the same version) and installed where CRIU loads plugins (/usr/lib/criu)
+#   3c. npu     the simulated NPU driver's device nodes, as an NPU node has them: /dev/davinci0..7 and
+#               /dev/davinci_manager (a loop device; the loop driver loaded and a free loop device bound
+#               where a fresh machine has none yet), by tests/simulator/aclsim_ctl.py install --node
 #   4. image    the offline base image inferops/base:bookworm (debootstrap | docker import)
 #
 # Environment knobs (all optional):
@@ -20,7 +23,7 @@
 #   INFEROPS_CRIU_SUITES="forky sid"  Debian suites tried, in order, for criu 4.2.x
 #   INFEROPS_CRIU_PREFIX=/opt/inferops/criu
 #   INFEROPS_BASE_IMAGE=inferops/base:bookworm
-#   INFEROPS_ENV_STEPS="apt dockerd criu plugin image"  run only these steps
+#   INFEROPS_ENV_STEPS="apt dockerd criu plugin npu image"  run only these steps
 set -Eeuo pipefail
 umask 022
 
@@ -37,7 +40,7 @@ DAEMON_JSON=/etc/docker/daemon.json
 DOCKERD_LOG=/var/log/inferops-dockerd.log
 DOCKERD_WAIT_S=60
 DAEMON_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu plugin image}
+STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu plugin npu image}
 CRIU_PLUGIN_DIR=/usr/lib/criu   # CRIU's built-in plugin directory (criu/include/plugin.h CR_PLUGIN_DEFAULT)
 NPU_PLUGIN=$REPO_ROOT/roles/snapshot_prereqs/files/npu-plugin
 export DEBIAN_FRONTEND=noninteractive
@@ -456,6 +459,20 @@ step_plugin() {
 }
 
 # --------------------------------------------------------------------------------------------
+# step 3c: the simulated NPU's device nodes
+# --------------------------------------------------------------------------------------------
+# A real NPU process holds /dev/davinci<N> and a mapping of /dev/davinci_manager, and so does the simulator
+# (docs/simulator.md): the node gets them as a driver's installation makes them. Every container of the tests
+# and the demo gets nodes of its own simulated NPU (aclsim_ctl.py docker-args); these are the node's, for the
+# simulator's defaults. Idempotent; the loop binding and the nodes do not survive a reboot, a rerun makes them.
+step_npu() {
+    local out
+    out=$(python "$REPO_ROOT/tests/simulator/aclsim_ctl.py" install --node 8 2>&1) ||
+        die "cannot install the simulated NPU's device nodes" "$out"
+    log "device nodes: $(cd /dev && echo davinci*)"
+}
+
+# --------------------------------------------------------------------------------------------
 # step 4: base image
 # --------------------------------------------------------------------------------------------
 ROOTFS_TMP=""
@@ -548,6 +565,7 @@ main() {
     run_step dockerd
     run_step criu
     run_step plugin
+    run_step npu
     run_step image
     CURRENT_STEP=all
     printf '[setup] environment ready in %ss\n' "$(elapsed "$T0")"

@@ -26,11 +26,12 @@ from pathlib import Path
 import kmock
 import kubernetes
 
-from conftest import BIN, COLLECTIONS, REPO, docker, ensure_collection_link
+from conftest import BIN, COLLECTIONS, REPO, device_args, docker, ensure_collection_link
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import netns
 
 MERGE = "application/merge-patch+json"
+NPU_RESOURCE = "huawei.com/Ascend910"  # the extended resource Ascend's device plugin advertises (one per chip)
 LIST_KINDS = {"pods": "PodList", "configmaps": "ConfigMapList"}
 VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
@@ -226,6 +227,7 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
            {"name": "INFEROPS_RESTORE_DEVICE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['org.inferops.restore-device']"}}}]
     env += [{"name": key, "value": value} for key, value in (extra_env or {}).items()]
+    npu = {NPU_RESOURCE: "1"}
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace,
@@ -233,7 +235,7 @@ def workload_pod(name, namespace, service, instance, image, port, device_dir, np
         "spec": {
             "hostNetwork": host_network,
             "containers": [{
-                "name": "engine", "image": image, "env": env,
+                "name": "engine", "image": image, "env": env, "resources": {"requests": npu, "limits": npu},
                 "readinessProbe": {"httpGet": {"path": "/health", "port": port}},
                 "volumeMounts": [{"name": "agent", "mountPath": "/run/inferops-snapshot"},
                                  {"name": "npu", "mountPath": str(device_mount or device_dir)},
@@ -273,6 +275,10 @@ class Kubelet:
       name) runs with ``docker run --runtime <handler>``: the restore-on-create runtime installed by the
       snapshot_node role, which restores the container from its snapshot inside `create` or starts it
       normally. The kubelet itself knows nothing about snapshots;
+    - devices: a container that asks for huawei.com/Ascend910 chips gets them as the Ascend device plugin's
+      allocation reaches the container runtime, as devices (docker run --device /dev/davinci<N> and
+      /dev/davinci_manager): here the chips of the simulated NPU whose memory is the pod's ``npu`` hostPath
+      volume (each pod's own, ``simulated_npu_devices``);
     - report: phase, containerID docker://<id>, podIP, and the Ready condition from the readinessProbe;
     - delete: the container of a pod that is gone (or was recreated: another uid) is removed.
 
@@ -410,6 +416,7 @@ class Kubelet:
                 env[item["name"]] = value
         for key, value in env.items():
             args += ["-e", "%s=%s" % (key, value)]
+        args += simulated_npu_devices(pod)
         return args + [container["image"]], env
 
     def start(self, pod):
@@ -457,6 +464,20 @@ class Kubelet:
                 return
             info["reported_exit"] = not running
             self.report(info, ready, running)
+
+
+def simulated_npu_devices(pod):
+    """The device plugin's allocation for ``pod``'s container, as docker run options: the number of
+    huawei.com/Ascend910 chips it asks for, davinci0.. of the simulated NPU of its ``npu`` hostPath volume (whose
+    memory files that directory holds), and davinci_manager. None asked for: none given."""
+    container = pod["spec"]["containers"][0]
+    count = int(((container.get("resources") or {}).get("limits") or {}).get(NPU_RESOURCE, 0))
+    if not count:
+        return []
+    volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes") or []}
+    assert "hostPath" in volumes.get("npu", {}), "a pod asking for %s needs its simulated NPU (hostPath volume npu)" \
+        % NPU_RESOURCE
+    return device_args(volumes["npu"]["hostPath"]["path"], *range(count))
 
 
 def http_status(url, netns_pid=None, timeout=5):

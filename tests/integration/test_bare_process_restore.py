@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from conftest import (WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, posix_locks, reset_device,
-                      run_module)
+from conftest import (WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, install_devices, posix_locks,
+                      reset_device, run_module)
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 
@@ -79,6 +79,7 @@ def workload_env(base, simulator_library, port, device_dir, mark):
     socket_dir.mkdir(mode=0o700, exist_ok=True)
     return {
         "INFEROPS_ACL_LIBRARY": str(simulator_library), "ACL_SIM_DEVICE_DIR": str(device_dir),
+        "ACL_SIM_DEVICE_NODES": install_devices(device_dir)["nodes"],  # its NPU's device nodes, held as on hardware
         "ACL_SIM_DEVICE_MEM_BYTES": "256M", "INFEROPS_AGENT_SOCKET_DIR": str(socket_dir),
         "INFEROPS_METADATA_FILE": str(base / ("metadata-%d" % port) / "metadata.json"),
         "WORKLOAD_PORT": str(port), "WORKLOAD_WARMUP_SECONDS": "1", "WORKLOAD_DEVICE_MB": "16",

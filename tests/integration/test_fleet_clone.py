@@ -33,6 +33,7 @@ class Instance(WorkloadContainer):
 
     def create_args(self):
         args = ["--name", self.name, "--network", self.network, "-v", "%s:%s" % (self.device_dir, DEVICE_MOUNT)]
+        args += self.devices  # its own NPU's nodes, at /dev/davinci0 and /dev/davinci_manager in every instance
         if self.runtime:
             args += ["--runtime", self.runtime]
         for key, value in sorted(self.env.items()):

@@ -21,7 +21,8 @@ import uuid
 import pytest
 
 from _runtime_helpers import PROMPTS, RuntimeContainer, identity, installed_runtime
-from conftest import WorkloadContainer, aclsim_ctl, docker, free_port, install_devices, reset_device, run_module
+from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_port, install_devices, reset_device,
+                      run_module)
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import netns
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
@@ -62,7 +63,7 @@ def warm(docker_env, tmp_path_factory):
     pod = "npu-%s" % uuid.uuid4().hex[:6]
     snapshot_dir = str(base / "snapshots" / "default" / "sample" / "p0" / pod)
     port = free_port()
-    original = WorkloadContainer(pod, docker_env, device_dir, port, nodes=True, **SIZES)
+    original = WorkloadContainer(pod, docker_env, device_dir, port, **SIZES)
     facts = dict(pod=pod, snapshot_dir=snapshot_dir, device_dir=device_dir, port=port, base=base)
     try:
         original.run()
@@ -107,9 +108,8 @@ def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dum
 
 def restore_into(warm, name, devices_of, **args):
     """snapshot_restore (method docker) into a new container on the devices installed for ``devices_of``."""
-    c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"], nodes=True, **SIZES)
-    install_devices(devices_of)
-    c.devices = json.loads(aclsim_ctl(devices_of, "docker-args", 0))
+    c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"], **SIZES)
+    c.devices = device_args(devices_of)
     c.create()
     result = run_module("snapshot_restore", dict(container=name, snapshot_dir=warm["snapshot_dir"], method="docker",
                                                  identity=identity(warm["pod"]), health_url=c.url + "/health",
@@ -224,7 +224,7 @@ def test_the_runtime_restores_a_pod_on_a_bridge_network_on_its_new_address(docke
     with installed_runtime(tmp_path / "node") as node, bridge_network() as (network, prefix):
         old, new = prefix + ".10", prefix + ".20"
         snapshot_dir = str(node.roots / "default" / "sample" / "p0" / pod)
-        original = WorkloadContainer(pod, docker_env, device_dir, port, nodes=True, network="%s:%s" % (network, old),
+        original = WorkloadContainer(pod, docker_env, device_dir, port, network="%s:%s" % (network, old),
                                      WORKLOAD_HOST=old, **SIZES)
         restored = None
         try:
@@ -237,7 +237,7 @@ def test_the_runtime_restores_a_pod_on_a_bridge_network_on_its_new_address(docke
             run_module("npu_snapshot_lock", {"container": original.name, "state": "unlocked"})
             original.remove()
             reset_device(device_dir)
-            restored = RuntimeContainer(node.name, pod + "-new", image, device_dir, port, nodes=True,
+            restored = RuntimeContainer(node.name, pod + "-new", image, device_dir, port,
                                         network="%s:%s" % (network, new), WORKLOAD_HOST=old,
                                         INFEROPS_RESTORE_FROM=snapshot_dir, **SIZES)
             restored.run()
@@ -269,7 +269,7 @@ def test_the_runtime_restores_a_pod_on_a_bridge_network_on_its_new_address(docke
 def test_the_backup_passes_the_flags_with_the_args_shape_and_refuses_them_with_the_older_one(
         workload_factory, simulator_library, tmp_path, library, device_memory, outcome):
     lib = simulator_library if library == "current" else simulator_library.parent / "legacy-api" / "libascendcl.so"
-    workload = workload_factory(nodes=True, INFEROPS_ACL_LIBRARY=lib).start()
+    workload = workload_factory(INFEROPS_ACL_LIBRARY=lib).start()
     workload.wait_ready()
     target = {"pid": workload.pid, "agent_socket_dir": str(workload.socket_dir)}
     snapshot_dir = str(tmp_path / "snapshots" / "default" / "svc" / "p0" / "pod-a")

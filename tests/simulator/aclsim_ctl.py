@@ -13,10 +13,15 @@ Run it with python3:
   aclsim_ctl.py install [COUNT]       install the simulated driver for ACL_SIM_DEVICE_DIR: COUNT (default 8) device
                                       nodes davinci<N> and davinci_manager in a directory of their own (printed),
                                       as an NPU driver makes /dev/davinci<N>; see docs/simulator.md "Device nodes"
+  aclsim_ctl.py install --node [COUNT]
+                                      install the node's own simulated driver: /dev/davinci0..COUNT-1 and
+                                      /dev/davinci_manager, recorded for ACL_SIM_DEVICE_DIR (scripts/env/setup.sh
+                                      runs it; nodes of a real NPU driver are never replaced)
   aclsim_ctl.py uninstall             remove what install made for ACL_SIM_DEVICE_DIR
   aclsim_ctl.py nodes                 print the installed node directory of ACL_SIM_DEVICE_DIR
   aclsim_ctl.py docker-args [DEV..]   print, as a JSON list, the docker run options that give a container the
                                       devices DEV (default 0) and davinci_manager, each at /dev/<name>
+                                      (installing the simulated driver for ACL_SIM_DEVICE_DIR first if needed)
   aclsim_ctl.py driver [api_version=N] [snapshot_feature=0|1]
                                       set (or print) the node's driver: ACL_SIM_DEVICE_DIR/driver.conf
 
@@ -90,9 +95,52 @@ def _mknod(path, kind, major, minor, mode=0o666):
     os.chmod(path, mode)
 
 
+LOOP_MAJOR = 7
+LOOP_CONTROL = (10, 237)   # the loop driver's misc minor (Documentation/admin-guide/devices.txt)
+LOOP_CTL_GET_FREE = 0x4C82
+
+
+def _loop_control():
+    """/dev/loop-control, made when a fresh machine lacks it (the loop module not loaded yet, or a /dev without
+    devtmpfs); a kernel without the loop driver is a clear error."""
+    path = "/dev/loop-control"
+    if not os.path.exists("/sys/module/loop") and not os.path.exists(path):
+        subprocess.run(["modprobe", "loop"], check=False, capture_output=True)
+    if not os.path.exists("/sys/module/loop"):
+        raise SystemExit("the simulated davinci_manager is a loop device, and this kernel has no loop driver "
+                         "(modprobe loop failed): build or load it (CONFIG_BLK_DEV_LOOP)")
+    if not os.path.exists(path):
+        _mknod(path, stat.S_IFCHR, LOOP_CONTROL[0], LOOP_CONTROL[1], 0o660)
+    return path
+
+
+def _bind_loop(image, tries=5):
+    """A free loop device bound to ``image``: its node made where the kernel did not make it (no devtmpfs); another
+    process taking the same free device first is tried again."""
+    for _ in range(tries):
+        control = os.open(_loop_control(), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
+        finally:
+            os.close(control)
+        device = "/dev/loop%d" % number
+        if not os.path.exists(device):
+            _mknod(device, stat.S_IFBLK, LOOP_MAJOR, number, 0o660)
+        bound = subprocess.run(["losetup", device, image], check=False, capture_output=True, text=True)
+        if bound.returncode == 0:
+            return device
+        error = bound.stderr.strip()
+    raise SystemExit("cannot bind a loop device to %s: %s" % (image, error))
+
+
 def manager():
     """The host's davinci_manager: (major, minor) of a loop device bound to STATE_DIR/manager.img, its node made
-    at MANAGER_NODE. Idempotent (the binding does not survive a reboot: the next call makes it again)."""
+    at MANAGER_NODE. Idempotent (the binding does not survive a reboot: the next call makes it again). A real NPU
+    driver's davinci_manager (a character device) is never replaced."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISCHR(os.lstat(MANAGER_NODE).st_mode):
+            raise SystemExit("%s is a character device: a real NPU driver's; the simulated driver is not installed "
+                             "over it" % MANAGER_NODE)
     image = os.path.join(STATE_DIR, "manager.img")
     if not os.path.exists(image):
         tmp = image + ".%d" % os.getpid()
@@ -101,11 +149,9 @@ def manager():
         os.rename(tmp, image)
     bound = [name for name in sorted(os.listdir("/sys/block")) if name.startswith("loop")
              and _loop_backing(name) == image]
-    if bound:
-        device = "/dev/" + bound[0]
-    else:
-        device = subprocess.run(["losetup", "--find", "--show", image], check=True, capture_output=True,
-                                text=True).stdout.strip()
+    device = "/dev/" + bound[0] if bound else _bind_loop(image)
+    if not os.path.exists(device):  # bound before, its node gone (a /dev without devtmpfs)
+        _mknod(device, stat.S_IFBLK, LOOP_MAJOR, int(bound[0][4:]), 0o660)
     st = os.stat(device)
     _mknod(MANAGER_NODE, stat.S_IFBLK, os.major(st.st_rdev), os.minor(st.st_rdev))
     return os.major(st.st_rdev), os.minor(st.st_rdev)
@@ -115,21 +161,21 @@ def _block_of(directory):
     """The block of minors recorded for ``directory`` (allocating one), reclaiming those of directories gone."""
     blocks = os.path.join(STATE_DIR, "blocks")
     os.makedirs(blocks, mode=0o755, exist_ok=True)
-    free = None
-    for number in range(1, MAX_BLOCKS):  # block 0 is left to a node whose driver makes /dev/davinci<N> itself
-        entry = os.path.join(blocks, str(number))
-        try:
-            with open(entry) as handle:
-                owner = handle.read()
-        except FileNotFoundError:
-            free = number if free is None else free
+    taken = set()
+    for entry in os.listdir(blocks):
+        if not entry.isdigit():
             continue
+        with open(os.path.join(blocks, entry)) as handle:
+            owner = handle.read()
         if owner == directory:
-            return number
-        if not os.path.isdir(owner):  # its device directory is gone: so is its simulated NPU
-            os.unlink(entry)
-            _remove_nodes(os.path.join(NODES_ROOT, str(number)))
-            free = number if free is None else free
+            return int(entry)
+        if os.path.isdir(owner):
+            taken.add(int(entry))
+        else:  # its device directory is gone: so is its simulated NPU
+            os.unlink(os.path.join(blocks, entry))
+            _remove_nodes(os.path.join(NODES_ROOT, entry))
+    # block 0 is the node's own /dev/davinci<N> (install --node)
+    free = next((number for number in range(1, MAX_BLOCKS) if number not in taken), None)
     if free is None:
         raise SystemExit("no free block of device numbers left in %s" % blocks)
     with open(os.path.join(blocks, str(free)), "w") as handle:
@@ -137,16 +183,29 @@ def _block_of(directory):
     return free
 
 
-def _remove_nodes(nodes):
-    for name in os.listdir(nodes) if os.path.isdir(nodes) else []:
-        os.unlink(os.path.join(nodes, name))
-    if os.path.isdir(nodes):
-        os.rmdir(nodes)
+def _remove_nodes(nodes, names=None):
+    """The nodes ``names`` (default: all) in ``nodes``, and the directory when it is one of NODES_ROOT's."""
+    if not os.path.isdir(nodes):
+        return
+    for name in os.listdir(nodes) if names is None else names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(nodes, name))
+    if os.path.dirname(nodes) == NODES_ROOT:
+        with contextlib.suppress(OSError):
+            os.rmdir(nodes)
 
 
-def install(count=8):
-    """The simulated driver for ACL_SIM_DEVICE_DIR: returns its record (NODES_RECORD in that directory)."""
-    directory = os.path.realpath(device_dir())
+def _write_record(directory, record):
+    path = os.path.join(directory, NODES_RECORD)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(record, handle, indent=1, sort_keys=True)
+    os.rename(path + ".tmp", path)
+
+
+def install(count=8, directory=None):
+    """The simulated driver for ``directory`` (default ACL_SIM_DEVICE_DIR): returns its record (NODES_RECORD in that
+    directory)."""
+    directory = os.path.realpath(directory or device_dir())
     os.makedirs(directory, mode=0o700, exist_ok=True)
     with _state_lock():
         mgr_major, mgr_minor = manager()
@@ -160,25 +219,49 @@ def install(count=8):
             chips[str(dev)] = [CHIP_MAJOR, minor]
         _mknod(os.path.join(nodes, "davinci_manager"), stat.S_IFBLK, mgr_major, mgr_minor)
         record = {"nodes": nodes, "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE}
-        with open(os.path.join(directory, NODES_RECORD), "w") as handle:
-            json.dump(record, handle, indent=1, sort_keys=True)
+        _write_record(directory, record)
     return record
 
 
-def installed():
+def install_node(count=8):
+    """The node's own simulated driver, as an NPU driver's installation makes it: /dev/davinci0..count-1 (block 0
+    of the minors) and /dev/davinci_manager, for ACL_SIM_DEVICE_DIR (by default the simulator's default device
+    directory, so that the simulator's defaults work on this host). Idempotent; nodes of a real driver (another
+    major) are never replaced."""
+    directory = os.path.realpath(device_dir())
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with _state_lock():
+        mgr_major, mgr_minor = manager()
+        chips = {}
+        for dev in range(int(count)):
+            path = "/dev/davinci%d" % dev
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
+                if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != CHIP_MAJOR:
+                    raise SystemExit("%s is not the simulator's (a real NPU driver's?): the simulated driver is not "
+                                     "installed over it" % path)
+            _mknod(path, stat.S_IFCHR, CHIP_MAJOR, dev)
+            chips[str(dev)] = [CHIP_MAJOR, dev]
+        record = {"nodes": "/dev", "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE}
+        _write_record(directory, record)
+    return record
+
+
+def installed(directory=None):
     try:
-        with open(os.path.join(device_dir(), NODES_RECORD)) as handle:
+        with open(os.path.join(directory or device_dir(), NODES_RECORD)) as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None
 
 
-def uninstall():
-    record = installed()
-    directory = os.path.realpath(device_dir())
+def uninstall(directory=None):
+    record = installed(directory)
+    directory = os.path.realpath(directory or device_dir())
     with _state_lock():
         if record:
-            _remove_nodes(record["nodes"])
+            _remove_nodes(record["nodes"], ["davinci%s" % dev for dev in record["chips"]]
+                          + ([] if record["nodes"] == "/dev" else ["davinci_manager"]))
             block = os.path.join(STATE_DIR, "blocks", os.path.basename(record["nodes"]))
             with contextlib.suppress(FileNotFoundError):
                 with open(block) as handle:
@@ -189,10 +272,17 @@ def uninstall():
 
 
 def docker_args(devs=(0,)):
-    """docker run options giving a container devices ``devs`` and the manager, at /dev/<name> as a driver has them."""
+    """docker run options giving a container devices ``devs`` and the manager, at /dev/<name> as a driver has them
+    (``docker run --device``, as NPU containers get theirs). Installs the simulated driver of ACL_SIM_DEVICE_DIR
+    first where it lacks one of them (never installed, or its nodes gone with a reboot)."""
     record = installed()
-    if record is None:
-        raise SystemExit("no simulated driver installed for %s: run aclsim_ctl.py install" % device_dir())
+    top = max(int(dev) for dev in devs) + 1
+    wanted = [os.path.join(record["nodes"], "davinci%d" % int(dev)) for dev in devs] if record else []
+    if record is None or not all(os.path.exists(path) for path in wanted + [record["manager_node"]]):
+        if record is not None and record["nodes"] == "/dev":
+            record = install_node(max(len(record["chips"]), top))
+        else:
+            record = install(max(8, top))
     args = []
     for dev in devs:
         args += ["--device", "%s/davinci%d:/dev/davinci%d" % (record["nodes"], int(dev), int(dev))]
@@ -347,6 +437,9 @@ def is_busy(dev):
 
 
 def main(argv):
+    if argv[:2] == ["install", "--node"] and len(argv) <= 3:
+        print(install_node(*argv[2:])["nodes"])
+        return 0
     if argv[:1] == ["install"] and len(argv) <= 2:
         print(install(*argv[1:])["nodes"])
         return 0

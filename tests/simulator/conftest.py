@@ -15,6 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "tests" / "simulator"
+sys.path.insert(0, str(SIM_DIR))
+import aclsim_ctl  # noqa: E402  pylint: disable=wrong-import-position
 AGENT_DIR = ROOT / "plugins" / "module_utils" / "core" / "agent"
 RESULT_MARK = "@@RESULT@@"
 
@@ -135,6 +137,8 @@ class Simulator:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ACL_SIM_")}
         self.env.update({
             "ACL_SIM_DEVICE_DIR": str(self.device_dir),
+            # its devices' nodes, which the runtime opens and holds (as /dev/davinci<N> on an NPU node)
+            "ACL_SIM_DEVICE_NODES": aclsim_ctl.install(8, str(self.device_dir))["nodes"],
             "ACL_SIM_DEVICE_MEM_BYTES": str(64 << 20),
             "PYTHONDONTWRITEBYTECODE": "1",
         })
@@ -185,10 +189,14 @@ def simulator_lib(tmp_path_factory):
 
 @pytest.fixture
 def sim(simulator_lib, tmp_path):
-    return Simulator(simulator_lib, tmp_path)
+    simulator = Simulator(simulator_lib, tmp_path)
+    yield simulator
+    aclsim_ctl.uninstall(str(simulator.device_dir))
 
 
 @pytest.fixture
 def legacy_sim(simulator_lib, tmp_path):
     """The simulator built as an older runtime whose snapshot calls take no arguments."""
-    return Simulator(simulator_lib.parent / "legacy-api" / "libascendcl.so", tmp_path)
+    simulator = Simulator(simulator_lib.parent / "legacy-api" / "libascendcl.so", tmp_path)
+    yield simulator
+    aclsim_ctl.uninstall(str(simulator.device_dir))

@@ -504,7 +504,7 @@ def test_device_memory_lives_outside_the_process(sim):
         after = path.stat()  # wiped: a new zeroed device of the same size, its memory allocated again
         assert after.st_size == 64 << 20 and after.st_blocks * 512 >= 64 << 20
         assert aclsim_ctl.peek(0, 4096, 4096) == bytes(4096)
-        assert sorted(os.listdir(sim.device_dir)) == ["device0"]
+        assert sorted(os.listdir(sim.device_dir)) == ["device0", "nodes.json"]  # nodes.json: its driver's record
     finally:
         del os.environ["ACL_SIM_DEVICE_DIR"]
     r2 = sim.run('''
@@ -550,7 +550,7 @@ def test_backup_reset_restore_gives_the_original_bytes(sim):
     assert r["busy_backed_up"] == [False, False]  # backup released the devices
     assert r["backup_bytes"] == (1 << 20) + 5120
     assert r["reset_c"] == 0
-    assert r["files_after_reset"] == ["device0", "device1"]  # the devices stay, their memory is wiped
+    assert r["files_after_reset"] == ["device0", "device1", "nodes.json"]  # the devices stay, their memory is wiped
     assert r["allocated_after_reset"] == [True, True] and r["zeros_after_reset"] == [True, True]
     assert r["busy_restored"] == [True, True]
     assert r["same0"] is True and r["same1"] is True and r["file0"] is True
@@ -625,6 +625,47 @@ def test_set_device_fails_while_another_process_holds_it(sim):
     assert r["other"] == 0
     assert r["after_release"] == 0
     assert r["in_use"] == [0, 1]
+
+
+# ---------------------------------------------------------------- device nodes, held as a real process holds them
+
+def test_the_device_nodes_are_held_through_the_backup_and_a_device_without_its_node_cannot_be_set(sim):
+    r = sim.run('''
+        def held():
+            fds = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    target = os.readlink("/proc/self/fd/" + fd)
+                except OSError:
+                    continue
+                if "davinci" in target:
+                    fds.add(os.path.basename(target))
+            maps = set(os.path.basename(line.split()[-1]) for line in open("/proc/self/maps") if "davinci" in line)
+            return sorted(fds), sorted(maps)
+        RESULT["before"] = held()
+        rt.set_device(0)
+        RESULT["running"] = held()
+        rt.snapshot_lock()
+        rt.snapshot_backup()
+        RESULT["backed_up"] = held()
+        rt.snapshot_restore()
+        rt.snapshot_unlock()
+        RESULT["unlocked"] = held()
+        os.unlink(os.path.join(os.environ["ACL_SIM_DEVICE_NODES"], "davinci1"))  # a chip the node lacks
+        RESULT["no_node"] = code(rt.set_device, 1)
+        rt.reset_device(0)
+        RESULT["reset"] = held()
+    ''')
+    assert r["before"] == [[], []]
+    both = [["davinci0", "davinci_manager"], ["davinci_manager"]]
+    assert r["running"] == r["backed_up"] == r["unlocked"] == both, r.result  # as on hardware: CRIU needs a plugin
+    assert r["no_node"] == 507033 and "no device node" in r.stderr
+    assert r["reset"] == [[], []], "a process that released its devices holds no node"
+
+
+def test_without_an_installed_driver_the_runtime_finds_no_device(sim, tmp_path):
+    r = sim.run('RESULT["rc"] = code(rt.set_device, 0)', env={"ACL_SIM_DEVICE_NODES": str(tmp_path / "no-driver")})
+    assert r["rc"] == 507033 and "install the simulated driver" in r.stderr
 
 
 # ---------------------------------------------------------------- ordinary calls

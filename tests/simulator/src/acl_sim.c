@@ -39,7 +39,7 @@
 #define SIM_DEFAULT_DIR "/dev/shm/aclsim"
 #define SIM_HUGE (2ULL << 20)          /* the 2 MiB pages device memory is gathered into */
 #define SIM_DEFAULT_COPY_GBPS 25.0     /* see docs/simulator.md "The cost model" */
-#define SIM_DEFAULT_NODES "off"        /* no device nodes unless ACL_SIM_DEVICE_NODES names their directory */
+#define SIM_DEFAULT_NODES "/dev"       /* where the runtime finds davinci<N> and davinci_manager */
 #define SIM_MANAGER_BYTES 65536        /* what the process maps of davinci_manager */
 #define SIM_MANAGER_MAGIC "ACLSIM-DAVINCI-MANAGER" /* aclsim_ctl.py install writes it at offset 0 */
 #define SIM_DEFAULT_RUNTIME_API 10000
@@ -515,18 +515,16 @@ static void device_drop_saved(sim_device_t *d)
 /* ------------------------------------------------------------------ device nodes (g_mu held) */
 
 /* A real process opens /dev/davinci<N> and /dev/davinci_manager and maps the manager, and still holds all
- * of it after aclrtSnapShotProcessBackup: CRIU can dump none of it without a plugin. With
- * ACL_SIM_DEVICE_NODES the simulator does the same on the nodes aclsim_ctl.py install made: each chip node
- * is held with O_PATH (no driver stands behind its number: a node of the local/experimental major CRIU does
- * not know, see docs/simulator.md), the manager -- a loop block device, the one kind this kernel lets a
- * process map that CRIU hands to HANDLE_DEVICE_VMA -- is opened and mapped shared. */
+ * of it after aclrtSnapShotProcessBackup: CRIU can dump none of it without a plugin. The simulator does the
+ * same on the nodes aclsim_ctl.py install made (in ACL_SIM_DEVICE_NODES, by default /dev as the runtime's):
+ * each chip node is held with O_PATH (no driver stands behind its number: a node of the local/experimental
+ * major CRIU does not know, see docs/simulator.md), the manager -- a loop block device, the one kind this
+ * kernel lets a process map that CRIU hands to HANDLE_DEVICE_VMA -- is opened and mapped shared. There is no
+ * way to run without them: a device without its node cannot be set, as on a node without the NPU driver. */
 static const char *nodes_dir(void)
 {
     const char *d = getenv("ACL_SIM_DEVICE_NODES");
-    if (d == NULL || *d == '\0') {
-        d = SIM_DEFAULT_NODES;
-    }
-    return (strcmp(d, "off") == 0 || strcmp(d, "0") == 0) ? NULL : d;
+    return (d == NULL || *d == '\0') ? SIM_DEFAULT_NODES : d;
 }
 
 static int node_path(char *buf, size_t n, const char *name)
@@ -594,7 +592,7 @@ static aclError node_open(int dev, aclError fail_code)
 {
     char path[4096], name[32];
     sim_device_t *d = &g_dev[dev];
-    if (nodes_dir() == NULL || d->node_fd >= 0) {
+    if (d->node_fd >= 0) {
         return ACL_SUCCESS;
     }
     snprintf(name, sizeof(name), "davinci%d", dev);

@@ -27,8 +27,10 @@
  *   ACL_SIM_LOG               0 errors/warnings only (default), 1 + events, 2 + info; to stderr
  *   ACL_SIM_DEVICE_NODES      directory of the device nodes davinci<N> and davinci_manager the process
  *                             opens with its devices and holds until it releases them -- through a
- *                             backup too, as a real process does (default "off": no nodes; "/dev" in
- *                             a container given them with docker run --device). See docs/simulator.md
+ *                             backup too, as a real process does (default "/dev", as the runtime: a
+ *                             container given them with docker run --device, or the node's own from
+ *                             aclsim_ctl.py install --node; a host process of the tests: the directory
+ *                             aclsim_ctl.py install made for its device directory). See docs/simulator.md
  *   ACL_SIM_RUNTIME_API_VERSION  what rtGetRuntimeVersion reports (default 10000)
  * Node control file ${ACL_SIM_DEVICE_DIR}/driver.conf (read when used; aclsim_ctl.py driver writes it):
  *   api_version=N             what halGetAPIVersion reports (default 500)
@@ -54,7 +56,8 @@
  *   or 1 (else ACL_ERROR_INVALID_PARAM), needs the driver's snapshot feature (else
  *   ACL_ERROR_RT_FEATURE_NOT_SUPPORT, no fallback); backup records the runtime and driver API versions,
  *   restore with args fails with ACL_ERROR_SNAPSHOT_RESTORE_FAILED unless they are the same now.
- *   With device nodes (ACL_SIM_DEVICE_NODES), restore and unlock first check the held nodes are the
+ *   aclrtSetDevice opens the device's node and davinci_manager (ACL_SIM_DEVICE_NODES) and fails with
+ *   ACL_ERROR_RT_DEV_SETUP_ERROR without them; restore and unlock first check the held nodes are the
  *   ones at their paths and map davinci_manager again where the process had it mapped.
  *   While LOCKED/BACKED_UP, aclrtSetDevice/ResetDevice/Malloc/Free/Memcpy and aclFinalize block
  *   the calling thread until RUNNING; queries and aclrtSynchronizeDevice do not block.
