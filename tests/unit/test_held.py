@@ -141,3 +141,26 @@ def test_the_shared_parent_of_views_and_copies_is_never_changed(snap, tmp_path, 
         os.listdir(h.view)
         h.close()
         assert oct(os.stat(str(parent)).st_mode & 0o7777) == oct(0o1777)
+
+
+def test_the_view_is_hard_links_beside_the_snapshot_or_copies_read_through_the_held_descriptors(snap, tmp_path,
+                                                                                              monkeypatch):
+    h = held.Held.open(snap, str(tmp_path / "shm"))
+    try:
+        view = h.make_view()
+        assert os.path.dirname(view) == os.path.dirname(snap) and os.path.basename(view).startswith(".inferops-view-")
+        assert h.linked and os.stat(os.path.join(view, PAGES)).st_ino == os.stat(os.path.join(snap, PAGES)).st_ino
+    finally:
+        h.close()
+    monkeypatch.setattr(held, "_link_fd", lambda fd, target: False)  # another mount, a read-only store
+    h = held.Held.open(snap, str(tmp_path / "shm"))
+    try:
+        with open(os.path.join(snap, PAGES + ".new"), "wb") as handle:
+            handle.write(b"forged")
+        os.rename(os.path.join(snap, PAGES + ".new"), os.path.join(snap, PAGES))
+        view = h.make_view()
+        assert view.startswith(str(tmp_path / "shm")) and not h.linked and "no links beside" in h.why_copied
+        assert open(os.path.join(view, PAGES), "rb").read().startswith(b"weights"), "read through the held descriptor"
+    finally:
+        h.close()
+    assert [n for n in os.listdir(os.path.dirname(snap)) if n.startswith(".inferops")] == []

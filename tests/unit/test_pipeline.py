@@ -274,7 +274,8 @@ def test_a_page_image_swapped_by_rename_after_the_verification_is_not_what_the_r
     driver = Swapping()
     attempt = run(snap, driver)
     assert attempt.restored and driver.restored_bytes == original, "the inode verified is the inode restored"
-    assert attempt.verdict["held"]["mode"] == "leased"
+    assert attempt.verdict["held"]["mode"] == "leased" and attempt.verdict["held"]["linked"] is True
+    assert not [n for n in os.listdir(os.path.dirname(snap)) if n.startswith(".inferops-view-")], "the view is gone"
 
 
 def test_a_page_image_opened_for_writing_while_the_restore_reads_it_is_a_cold_start_before_anything_runs(
@@ -313,7 +314,7 @@ def test_where_no_lease_can_be_taken_the_restore_reads_a_copy_made_by_the_read_t
     attempt = run(snap, driver, decrypt_dir=shm)
     assert attempt.restored and driver.restored_bytes == original, attempt.reason
     files = sum(len(names) for _dir, _sub, names in os.walk(snap))
-    assert attempt.verdict["held"] == {"mode": "copied", "files": files,
+    assert attempt.verdict["held"] == {"mode": "copied", "files": files, "linked": False,
                                        "why_copied": attempt.verdict["held"]["why_copied"]}
     assert attempt.verdict["held"]["why_copied"].endswith(": Invalid argument")
     assert os.listdir(shm) == [], "the copy is gone with the restore"

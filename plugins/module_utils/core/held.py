@@ -13,7 +13,9 @@ holds those descriptors until the restored process has everything it will ever r
   CAP_LEASE). The kernel refuses the lease while anyone has the file open for writing, and breaks it when
   anyone opens or truncates it for writing later -- that writer is held off for the lease-break time. The
   verification hashes through the descriptors, CRIU reads the very same inodes through ``view``: a private
-  directory (0700, tmpfs) of links to ``/proc/<pid>/fd/<n>``, which no rename in the store can redirect.
+  directory (0700) beside the snapshot of hard links to the held inodes (linkat AT_EMPTY_PATH), which no rename
+  in the store can redirect -- or, where no link can be made (another mount, a read-only store), copies read
+  through the held descriptors.
   ``broken()`` after CRIU has read everything says whether anyone tried to write meanwhile (the restore then
   fails closed: nothing of it runs).
 - **copied** (no lease possible: NFS and other network filesystems, or a file already open for writing): the
@@ -77,6 +79,7 @@ class Held:
         self.mode = LEASED if leases else COPIED
         self.why_copied = None if leases else "leases not asked for"
         self.private = None       # plaintext.PrivateDir: the view (leased) or the copy (copied)
+        self.linked = False       # the view is hard links to the held inodes
         self._copies = {}         # relpath -> descriptor of its copy (copied)
         self._lock = threading.Lock()  # the chunks of one file are hashed (and copied) by several threads
 
@@ -157,18 +160,44 @@ class Held:
             return fd
 
     # -- for the restore --------------------------------------------------------------------------------
-    @property
-    def view(self):
-        """The directory the restore reads the snapshot from: the same inodes (leased), or the verified copy."""
-        if self.private is None:  # leased: links to the held descriptors, in a private directory
-            _make_parent(self.copy_parent)
-            self.private = plaintext.PrivateDir(self.copy_parent)
-            pid = os.getpid()
-            for rel, fd in self.fds.items():
+    def make_view(self):
+        """The directory the restore reads the snapshot from, made once the verification is done: hard links to the
+        held inodes in a private directory beside the snapshot (same mount: no copy; CRIU opens them by name from
+        inside the container's namespaces, where no /proc link of ours would resolve), else -- another mount, a
+        read-only store -- copies read through the held descriptors; when copied, the verified copy itself.
+        Raises HoldError when a copy would not fit."""
+        if self.private is not None:
+            self._copied()
+            return self.private.path
+        parent = os.path.dirname(self.snapshot_dir.rstrip("/"))
+        try:
+            self.private = plaintext.PrivateDir(parent, prefix=layout.VIEW_PREFIX)
+            for rel, fd in sorted(self.fds.items()):
                 target = os.path.join(self.private.path, rel)
                 paths.ensure_dir(os.path.dirname(target))
-                os.symlink("/proc/%d/fd/%d" % (pid, fd), target)
-        self._copied()
+                if not _link_fd(fd, target):
+                    raise OSError(errno.EXDEV, "cannot link %s here" % rel)
+            self.linked = True
+            return self.private.path
+        except (IOError, OSError) as exc:
+            if self.private is not None:
+                self.private.remove()
+                self.private = None
+            self.why_copied = "no links beside the snapshot (%s)" % exc
+        self._check_room()
+        _make_parent(self.copy_parent)
+        self.private = plaintext.PrivateDir(self.copy_parent)
+        for rel, fd in sorted(self.fds.items()):
+            target = os.path.join(self.private.path, rel)
+            paths.ensure_dir(os.path.dirname(target))
+            _copy(fd, None, target)
+        return self.private.path
+
+    @property
+    def view(self):
+        """make_view()'s directory (made by the pipeline at the end of the verification)."""
+        if self.private is None:
+            self.make_view()
         return self.private.path
 
     def _copied(self):
@@ -209,7 +238,7 @@ class Held:
         return sorted(rel for rel, fd in self.fds.items() if _lease(fd) != fcntl.F_RDLCK)
 
     def summary(self):
-        return {"mode": self.mode, "files": len(self.fds), "why_copied": self.why_copied}
+        return {"mode": self.mode, "files": len(self.fds), "why_copied": self.why_copied, "linked": self.linked}
 
     def close(self):
         """Let go of everything: leases, descriptors, the view or the copy."""

@@ -37,6 +37,7 @@ IMAGES_INVENTORY = "inventory.img"    # CRIU writes it last: a directory without
 STAGING_SUFFIX = ".partial"           # .<pod>.partial: a generation being assembled, published by rename
 STATUS_SUFFIX = ".status.json"        # .<pod>.status.json: the status record (schemas/status.schema.json)
 OLD_INFIX = ".old."                   # .<pod>.old.<pid>: the previous snapshot while a new one is published
+VIEW_PREFIX = ".inferops-view-"       # .inferops-view-XXXX: what one restore reads, hard links to the inodes it verified
 CLAIM_SUFFIX = ".generation.json"     # .<pod>.generation.json: the generation that owns the pod now (claim.py)
 RESTORES_SUFFIX = ".restores.json"    # .<pod>.restores.json: restores in progress and the processes they made (fleet.py)
 

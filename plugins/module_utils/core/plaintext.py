@@ -41,12 +41,12 @@ def _lock(path):
     return fd
 
 
-def sweep(parent, now=None):
-    """Remove the plaintext directories killed runs left below ``parent``; returns their paths."""
+def sweep(parent, now=None, prefix=PREFIX):
+    """Remove the private directories (named ``prefix``...) killed runs left below ``parent``; returns their paths."""
     removed = []
     now = time.time() if now is None else now
     try:
-        names = [name for name in os.listdir(parent) if name.startswith(PREFIX)]
+        names = [name for name in os.listdir(parent) if name.startswith(prefix)]
     except OSError:
         return removed
     for name in names:
@@ -72,9 +72,9 @@ class PrivateDir(object):
     """A private directory for plaintext below ``parent`` (see the module's docstring); ``remove()`` it after
     use, also on failure. ``swept``: what killed runs had left there."""
 
-    def __init__(self, parent):
-        self.swept = sweep(parent)
-        self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)  # 0700
+    def __init__(self, parent, prefix=PREFIX):
+        self.swept = sweep(parent, prefix=prefix)
+        self.path = tempfile.mkdtemp(prefix=prefix, dir=parent)  # 0700
         try:
             self._fd = _lock(self.path)
         except OSError:

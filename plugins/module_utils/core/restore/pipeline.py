@@ -306,6 +306,12 @@ def run(driver, attempt):
                 attempt.manifest = attempt.verdict.pop("manifest", None)  # a cold start may still use the record
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
+            if attempt.held:  # what the restore reads: the inodes just verified (links), or their verified copy
+                try:
+                    attempt.held.make_view()
+                except held_files.HoldError as exc:
+                    raise Fallback(exc.reason)
+                attempt.verdict["held"] = attempt.held.summary()
             _check_key(attempt)  # a host without the key says so, not that it lacks the room to decrypt
             _check_memory(attempt)  # before anything is decrypted or restored
             deferred = _leave_to_decryption(attempt, deferred)
