@@ -128,6 +128,7 @@ class DockerCli:
         through its own environment, by name. Never on the command line; masked everywhere (runner.remember)."""
         environment = dict(getattr(args, "env", None) or {})
         environment.update(env or {})
+        environment = dict((key, "%s" % value) for key, value in environment.items())  # a YAML number is a value too
         runner_mod.remember(environment.values())
         scratch = plaintext.PrivateDir(ENV_FILE_PARENT if os.path.isdir(ENV_FILE_PARENT) else tempfile.gettempdir())
         try:
