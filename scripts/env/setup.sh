@@ -171,6 +171,9 @@ step_apt() {
     for p in "${APT_PACKAGES[@]}"; do
         pkg_installed "$p" || missing+=("$p")
     done
+    # systemd-tmpfiles applies the boot-time plaintext sweep the snapshot_node role installs (its test runs it):
+    # from systemd where it is installed, else the standalone package (it conflicts with systemd)
+    command -v systemd-tmpfiles >/dev/null || missing+=(systemd-standalone-tmpfiles)
     if ((${#missing[@]} == 0)); then
         log "all ${#APT_PACKAGES[@]} packages present"
         return 0

@@ -58,6 +58,8 @@ class Node:
             "snapshot_node_log_file": str(self.log_file),
             "snapshot_node_snapshot_roots": [str(self.roots)],
             "snapshot_node_restore_timeout": 30,
+            # its own boot-time sweep (tmpfiles.d): another test run's node must not rewrite it under this one
+            "snapshot_node_tmpfiles_path": str(base / "tmpfiles.d" / "inferops-snapshot.conf"),
         }
         self.playbook = base / "node.yml"
         self.playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n"
