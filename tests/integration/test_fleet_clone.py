@@ -2,8 +2,9 @@
 instance keeps serving while a clone -- pod 0 of another instance of the same service, in a network namespace
 of its own and on a device of its own -- is restored from the source's snapshot by the node's
 restore-on-create runtime. The clone answers exactly as the source does, both keep serving, the clone reads
-who it is now (and whom it came from, and its own nonce) from its metadata file, and a second restore of the
-same snapshot onto the clone's device while the clone runs is refused (a cold start, device_busy)."""
+who it is now (and whom it came from, and its own nonce) from its metadata file, two clones draw random streams
+of their own (issue 28), and a second restore of the same snapshot onto the clone's device while the clone runs is
+refused (a cold start, device_busy)."""
 
 import json
 import time
@@ -211,3 +212,33 @@ def test_the_module_clones_the_newest_snapshot_of_the_service_into_a_container_m
     assert clone.get("/v1/info")["metadata"]["identity"] == target
     again = run_module("snapshot_restore", args)
     assert not again["failed"] and again["changed"] is False, again  # it runs: left alone
+
+
+def test_two_clones_of_one_snapshot_draw_their_own_random_streams_and_nonces(node, source):
+    """Issue 28: two clones of one snapshot run side by side. Each restore's agent re-seeded Python's random, and the
+    engine's RESTORE_POST hook re-seeded its own sampler from that restore's nonce (the one in its metadata file):
+    their streams differ. The control: a generator of the engine that nobody re-seeds repeats itself in both."""
+    clones = []
+    for instance in ("p5", "p6"):
+        device = source["base"] / ("npu-" + instance)
+        device.mkdir(mode=0o700)
+        reset_device(device)
+        clone, _target = source["clone"](instance, device)
+        clone.run()
+        wait_answer(clone)
+        record = node.log_records(docker("inspect", "--format", "{{.Id}}", clone.name))[-1]
+        assert record["outcome"] == "restored", record["reason"]
+        assert record["reseed"]["told"] is True and record["reseed"]["hooks"] == 1, record
+        assert "random" in record["reseed"]["reseeded"] and record["durations"]["reseed"] < 10, record
+        clones.append(clone)
+    draws = [clone.get("/v1/random?n=8") for clone in clones]
+    metas = [clone.get("/v1/info")["metadata"] for clone in clones]
+    assert draws[0]["forgotten"] == draws[1]["forgotten"], "the control: without a re-seed the copies repeat a stream"
+    assert draws[0]["global"] != draws[1]["global"], "Python's random repeats itself in two clones"
+    assert draws[0]["sampler"] != draws[1]["sampler"], "the engine's sampler repeats itself in two clones"
+    for drawn, meta in zip(draws, metas):
+        assert meta["restored"] is True and drawn["restore_nonce"] == meta["restore_nonce"], (drawn, meta)
+    assert metas[0]["restore_nonce"] != metas[1]["restore_nonce"]
+    assert [c.answers() for c in clones] == [source["expected"]] * 2, "both serve the snapshot's answers"
+    for clone in clones:
+        clone.remove()
