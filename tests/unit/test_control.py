@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import EndpointError, ParameterError
 from ansible_collections.inferops.snapshot.plugins.modules.npu_snapshot_lock import plan
@@ -189,3 +189,19 @@ def test_a_link_planted_in_a_process_root_is_refused_not_followed(jailed, monkey
 def test_a_parent_component_is_refused_in_a_process_root(jailed):
     with pytest.raises(EndpointError, match="refusing"):
         control.AgentSocketClient(_in_root(jailed, "/run/../../outside/agent.1.sock")).request("state", 5)
+
+
+def test_the_metadata_file_is_read_in_a_process_root_without_following_a_planted_link(jailed):
+    """The other host-side reads into a container's root follow no link either (metadata.read_in_process)."""
+    root, outside = jailed["root"], jailed["outside"]
+    (outside / "metadata.json").write_text('{"restored": true, "planted": "outside"}')
+    (root / "run" / "inferops-snapshot" / "metadata.json").write_text('{"restored": true}')
+    assert metadata.read_in_process(jailed["pid"], "/run/inferops-snapshot/metadata.json") == {"restored": True}
+    shutil.rmtree(str(root / "run" / "inferops-snapshot"))
+    (root / "run" / "inferops-snapshot").symlink_to(outside)
+    assert os.path.exists(_in_root(jailed, "/run/inferops-snapshot/metadata.json")), "the link leads outside"
+    assert metadata.read_in_process(jailed["pid"], "/run/inferops-snapshot/metadata.json") is None
+    (root / "run" / "inferops-snapshot").unlink()
+    (root / "run" / "inferops-snapshot").mkdir()
+    (root / "run" / "inferops-snapshot" / "metadata.json").symlink_to(outside / "metadata.json")
+    assert metadata.read_in_process(jailed["pid"], "/run/inferops-snapshot/metadata.json") is None
