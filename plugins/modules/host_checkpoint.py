@@ -84,6 +84,15 @@ options:
         does (the roles record the generation as failed).
     type: bool
     default: false
+  device_memory:
+    description:
+      - With O(device_backup), what the backup saves of the device memory, as
+        O(inferops.snapshot.npu_snapshot_backup#module:device_memory) (the args shape of CANN's snapshot API,
+        C(backupFlags) 0 or 1). V(required_and_optional) needs O(device_backup) and, in the engine, a runtime with the
+        args shape (the task fails naming the option otherwise).
+    type: str
+    choices: [required, required_and_optional]
+    default: required
   lease:
     description:
       - With O(device_backup), the lease the lock and the backup carry, in seconds, as
@@ -349,6 +358,7 @@ ARGUMENT_SPEC = dict(
     leave_running=dict(type="bool", default=True),
     resume=dict(type="bool", default=False),
     device_backup=dict(type="bool", default=False),
+    device_memory=dict(type="str", default="required", choices=["required", "required_and_optional"]),
     lease=dict(type="float", default=120.0),
     engine_state_mounts=dict(type="list", elements="str", default=[]),
     timeout=dict(type="float", default=300.0),

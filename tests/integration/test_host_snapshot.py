@@ -162,13 +162,16 @@ def test_device_backup_locks_only_after_the_checks_and_serves_again_after_the_ch
     pod = "backup-%s" % uuid.uuid4().hex[:6]
     snap = snapshot_path(tmp_path, pod)
     args = {"container": w["container"].name, "snapshot_dir": snap, "identity": identity(pod), "timeout": 120,
-            "device_backup": True, "resume": True, "lease": 60}
+            "device_backup": True, "resume": True, "lease": 60, "device_memory": "required_and_optional"}
     client = AgentSocketClient.for_pid(int(docker("inspect", "--format", "{{.State.Pid}}", w["container"].name)))
 
     refused = run_module("host_checkpoint", dict(args, require_device_part=False))
     assert refused["failed"] and refused["msg"].startswith("device_backup: needs require_device_part"), refused
     bad_lease = run_module("host_checkpoint", dict(args, lease=-1))
     assert bad_lease["failed"] and bad_lease["msg"].startswith("lease:"), bad_lease
+    no_backup = run_module("host_checkpoint", dict(args, device_backup=False))
+    assert no_backup["failed"] and no_backup["msg"].startswith("device_memory: required_and_optional is what"), \
+        no_backup
     dry = run_module("host_checkpoint", args, check=True)
     assert dry["changed"] and dry["device_backup"]["actions"] == ["lock", "backup"], dry
     assert client.request("state", 5)["state"] == "RUNNING"
@@ -194,6 +197,7 @@ def test_device_backup_locks_only_after_the_checks_and_serves_again_after_the_ch
     assert order.index("preflight") < order.index("device_backup") < order.index("checkpoint"), order
     recorded = manifest.load_manifest(snap)
     assert recorded["device"]["state"] == "BACKED_UP" and recorded["device"]["identity"] == identity(pod)
+    assert recorded["device"]["snapshot_api"]["device_memory"] == "required_and_optional", recorded["device"]
     check = run_module("snapshot_verify", {"snapshot_dir": snap, "identity": identity(pod), "image": w["image"]})
     assert check["valid"] is True, check
     assert [w["container"].generate(p) for p in PROMPTS] == w["expected"]

@@ -124,6 +124,11 @@ class Checkpointer:
             if not os.path.isdir(params["encryption_workdir"]):
                 raise ParameterError("encryption_workdir: %s is not a directory" % params["encryption_workdir"],
                                      field="encryption_workdir")
+        memory = params.get("device_memory")
+        if memory not in (None, protocol.DEFAULT_DEVICE_MEMORY) and not params.get("device_backup"):
+            raise ParameterError("device_memory: %s is what host_checkpoint's own device backup saves; set "
+                                 "device_backup=true, or give it to npu_snapshot_backup" % memory,
+                                 field="device_memory")
         if params.get("device_backup"):
             if not params["require_device_part"]:
                 raise ParameterError("device_backup: needs require_device_part=true (the backup is the device part)",
@@ -149,7 +154,7 @@ class Checkpointer:
             lease = bounded_lease(self.backup_lease, self.deadline.remaining())
             result["device_backup"] = device.back_up(self.agent, self.staging_dir, self.identity, lease,
                                                      True, min(self.remaining("the device backup"), 90.0),
-                                                     check_mode)
+                                                     check_mode, device_memory=self.params.get("device_memory"))
         if check_mode:
             return
         self._read_device_part()  # require_device_part holds: preflight refuses device_backup without it
