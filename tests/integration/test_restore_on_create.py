@@ -18,6 +18,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import (PROMPTS, Node, WarmSnapshot, identity, read_daemon_json, runtimes, wait_answer)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.layout import IDENTITY_KEYS
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
@@ -181,6 +182,12 @@ def test_restore_policy_always_restores_again_on_restart(node, warm):
     c.remove()
 
 
+def identity_env(warm):
+    """The pod identity a copy of the snapshot must be restored as (its path below the root spells another one):
+    what an orchestrator passes with a snapshot it placed elsewhere."""
+    return {"INFEROPS_RESTORE_IDENTITY": "/".join(identity(warm["pod"])[key] for key in IDENTITY_KEYS)}
+
+
 def corrupt_copy(node, warm, suffix, mutate, reseal=False):
     """A copy of the snapshot below the node's root, broken by ``mutate(snapshot_dir)``.
 
@@ -219,7 +226,7 @@ def flip_byte(directory):
 
 def test_corrupted_snapshot_comes_back_cold(node, warm):
     snap = corrupt_copy(node, warm, "corrupt", flip_byte)
-    c = warm["recreate"](INFEROPS_RESTORE_FROM=snap)
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=snap, **identity_env(warm))
     c.run()
     record, _info = assert_cold(node, c, warm, "checksum_mismatch: host/criu/pages-")
     # found while CRIU restored: the tasks it made were still stopped, and were killed without ever running
@@ -237,7 +244,8 @@ def test_unusable_requests_come_back_cold(node, warm, tmp_path, case):
         shutil.copytree(warm["snapshot_dir"], str(outside))
         env, reason = {"INFEROPS_RESTORE_FROM": str(outside)}, "unsafe_path:"
     elif case == "missing":
-        env, reason = {"INFEROPS_RESTORE_FROM": str(node.roots / "nothing" / warm["pod"])}, "missing:"
+        env, reason = dict(identity_env(warm), INFEROPS_RESTORE_FROM=str(node.roots / "nothing" / warm["pod"])), \
+            "missing:"
     elif case == "another_generation":  # intact and signed as far as it goes, but not the one the orchestrator chose
         env, reason = {"INFEROPS_RESTORE_FROM": warm["snapshot_dir"], "INFEROPS_RESTORE_CHECKSUM": "0" * 64}, \
             "checksum_mismatch: the snapshot was recorded as " + "0" * 64
@@ -268,7 +276,7 @@ def test_restore_failures_behind_verification_fall_back_cold(node, warm, case):
     snap = corrupt_copy(node, warm, "resealed-" + case, mutate, reseal=True)
     valid, reasons, _details = manifest_utils.verify(snap, 1024, {})
     assert valid, reasons
-    c = warm["recreate"](INFEROPS_RESTORE_FROM=snap, INFEROPS_RESTORE_TIMEOUT="5")
+    c = warm["recreate"](INFEROPS_RESTORE_FROM=snap, INFEROPS_RESTORE_TIMEOUT="5", **identity_env(warm))
     started = time.monotonic()
     c.run()
     record, _info = assert_cold(node, c, warm, "criu_failed:" if case == "criu_error" else "timeout:")

@@ -121,6 +121,7 @@ class Handover(Driver):
             return
         env = dict(self.env)
         env[layout.ENV_RESTORE_FROM] = attempt.snapshot_dir
+        env[layout.ENV_RESTORE_IDENTITY] = layout.identity_string(self.identity)  # what the runtime must find signed
         env[layout.ENV_RESTORE_STRICT] = "true"
         if not self.device_restore:
             env[layout.ENV_RESTORE_DEVICE] = "false"
