@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-from _llama_helpers import (SERVICE, LlamaEngine, assert_cold_start, cold_reference, generate, identity, llama_engines,
-                            llama_image, llama_model, llama_node, posix_locks, process_start_ticks, recreate,
-                            restore_env, snapshot_dir, take_snapshot, unique_name, write_model)
+from _llama_helpers import (SERVICE, Generated, LlamaEngine, assert_cold_start, cold_reference, generate, identity,
+                            llama_engines, llama_image, llama_model, llama_node, posix_locks, process_start_ticks,
+                            recreate, restore_env, snapshot_dir, take_snapshot, unique_name, write_model)
 from _roles_helpers import local_inventory, run_playbook
 from conftest import docker, flip_one_byte, run_module
 
@@ -382,3 +382,39 @@ def test_the_quick_recheck_sees_a_changed_model_and_other_arguments_and_verify_n
     again = run_playbook(tmp_path / "runs", "generate.yml", inventory)
     entry = again.facts["npu-host"]["snapshot_generate_results"][0]
     assert again.rc == 0 and entry["status"] == "completed" and "args_mismatch: " in entry["reason"], entry
+
+
+@pytest.mark.parametrize("change", ["same-size", "other-size", "read-at-start"])
+def test_a_removed_pod_whose_model_changed_is_recreated_from_its_record_and_started_cold(
+        llama_image, llama_model, llama_node, llama_engines, tmp_path, change):
+    """Issue 25, item 5 (the restore side, core/restore/*): the pod's container is gone and its model was updated; the
+    snapshot is stale but intact, so restore.yml creates the container from the snapshot's record and starts it cold
+    with the reason -- never leaves the pod down ("could not start ... no valid snapshot to recreate it from")."""
+    pod = unique_name("d")
+    args = ["--use_mmap", "false"] if change == "read-at-start" else []
+    original = llama_engines(llama_image, llama_model, name=pod, args=args).run()
+    original.wait_ready()
+    inventory = local_inventory(
+        snapshot_config={"enabled": True, "hostSnapshotPath": str(llama_node.roots),
+                         "npuSnapshotPath": str(tmp_path / "npu"), "timeoutSeconds": 120},
+        snapshot_service={"namespace": "default", "name": SERVICE},
+        snapshot_instances=[{"name": "p0", "pods": [{"name": pod, "container": pod,
+                                                     "readiness_url": original.url + "/v1/models"}]}],
+        snapshot_generate_device=False, snapshot_restore_device=False, snapshot_restore_runtime_name=llama_node.name)
+    generated = run_playbook(tmp_path / "runs", "generate.yml", inventory)
+    assert generated.rc == 0, generated
+    original.remove()
+    path = os.path.join(str(llama_model), "tiny.gguf")
+    if change == "other-size":
+        write_model(llama_image, llama_model, seed=9, n_layer=3)
+    else:
+        rename_over_with_one_byte_changed(path)
+    reference = cold_reference(llama_engines, Generated(original=original, prompts=PROMPTS))  # (the port is free)
+    restored = run_playbook(tmp_path / "runs", "restore.yml", inventory)
+    assert restored.rc == 0, restored
+    entry = restored.facts["npu-host"]["snapshot_restore_results"][0]
+    assert entry["restored"] is False and entry["reason"].startswith("files_mismatch: /models/tiny.gguf changed"), entry
+    engine = LlamaEngine(**original.config(name=pod))
+    engine.wait_ready()
+    assert engine.probe() == reference[0] and engine.completions(PROMPTS) == reference[1], "not a cold start of the new model"
+    docker("rm", "-f", pod)
