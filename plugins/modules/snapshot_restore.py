@@ -183,9 +183,10 @@ options:
     description:
       - How the host part is restored.
       - V(auto) takes V(runtime), the fast path, when dockerd has the restore-on-create runtime O(runtime_name) and
-        its snapshot roots hold O(snapshot_dir) (or an existing O(container) was created with it), and V(docker)
-        otherwise; RV(method) and RV(method_reason) say which and why. V(docker) is slower than a cold start from
-        about 2 GiB of state on (docs/benchmarks.md).
+        its snapshot roots hold O(snapshot_dir) (or an existing O(container) was created with it). Otherwise it takes
+        V(docker) only for a snapshot of at most O(docker_path_max_bytes), and above that starts the container cold
+        at once with the reason C(docker_path_slower_than_cold:) (without hashing the images); RV(method) and
+        RV(method_reason) say which and why. The roles install the runtime first (C(snapshot_restore_install_runtime)).
       - V(docker) places the CRIU images in the container's C(checkpoints/) directory below the daemon's data
         root (C(docker info) C(DockerRootDir)) and runs C(docker start --checkpoint); it needs dockerd's
         experimental mode, and starts the container cold with that reason without it.
@@ -211,6 +212,15 @@ options:
     description: Name of the restore-on-create runtime in dockerd (the role's C(snapshot_node_runtime_name)), for O(method=runtime).
     type: str
     default: inferops-restore
+  docker_path_max_bytes:
+    description:
+      - With O(method=auto) on a node where the runtime cannot restore the snapshot, the largest snapshot (bytes)
+        restored with V(docker). C(docker start --checkpoint) copies the images twice through containerd's content
+        store; on the 2-core test machine a 2 GiB state took 52 s to the first answer against a 30 s cold start of the
+        sample engine, and the two meet at about 1 GiB (docs/benchmarks.md). An engine whose cold start takes minutes
+        gains from the Docker path at far larger sizes, so raise it for one; V(0) never takes it.
+    type: int
+    default: 1073741824
 notes:
   - The engine's listening ports must be free (the original container deleted) before the restore, as its
     sockets are restored as they were.
@@ -266,7 +276,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 method:
-  description: The method O(method=auto) chose (C(runtime) or C(docker)).
+  description: The method O(method=auto) chose (C(runtime), C(docker), or C(cold) when the Docker path would be slower
+    than a cold start).
   returned: with O(method=auto) and O(engine=docker)
   type: str
   sample: runtime
@@ -384,6 +395,7 @@ ARGUMENT_SPEC = dict(
     workers=dict(type="int"),
     method=dict(type="str", default="auto", choices=["auto", "docker", "runtime"]),
     runtime_name=dict(type="str", default="inferops-restore"),
+    docker_path_max_bytes=dict(type="int", default=1 << 30),
     stage_dir=dict(type="path"),
     cold_start=dict(type="list", elements="str"),
     cold_start_log=dict(type="path"),

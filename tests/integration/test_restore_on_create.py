@@ -420,3 +420,24 @@ def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_ref
         assert node.log_records()[-1]["outcome"] == "failed"
     finally:
         docker("rm", "-f", name, check=False)
+
+
+def test_auto_without_the_runtime_starts_a_large_state_cold_at_once_instead_of_taking_dockers_slow_path(node, warm):
+    """Issue 26: method=auto on a node whose runtime cannot restore the snapshot never takes a path slower than a cold
+    start. Above docker_path_max_bytes it starts the container cold at once, with the reason, recreating it from the
+    verified record -- without hashing the images it will not restore."""
+    name = "%s-slow" % warm["pod"]
+    try:
+        result = run_module("snapshot_restore", {
+            "snapshot_dir": warm["snapshot_dir"], "identity": identity(warm["pod"]), "container": name,
+            "runtime_name": "no-such-runtime-%s" % uuid.uuid4().hex[:4], "docker_path_max_bytes": 1 << 20,
+            "health_url": "http://127.0.0.1:%d/health" % warm["port"], "health_timeout": WARMUP + 90})
+        assert result.get("failed") is False and result["restored"] is False, result
+        assert result["method"] == "cold" and result["method_reason"].startswith("docker_path_slower_than_cold: "), result
+        assert result["reason"] == result["method_reason"] and result["created"] is True
+        assert result["verify"]["valid"] is True and result["verify"]["hashed_bytes"] < 10 ** 6, result["verify"]
+        assert "host_restore" not in result["durations"], "docker start --checkpoint never ran"
+        c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"])
+        assert [c.generate(p) for p in PROMPTS] == warm["expected"] and c.info()["started_at"] != warm["info"]["started_at"]
+    finally:
+        docker("rm", "-f", name, check=False)

@@ -36,8 +36,9 @@ def node(tmp_path):
     return {"inferops-restore": {"path": str(wrapper)}, "runc": {"path": "runc"}}, tmp_path
 
 
-def choose(docker, snapshot_dir, container="engine-0"):
-    return task.choose_method({"runtime_name": "inferops-restore", "container": container}, snapshot_dir, docker)
+def choose(docker, snapshot_dir, container="engine-0", limit=1 << 30):
+    return task.choose_method({"runtime_name": "inferops-restore", "container": container,
+                               "docker_path_max_bytes": limit}, snapshot_dir, docker)
 
 
 def test_the_runtime_when_it_is_installed_and_its_roots_hold_the_snapshot(node):
@@ -72,3 +73,16 @@ def test_an_existing_container_made_with_the_runtime_goes_to_it(node):
     runtimes, base = node
     method, _why = choose(Docker(runtimes, {"engine-0": "inferops-restore"}), "/elsewhere/ns/svc/p0/pod")
     assert method == "runtime"
+
+
+@pytest.mark.parametrize("limit, method", [(1 << 20, "docker"), (4096, "cold"), (0, "cold")])
+def test_without_the_runtime_docker_only_below_the_size_where_it_beats_a_cold_start(node, limit, method):
+    runtimes, base = node
+    snapshot_dir = base / "elsewhere" / "ns" / "svc" / "p0" / "pod"
+    (snapshot_dir / "host" / "criu").mkdir(parents=True)
+    (snapshot_dir / "host" / "criu" / "pages-1.img").write_bytes(b"x" * 8192)
+    chosen, why = choose(Docker({"runc": runtimes["runc"]}), str(snapshot_dir), limit=limit)
+    assert chosen == method, why
+    assert "dockerd has no runtime inferops-restore" in why
+    if method == "cold":
+        assert why.startswith("docker_path_slower_than_cold: ") and "0 MiB" in why and "snapshot_node" in why

@@ -265,6 +265,20 @@ def is_tmpfs(path, mountinfo=None):
     return filesystem_type(path, mountinfo) in MEMORY_FILESYSTEMS
 
 
+def tree_bytes(root):
+    """The bytes of the regular files below ``root`` by their sizes (nothing read; links not followed); 0 when missing."""
+    total = 0
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(directory, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
 def free_bytes(path):
     """Bytes an unprivileged writer may still put on the filesystem of ``path`` (or its nearest existing parent)."""
     try:

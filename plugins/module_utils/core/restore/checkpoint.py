@@ -82,10 +82,12 @@ class DockerCheckpoint(Driver):
     engine = "docker"
     can_use_staged = False  # place_checkpoint hard-links the images: that would change the staged copy's ctime
 
-    def __init__(self, docker, container, **wishes):
+    def __init__(self, docker, container, cold_because=None, **wishes):
         super(DockerCheckpoint, self).__init__(**wishes)
         self.docker = docker
         self.container = container
+        self.cold_because = cold_because  # method=auto found this path slower than a cold start: start cold
+        self.reads_images = cold_because is None
         self.container_id = docker.container_id(container)
         self.created = False
         self.docker_root = None
@@ -97,6 +99,8 @@ class DockerCheckpoint(Driver):
         return docker_world_now(self.docker, self.container_id, recorded)
 
     def check(self, attempt):
+        if self.cold_because:
+            raise Fallback(self.cold_because)
         if attempt.manifest.get("encryption"):
             raise Fallback("encrypted: docker start --checkpoint copies the images through containerd's content store "
                            "and a temporary directory in plaintext; restore encrypted snapshots with method=runtime")

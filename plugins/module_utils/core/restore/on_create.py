@@ -122,19 +122,20 @@ class OnCreate(Driver):
 
     def bind_to_requester(self, below_root):
         """The identity a restore must find signed in the snapshot: the one requested, else the one the path spells
-        below its root (<namespace>/<service>/<instance>/<pod>) -- never none. On a CRI node the snapshot must lie
-        below the root's directory of the pod's own namespace, and that identity (and a clone's source) be of it:
-        a pod restores only its own tenant's snapshots, whatever its annotations or env ask for."""
-        if self.identity is None:
-            if len(below_root) != len(layout.IDENTITY_KEYS):
-                raise Fallback("bad_request: restore-identity: %s does not spell namespace/service/instance/pod below "
-                               "its snapshot root; give the identity (org.inferops.restore-identity or %s)"
-                               % ("/".join(below_root), layout.ENV_RESTORE_IDENTITY))
-            self.identity = dict(zip(layout.IDENTITY_KEYS, below_root))
+        below its root (its last four components, <namespace>/<service>/<instance>/<pod>) -- never none. On a CRI
+        node the snapshot's namespace directory must be the pod's own namespace, and so must that identity (and a
+        clone's source): a pod restores only its own tenant's snapshots, whatever its annotations or env ask for."""
+        depth = len(layout.IDENTITY_KEYS)
         who = self.request.get("requester")
+        if len(below_root) < depth and (self.identity is None or who is not None):
+            raise Fallback("bad_request: restore-from: %s is not <namespace>/<service>/<instance>/<pod> below its "
+                           "snapshot root%s" % ("/".join(below_root), "" if who else
+                                                "; or give the identity (%s)" % layout.ENV_RESTORE_IDENTITY))
+        if self.identity is None:  # the layout's last four components
+            self.identity = dict(zip(layout.IDENTITY_KEYS, below_root[-depth:]))
         if who is None:
             return
-        claimed = [("the snapshot's directory", below_root[0]), ("the identity", self.identity["namespace"])]
+        claimed = [("the snapshot's directory", below_root[-depth]), ("the identity", self.identity["namespace"])]
         if self.source is not None:
             claimed.append(("the clone's source", self.source["namespace"]))
         for what, namespace in claimed:
@@ -404,6 +405,9 @@ class OnCreate(Driver):
         for detail in ("record_error", "lazy_pages", "file_locks", "reseed"):
             if detail in attempt.details:
                 record[detail] = attempt.details[detail]
+        unauthenticated = verify.unauthenticated_warning(verdict, attempt.require_signature)
+        if unauthenticated and attempt.restored:
+            record["warning"] = unauthenticated
         self.node.log.event("restore", **record)
 
     # -- this path's own steps ----------------------------------------------------------------------

@@ -50,14 +50,15 @@ import os
 import threading
 import traceback
 
-from .. import canary, device, encryption, fleet, layout, manifest, paths, plaintext, proc, stage as staged_cache, status
+from .. import canary, device, encryption, fleet, keyscope, layout, manifest, paths, plaintext, proc, stage as staged_cache
+from .. import status
 from .. import held as held_files
 from ..clock import Deadline, Stopwatch
 from ..errors import SnapshotError
 from . import file_locks, reseed, verify
 
 
-DECRYPT_DIR = "/dev/shm"   # tmpfs: the plaintext of an encrypted snapshot never reaches a disk
+DECRYPT_DIR = layout.TMPFS   # the plaintext of an encrypted snapshot never reaches a disk
 
 
 class Fallback(Exception):
@@ -72,7 +73,8 @@ class Attempt:
     """What one restore knows as it goes; drivers read and fill it."""
 
     def __init__(self, requested, timeout, device_restore=True, check_mode=False, hash_files=True, min_size=0,
-                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None, overlap=True, stage_dir=None):
+                 workers=None, trusted=None, checksum=None, keys=None, decrypt_dir=None, overlap=True, stage_dir=None,
+                 require_signature=False, require_encryption=False, generations=None):
         self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
         self.snapshot_dir = None
         self.watch = Stopwatch()
@@ -86,6 +88,9 @@ class Attempt:
         self.trusted = trusted         # {key id: public key}: only snapshots signed by one of them are restored
         self.checksum = checksum       # the fingerprint the caller knows the snapshot by (a pod annotation)
         self.keys = keys or {}         # {key id: key}: what an encrypted snapshot may be decrypted with
+        self.require_signature = require_signature    # this host's policy (verify.requirements)
+        self.require_encryption = require_encryption
+        self.generations = generations  # freshness.HighWater: the highest generation restored per identity, or None
         self.decrypt_dir = decrypt_dir or DECRYPT_DIR
         self.plain = None              # plaintext.PrivateDir: an encrypted snapshot's plaintext, while restored
         self.overlap = overlap         # hash the page images while CRIU restores into stopped tasks (when it can)
@@ -124,7 +129,7 @@ class Attempt:
                            % (relpath, layout.CHECKSUMS))
         data = self.documents[relpath]
         if relpath in described.get("files", ()):
-            data = encryption.decrypt_bytes(self.keys, data, relpath)
+            data = encryption.decrypt_bytes(self.keys, data, relpath, encryption.Binding.of(self.manifest))
         return data
 
     def has_document(self, relpath):
@@ -170,6 +175,7 @@ class Driver:
     can_use_staged = True      # host_restore only reads the images (a link to them would change the copy's ctime)
     delegates = False          # host_restore hands the snapshot to another run of this pipeline (the node's runtime),
                                # which hashes the images, decrypts, restores and resumes: the stages after it are its
+    reads_images = True        # False: this run will not restore the images (it knows it starts cold): not hashed
 
     def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
                  runtime_version=None):
@@ -275,7 +281,7 @@ def run(driver, attempt):
             attempt.snapshot_dir = driver.locate(attempt)
             expect = dict(driver.expectations(attempt), checksum=attempt.checksum)
             staged_why = _find_staged(driver, attempt)
-            if not (attempt.staged or attempt.check_mode or driver.delegates):
+            if not (attempt.staged or attempt.check_mode or driver.delegates or not driver.reads_images):
                 try:  # every file opened once, before anything is hashed: what is verified is what is restored
                     attempt.held = held_files.Held.open(attempt.snapshot_dir, attempt.decrypt_dir)
                 except held_files.HoldError as exc:
@@ -284,11 +290,13 @@ def run(driver, attempt):
             defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
                 and not attempt.staged and (attempt.held is None or attempt.held.mode == held_files.LEASED) else None
             # A delegate hashes the images right before it restores them; this run hashes what it acts on itself.
-            unhashed = _is_image if driver.delegates and not attempt.check_mode else None
+            unhashed = _is_image if (driver.delegates or not driver.reads_images) and not attempt.check_mode else None
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
                                                  attempt.workers, attempt.hash_files and not attempt.staged,
                                                  trusted=attempt.trusted, world_now=driver.world_now, defer=defer,
-                                                 unhashed=unhashed, files=attempt.held)
+                                                 unhashed=unhashed, files=attempt.held,
+                                                 require_signature=attempt.require_signature,
+                                                 require_encryption=attempt.require_encryption)
             if attempt.held:
                 attempt.verdict["held"] = attempt.held.summary()
             deferred = attempt.verdict.pop("deferred", None)
@@ -306,6 +314,7 @@ def run(driver, attempt):
                 attempt.manifest = attempt.verdict.pop("manifest", None)  # a cold start may still use the record
                 raise Fallback(verify.reason(attempt.verdict))
             attempt.manifest = attempt.verdict.pop("manifest")
+            _admit(attempt)  # no older generation than this node has restored (freshness.py)
             if attempt.held:  # what the restore reads: the inodes just verified (links), or their verified copy
                 try:
                     attempt.held.make_view()
@@ -529,9 +538,28 @@ def _leave_to_decryption(attempt, deferred):
     return kept if kept["listed"] else None
 
 
+def _admit(attempt):
+    """A snapshot older than one of its identity this node has restored is refused (rollback:); this one is the highest
+    now. Not for a check (nor where the caller keeps no record: a run that hands over to the node's runtime, whose own
+    run keeps it with the runtime's settings)."""
+    if attempt.generations is None or attempt.check_mode:
+        return
+    refused = attempt.generations.admit(attempt.manifest)
+    if refused:
+        raise Fallback(refused)
+
+
 def _check_key(attempt):
-    """An encrypted snapshot needs its key on this host: the first thing said about it when the key is missing."""
+    """An encrypted snapshot needs its key on this host, configured for its identity: the first thing said about it
+    when the key is missing."""
     described = attempt.manifest.get("encryption")
+    scoped = getattr(attempt.keys, "allows", None)
+    if described and described["key_id"] in attempt.keys and scoped and \
+            not scoped(described["key_id"], attempt.manifest["identity"]):
+        raise Fallback("encrypted: the snapshot is encrypted with key %s, which this host holds only for %s, not for %s "
+                       "(the identities of encryption_keys)" % (
+                           described["key_id"], keyscope.describe(attempt.keys.scope_of(described["key_id"])),
+                           layout.identity_string(attempt.manifest["identity"])))
     if described and described["key_id"] not in attempt.keys:
         raise Fallback("encrypted: the snapshot is encrypted with key %s and this host has %s; configure that key "
                        "(encryption_keys)" % (described["key_id"], "keys %s" % ", ".join(sorted(attempt.keys))
@@ -546,7 +574,8 @@ def decrypt(attempt):
     attempt.plain = plaintext.PrivateDir(attempt.decrypt_dir)  # 0700, ours alone
     try:
         encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,
-                                attempt.plain_dir, described["files"], attempt.workers,
+                                attempt.plain_dir, described["files"], encryption.Binding.of(attempt.manifest),
+                                attempt.workers,
                                 files=attempt.held if attempt.held and attempt.held.mode == held_files.LEASED else None)
     except encryption.DecryptError as exc:
         raise Fallback(exc.msg)

@@ -17,10 +17,10 @@ import os
 
 from urllib.parse import urlparse
 
-from .. import encryption, fleet, health, layout, paths, schema, signature, stage
+from .. import encryption, fleet, freshness, health, layout, paths, schema, signature, stage
 from ..clients.docker import DockerCli, env_dict
 from ..errors import ParameterError
-from . import bare, pipeline
+from . import bare, pipeline, verify
 from .checkpoint import DockerCheckpoint
 from .handover import Handover, covers, runtime_settings
 
@@ -91,45 +91,66 @@ def restore(params, check_mode=False, warn=lambda text: None):
     snapshot_dir = check_options(params)
     trusted_keys(params)  # a key that cannot be loaded is an error before anything is done
     encryption.load_keys(params.get("encryption_keys") or [])
+    requirements(params)
     if params["engine"] == bare.ENGINE:
         return _bare(params, snapshot_dir, check_mode, warn)
     docker = DockerCli(params["docker_cli"])
     chosen = {}
     if params["method"] == "auto":
         method, why = choose_method(params, snapshot_dir, docker)
-        params = dict(params, method=method)
+        params = dict(params, method=DOCKER if method == COLD else method)
         chosen = dict(method=method, method_reason=why)
+        if method == COLD:
+            chosen["cold_because"] = why
     if params["method"] == RUNTIME:
         driver = _handover(params, snapshot_dir, docker)
     else:
-        driver = DockerCheckpoint(docker, params["container"], **_wishes(params))
+        driver = DockerCheckpoint(docker, params["container"], cold_because=chosen.get("cold_because"),
+                                  **_wishes(params))
+        chosen.pop("cold_because", None)
     return dict(_container(params, snapshot_dir, driver, check_mode, warn), **chosen)
 
 
 DOCKER = "docker"    # snapshot_restore's methods
 RUNTIME = "runtime"
+COLD = "cold"        # what auto chooses where the only path would be slower than a cold start
 
 
 def choose_method(params, snapshot_dir, docker):
     """method=auto: (method, why). The node's restore-on-create runtime is the fast path; ``docker start
-    --checkpoint`` copies every image through containerd and is slower than a cold start from about 2 GiB."""
+    --checkpoint`` copies every image twice through containerd, so it is taken only up to
+    ``docker_path_max_bytes`` -- above that a cold start is sooner (COLD, ``docker_path_slower_than_cold:``)."""
     name = params["runtime_name"]
     existing = docker.container_id(params["container"])
     if existing:
         runtime = (docker.inspect_container(existing).get("HostConfig") or {}).get("Runtime")
         if runtime == name:
             return RUNTIME, "container %s exists, created with the runtime %s" % (params["container"], name)
-        return DOCKER, "container %s exists, created with the runtime %s, not %s" % (params["container"], runtime, name)
+        return _docker_or_cold(params, snapshot_dir, "container %s exists, created with the runtime %s, not %s"
+                               % (params["container"], runtime, name))
     known = docker.runtimes()
     if name not in known:
-        return DOCKER, ("dockerd has no runtime %s; the snapshot_node role installs it (the fast path)" % name)
+        return _docker_or_cold(params, snapshot_dir, "dockerd has no runtime %s; the snapshot_node role installs it "
+                                                     "(the fast path)" % name)
     settings = runtime_settings(known[name])
     if settings is None:
-        return DOCKER, "the settings of the runtime %s (runtime.json) cannot be read" % name
+        return _docker_or_cold(params, snapshot_dir, "the settings of the runtime %s (runtime.json) cannot be read"
+                               % name)
     if not covers(settings, snapshot_dir):
-        return DOCKER, ("the snapshot is below none of the runtime %s's snapshot roots (%s; snapshot_node_snapshot_roots)"
-                        % (name, settings.get("snapshot_roots") or "none"))
+        return _docker_or_cold(params, snapshot_dir, "the snapshot is below none of the runtime %s's snapshot roots "
+                               "(%s; snapshot_node_snapshot_roots)" % (name, settings.get("snapshot_roots") or "none"))
     return RUNTIME, "the restore-on-create runtime %s is installed and its snapshot roots hold the snapshot" % name
+
+
+def _docker_or_cold(params, snapshot_dir, why_not_runtime):
+    size = paths.tree_bytes(snapshot_dir)
+    limit = params.get("docker_path_max_bytes", 1 << 30)
+    if size <= limit:
+        return DOCKER, "%s; docker start --checkpoint for %d MiB (docker_path_max_bytes: %d MiB)" % (
+            why_not_runtime, size >> 20, limit >> 20)
+    return COLD, ("docker_path_slower_than_cold: %s, and docker start --checkpoint copies the images twice through "
+                  "containerd: for %d MiB (more than docker_path_max_bytes, %d MiB) a cold start is sooner; install the "
+                  "node runtime (snapshot_node) for the fast path" % (why_not_runtime, size >> 20, limit >> 20))
 
 
 def _handover(params, snapshot_dir, docker):
@@ -163,7 +184,7 @@ def _container(params, snapshot_dir, driver, check_mode, warn):
     if driver.container_id and docker.is_running(driver.container_id):
         return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
                     verify=None, container_id=driver.container_id, created=False, durations={})
-    attempt = _attempt(params, snapshot_dir, check_mode)
+    attempt = _attempt(params, snapshot_dir, check_mode, keeps_record=not driver.delegates)
     pipeline.run(driver, attempt)
     result = _result(attempt, base, warn)
     if check_mode:
@@ -178,12 +199,18 @@ def _wishes(params):
                                                "runtime_version"))
 
 
-def _attempt(params, snapshot_dir, check_mode):
+def _attempt(params, snapshot_dir, check_mode, keeps_record=True):
+    """The pipeline's attempt; ``keeps_record``: this run raises the node's high-water mark (not a hand-over: the
+    runtime's own run does, with its settings)."""
+    require_signature, require_encryption = requirements(params)
     return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
                             check_mode=check_mode, min_size=params["min_size"],
                             workers=params["workers"], trusted=trusted_keys(params),
                             keys=encryption.load_keys(params.get("encryption_keys") or []),
-                            stage_dir=params.get("stage_dir"))
+                            stage_dir=params.get("stage_dir"), require_signature=require_signature,
+                            require_encryption=require_encryption,
+                            generations=freshness.HighWater(params["generations_file"])
+                            if keeps_record and params.get("generations_file") else None)
 
 
 def trusted_keys(params):
@@ -191,9 +218,27 @@ def trusted_keys(params):
     return signature.load_public_keys(params.get("trusted_keys") or [], "trusted_keys")
 
 
+def requirements(params):
+    """(require_signature, require_encryption) of this task: on as soon as a key is configured, unless turned off. A
+    signature required with no key to check it against is a parameter error here (the runtime refuses the snapshot)."""
+    trusted = params.get("trusted_keys") or []
+    keys = params.get("encryption_keys") or []
+    wanted = verify.requirements(trusted, keys, params.get("require_signature"), params.get("require_encryption"))
+    if wanted[0] and not trusted:
+        raise ParameterError("require_signature: %s, but no trusted_keys are given to check a signature with; give the "
+                             "public key of the signing key (trusted_keys), or set require_signature=false to restore "
+                             "unsigned snapshots" % ("is true" if params.get("require_signature") else
+                                                     "is on because encryption_keys are given (any key turns it on)"),
+                             field="require_signature")
+    return wanted
+
+
 def _result(attempt, base, warn):
     if attempt.reason and not attempt.check_mode:
         warn("cold start instead of a restore: %s" % attempt.reason)
+    unauthenticated = verify.unauthenticated_warning(attempt.verdict, attempt.require_signature)
+    if unauthenticated and attempt.restored:
+        warn(unauthenticated)
     result = dict(base, changed=True, restored=attempt.restored, reason=attempt.reason, verify=attempt.verdict,
                   durations=attempt.watch.durations)
     for key in ("placement", "metadata_env_keys", "file_locks", "reseed", "runtime_record"):

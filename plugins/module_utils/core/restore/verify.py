@@ -15,10 +15,11 @@ __metaclass__ = type
 
 import os
 
-from .. import fleet, layout, manifest, world
+from .. import encryption, fleet, freshness, layout, manifest, world
 from ..clients.criu import CriuCli
 from ..errors import ParameterError
-from ..world import image_reason  # noqa: F401 -- the one image check, for every path
+
+image_reason = world.image_reason  # the one image check of every path
 
 # ``<fact>_mismatch`` reasons say nothing against the bytes the snapshot holds -- it is intact and, where keys are
 # configured, authentic -- only that it does not fit what would run here now (image, versions, kernel, mounts,
@@ -49,6 +50,40 @@ def expectations(identity=None, image_id=None, criu_version="auto", runtime_vers
             "runtime_version": runtime_version}
 
 
+def requirements(trusted, keys, require_signature=None, require_encryption=None):
+    """(require_signature, require_encryption) as a host applies them: secure by default -- None means on as soon as any
+    key is configured (trusted keys or encryption keys) for the signature, and encryption keys for encryption."""
+    if require_signature is None:
+        require_signature = bool(trusted) or bool(keys)
+    if require_encryption is None:
+        require_encryption = bool(keys)
+    return bool(require_signature), bool(require_encryption)
+
+
+def unauthenticated_warning(verdict, require_signature):
+    """The warning of a restore that nothing authenticated (no key configured, nothing required), or None."""
+    if require_signature or not verdict or verdict.get("authenticated"):
+        return None
+    return ("unauthenticated: this host trusts no signing key, so anyone who can write the snapshot store can have "
+            "their own memory image restored here as root; configure trusted_keys (the roles install the "
+            "controller's key), see docs/security.md")
+
+
+def trust_reasons(recorded, authenticated, trusted, require_signature, require_encryption, now=None):
+    """What this host's policy refuses in a snapshot whose manifest verified: an unsigned one where signatures are
+    required, one encrypted in a format or a coverage this host does not restore, an expired one."""
+    reasons = []
+    if require_signature and not authenticated and not trusted:  # with trusted keys verify() refused it already
+        reasons.append("unsigned: this host restores only signed snapshots (require_signature: a key is configured) "
+                       "and trusts no signing key; give it the public key (trusted_keys) or set require_signature "
+                       "to false")
+    for why in (encryption.format_reason(recorded.get("encryption")), encryption.cover_reason(recorded, require_encryption),
+                freshness.expired_reason(recorded, now)):
+        if why:
+            reasons.append(why)
+    return reasons
+
+
 def engine_reason(recorded, engine):
     """Why a verified snapshot cannot be restored by ``engine`` (None when it can, is unknown, or not asked)."""
     taken = ((recorded or {}).get("engine") or {}).get("name")
@@ -59,7 +94,7 @@ def engine_reason(recorded, engine):
 
 
 def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
-                world_now=None, defer=None, unhashed=None, files=None):
+                world_now=None, defer=None, unhashed=None, files=None, require_signature=False, require_encryption=False):
     """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest, documents}; never raises
     for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
     ``engine``: docker or criu, the engine that would restore it (None: any). ``trusted``: the public keys a
@@ -70,7 +105,8 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
     ``documents``: the small files (manifest.DOCUMENTS) as read and hashed -- what a restore acts on instead of
     reading them again. ``hash_files=False`` / ``unhashed`` / ``files`` (the descriptors a restore holds): see
     manifest.verify. ``defer``: see manifest.verify; the verdict's ``deferred`` is then what
-    ``manifest.verify_deferred`` must still pass.
+    ``manifest.verify_deferred`` must still pass. ``require_signature`` / ``require_encryption``: this host's policy
+    (``requirements``); an expired snapshot is refused whatever the policy.
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
                                               hash_files=hash_files, trusted=trusted, defer=defer, unhashed=unhashed,
@@ -84,6 +120,8 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
                       os.path.isfile(os.path.join(snapshot_dir, inventory))):
         reasons.append("incomplete: %s holds no CRIU images (%s)" % (layout.images_dir(snapshot_dir),
                                                                      layout.IMAGES_INVENTORY))
+    if recorded is not None:
+        reasons.extend(trust_reasons(recorded, details["authenticated"], trusted, require_signature, require_encryption))
     if valid and not reasons and world_now is not None:
         process, runc_version = world_now(recorded)
         reasons.extend(world.compare(recorded.get("world"), process, expect.get("criu_version"), runc_version))
