@@ -131,15 +131,22 @@ def aclsim_ctl(device_dir, *args):
 def install_devices(device_dir, count=2):
     """The simulated driver for ``device_dir``: its device nodes (davinci0..count-1, davinci_manager), as a record
     {"nodes": their directory, "chips": {"0": [major, minor]}, "manager": [major, minor], "manager_node": path}."""
-    aclsim_ctl(device_dir, "install", count)
-    return json.loads((Path(device_dir) / "nodes.json").read_text())
+    return simulator_ctl().install(count, str(device_dir))
 
 
 def device_args(device_dir, *devices):
     """``docker run`` options that give a container the simulated NPU of ``device_dir`` as NPU containers get their
     devices: --device for davinci<N> of each of ``devices`` (default 0) and davinci_manager, at /dev (installed
     first where needed)."""
-    return json.loads(aclsim_ctl(device_dir, "docker-args", *(devices or (0,))))
+    return simulator_ctl().docker_args(devices or (0,), str(device_dir))
+
+
+def simulator_ctl():
+    """tests/simulator/aclsim_ctl.py as a module (what the fixtures call often, without a Python start each time)."""
+    if str(ACLSIM_CTL.parent) not in sys.path:
+        sys.path.insert(0, str(ACLSIM_CTL.parent))
+    import aclsim_ctl as ctl  # pylint: disable=import-outside-toplevel
+    return ctl
 
 
 def reset_device(device_dir, device_id=0):

@@ -223,12 +223,12 @@ def install(count=8, directory=None):
     return record
 
 
-def install_node(count=8):
+def install_node(count=8, directory=None):
     """The node's own simulated driver, as an NPU driver's installation makes it: /dev/davinci0..count-1 (block 0
     of the minors) and /dev/davinci_manager, for ACL_SIM_DEVICE_DIR (by default the simulator's default device
     directory, so that the simulator's defaults work on this host). Idempotent; nodes of a real driver (another
     major) are never replaced."""
-    directory = os.path.realpath(device_dir())
+    directory = os.path.realpath(directory or device_dir())
     os.makedirs(directory, mode=0o700, exist_ok=True)
     with _state_lock():
         mgr_major, mgr_minor = manager()
@@ -271,18 +271,18 @@ def uninstall(directory=None):
             os.unlink(os.path.join(directory, NODES_RECORD))
 
 
-def docker_args(devs=(0,)):
+def docker_args(devs=(0,), directory=None):
     """docker run options giving a container devices ``devs`` and the manager, at /dev/<name> as a driver has them
     (``docker run --device``, as NPU containers get theirs). Installs the simulated driver of ACL_SIM_DEVICE_DIR
     first where it lacks one of them (never installed, or its nodes gone with a reboot)."""
-    record = installed()
+    record = installed(directory)
     top = max(int(dev) for dev in devs) + 1
     wanted = [os.path.join(record["nodes"], "davinci%d" % int(dev)) for dev in devs] if record else []
     if record is None or not all(os.path.exists(path) for path in wanted + [record["manager_node"]]):
         if record is not None and record["nodes"] == "/dev":
-            record = install_node(max(len(record["chips"]), top))
+            record = install_node(max(len(record["chips"]), top), directory)
         else:
-            record = install(max(8, top))
+            record = install(max(8, top), directory)
     args = []
     for dev in devs:
         args += ["--device", "%s/davinci%d:/dev/davinci%d" % (record["nodes"], int(dev), int(dev))]
