@@ -13,6 +13,7 @@ disagree). Needs PyYAML (in the project's venv).
 import argparse
 import ast
 import copy
+import importlib.util
 import json
 import os
 import re
@@ -25,6 +26,8 @@ MODULES_DIR = os.path.join(ROOT, "plugins", "modules")
 FRAGMENTS_DIR = os.path.join(ROOT, "plugins", "doc_fragments")
 TARGET = os.path.join(ROOT, "docs", "modules.md")
 COLLECTION = "inferops.snapshot"
+with open(os.path.join(ROOT, "galaxy.yml"), encoding="utf-8") as _galaxy:
+    DEPENDENCIES = sorted(yaml.safe_load(_galaxy).get("dependencies") or {})
 # The order a snapshot is taken and used in; modules not listed here follow, sorted by name.
 WORKFLOW_ORDER = ("npu_snapshot_lock", "npu_snapshot_backup", "host_checkpoint", "snapshot_verify", "snapshot_restore")
 
@@ -75,19 +78,29 @@ def _literal_assignments(path, names):
     return found
 
 
+def _fragments_dir(collection):
+    """Where the doc fragments of ``collection`` are: this checkout's, or those of a collection it depends on
+    (galaxy.yml's dependencies), as Python finds it (the ``ansible`` package bundles kubernetes.core)."""
+    if collection == COLLECTION:
+        return FRAGMENTS_DIR
+    spec = importlib.util.find_spec("ansible_collections." + collection) if collection in DEPENDENCIES else None
+    if spec is None or not spec.submodule_search_locations:
+        raise DocError("doc fragment of %s: the generator resolves fragments of %s and of its dependencies %s that "
+                       "Python can import" % (collection, COLLECTION, ", ".join(DEPENDENCIES)))
+    return os.path.join(list(spec.submodule_search_locations)[0], "plugins", "doc_fragments")
+
+
 def _fragment_source(name):
-    """The YAML text of a doc fragment named ``inferops.snapshot.NAME`` or ``inferops.snapshot.NAME.ATTR``."""
-    prefix = COLLECTION + "."
-    if not name.startswith(prefix):
-        raise DocError("doc fragment %r is not one of this collection's; the generator only resolves %s.* "
-                       "fragments" % (name, COLLECTION))
-    parts = name[len(prefix):].split(".")
-    if len(parts) not in (1, 2):
-        raise DocError("doc fragment %r: expected %sNAME or %sNAME.ATTRIBUTE" % (name, prefix, prefix))
-    path = os.path.join(FRAGMENTS_DIR, parts[0] + ".py")
+    """The YAML text of a doc fragment named ``NAMESPACE.COLLECTION.NAME`` or ``NAMESPACE.COLLECTION.NAME.ATTR``."""
+    parts = name.split(".")
+    if len(parts) not in (3, 4):
+        raise DocError("doc fragment %r: expected NAMESPACE.COLLECTION.NAME or NAMESPACE.COLLECTION.NAME.ATTRIBUTE"
+                       % name)
+    fragments, parts = _fragments_dir(".".join(parts[:2])), parts[2:]
+    path = os.path.join(fragments, parts[0] + ".py")
     attribute = parts[1] if len(parts) == 2 else "DOCUMENTATION"
     if not os.path.isfile(path):
-        raise DocError("doc fragment %r: %s does not exist" % (name, os.path.relpath(path, ROOT)))
+        raise DocError("doc fragment %r: %s does not exist" % (name, path))
     # Fragments are imported by Ansible too (their strings may be built from pieces): run the file.
     namespace = {"__name__": "doc_fragment_" + parts[0], "__file__": path}
     with open(path, encoding="utf-8") as handle:
@@ -112,6 +125,15 @@ def _merge_fragment(target, source):
         target[key] = value
 
 
+def _mark_collection(options, collection):
+    """ansible-doc's add_collection_to_versions_and_dates: an option's version_added is that of its collection."""
+    for spec in (options or {}).values():
+        if isinstance(spec, dict):
+            if "version_added" in spec:
+                spec["version_added_collection"] = collection
+            _mark_collection(spec.get("suboptions"), collection)
+
+
 def add_fragments(doc):
     """Merge ``extends_documentation_fragment`` into ``doc`` as ansible-doc does."""
     names = doc.get("extends_documentation_fragment") or []
@@ -119,6 +141,7 @@ def add_fragments(doc):
         names = [names]
     for name in names:
         fragment = yaml.safe_load(_fragment_source(name)) or {}
+        _mark_collection(fragment.get("options"), ".".join(name.split(".")[:2]))
         if "notes" in fragment:
             doc["notes"] = (doc.get("notes") or []) + fragment.pop("notes")
         if "seealso" in fragment:

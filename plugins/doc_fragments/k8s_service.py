@@ -8,53 +8,9 @@ __metaclass__ = type
 
 
 class ModuleDocFragment(object):
-    # Matches AUTH_ARGS in plugins/module_utils/_k8s.py: the same names and environment variables as
-    # kubernetes.core, so one set of connection settings serves both collections.
+    # The service options of the k8s modules: SERVICE_ARGS in plugins/module_utils/k8s/service.py. Their connection
+    # options are kubernetes.core's own (its doc fragment kubernetes.core.k8s_auth_options, its AUTH_ARG_SPEC).
     DOCUMENTATION = r"""
-options:
-  kubeconfig:
-    description:
-      - Path of a kubeconfig file. Default C(~/.kube/config); inside a pod without one, the pod's service
-        account (in-cluster configuration) is used.
-      - Can also be set with the E(K8S_AUTH_KUBECONFIG) environment variable.
-    type: path
-  context:
-    description:
-      - The kubeconfig context to use. Can also be set with E(K8S_AUTH_CONTEXT).
-    type: str
-  host:
-    description:
-      - URL of the Kubernetes API server, overriding the kubeconfig's. Can also be set with E(K8S_AUTH_HOST).
-    type: str
-  api_key:
-    description:
-      - Bearer token for the API server. Can also be set with E(K8S_AUTH_API_KEY).
-    type: str
-  validate_certs:
-    description:
-      - Verify the API server's TLS certificate. Can also be set with E(K8S_AUTH_VERIFY_SSL).
-    type: bool
-    aliases: [verify_ssl]
-  ca_cert:
-    description:
-      - CA certificate of the API server. Can also be set with E(K8S_AUTH_SSL_CA_CERT).
-    type: path
-    aliases: [ssl_ca_cert]
-  client_cert:
-    description:
-      - Client certificate for the API server. Can also be set with E(K8S_AUTH_CERT_FILE).
-    type: path
-    aliases: [cert_file]
-  client_key:
-    description:
-      - Key of O(client_cert). Can also be set with E(K8S_AUTH_KEY_FILE).
-    type: path
-    aliases: [key_file]
-requirements:
-  - kubernetes >= 24.2.0 (the Python client) on the host that runs the task
-"""
-
-    SERVICE = r"""
 options:
   namespace:
     description: Namespace of the service's pods.
@@ -88,13 +44,17 @@ options:
     description: Label that names the instance of the service a pod belongs to.
     type: str
     default: inferops.org/instance
+requirements:
+  - kubernetes >= 24.2.0 (the Python client) and the kubernetes.core collection on the host that runs the task
 """
 
     ACTIONGROUP = r"""
 options: {}
 attributes:
   action_group:
-    description: Use C(group/inferops.snapshot.k8s) in C(module_defaults) to set the connection options of this module.
+    description:
+      - Use C(group/inferops.snapshot.k8s) in C(module_defaults) to set the options of this module. That group
+        extends C(group/kubernetes.core.k8s), so its connection options reach kubernetes.core's modules too.
     support: full
     membership:
       - inferops.snapshot.k8s

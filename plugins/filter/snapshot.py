@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Controller-side filters of the snapshot roles: validate a snapshotConfig, plan an instance's pods.
+"""Controller-side filters of the snapshot roles: validate a snapshotConfig, plan an instance's pods, and the
+names of core/layout.py for the roles' tasks and templates.
 
-Both run on the controller before anything touches a host, so a bad config or a bad inventory is
-rejected with the field that is wrong and how to fix it. Docs: snapshot_config.yml, snapshot_plan.yml.
+The first two run on the controller before anything touches a host, so a bad config or a bad inventory is
+rejected with the field that is wrong and how to fix it. Docs: snapshot_config.yml, snapshot_plan.yml, layout.yml.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -195,9 +196,22 @@ def snapshot_plan(instances, config, service, instance_name=None, host=None, all
     return plan(instances, config, service, instance=instance_name or None, host=host, all_instances=all_instances)
 
 
+def layout_value(name):
+    """The value of a name of core/layout.py, the one home of the names the collection's programs share: roles
+    take them from here instead of spelling them."""
+    name = _plain(name)
+    if not isinstance(name, str) or not name.isupper() or not hasattr(layout, name) \
+            or not isinstance(getattr(layout, name), (str, int, float, tuple, list, dict)):
+        raise ParameterError("the layout filter: %r is no name of core/layout.py (its names are upper case, such as "
+                             "MANIFEST or ENV_RESTORE_FROM)" % (name,))
+    value = getattr(layout, name)
+    return list(value) if isinstance(value, tuple) else value
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "snapshot_config": _filter(snapshot_config),
             "snapshot_plan": _filter(snapshot_plan),
+            "layout": _filter(layout_value),
         }

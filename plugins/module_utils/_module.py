@@ -48,8 +48,8 @@ IDENTITY_OPTIONS = dict(
 
 
 def _kubernetes():
-    from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s
-    return _k8s.HAS_KUBERNETES, _k8s.KUBERNETES_IMPORT_ERROR
+    from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client
+    return client.HAS_KUBERNETES, client.KUBERNETES_IMPORT_ERROR
 
 
 # Matches plugins/doc_fragments/generation.py.

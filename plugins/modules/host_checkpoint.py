@@ -373,7 +373,7 @@ ARGUMENT_SPEC = dict(
     signing_key=dict(type="str", no_log=True),
     force=dict(type="bool", default=False),
     encryption_key=dict(type="str", no_log=True),
-    encryption_workdir=dict(type="path", default="/dev/shm"),
+    encryption_workdir=dict(type="path", default=layout.TMPFS),
 )
 
 

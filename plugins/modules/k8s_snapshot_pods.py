@@ -43,10 +43,10 @@ requirements:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
-  - inferops.snapshot.k8s_auth
-  - inferops.snapshot.k8s_auth.SERVICE
+  - kubernetes.core.k8s_auth_options
+  - inferops.snapshot.k8s_service
   - inferops.snapshot.attributes
-  - inferops.snapshot.k8s_auth.ACTIONGROUP
+  - inferops.snapshot.k8s_service.ACTIONGROUP
 attributes:
   check_mode:
     support: full
@@ -117,7 +117,10 @@ actions:
   elements: dict
   sample: [{pod: qwen-p0-0, action: recreated, reason: "env VLLM_NPU_SNAPSHOT_PATH added"}]
 decisions:
-  description: For O(state=released), per released pod C(pod), C(restore_from) (null for a normal start), C(node), C(reason).
+  description:
+    - For O(state=released), per released pod C(pod), C(restore_from) (null for a normal start), C(node), C(reason),
+      and C(status_path), where the node's runtime records what it did (the status record beside the snapshot; null
+      for a normal start).
   returned: when O(state=released)
   type: list
   elements: dict
@@ -140,14 +143,12 @@ msg:
   type: str
 """
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s as k8s
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_pods as k8s_pods
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client, runner, service
 
-ARGUMENT_SPEC = dict(k8s.AUTH_ARGS, **svc.SERVICE_ARGS)
+ARGUMENT_SPEC = dict(client.AUTH_ARG_SPEC, **service.SERVICE_ARGS)
 ARGUMENT_SPEC.update(
-    device=svc.DEVICE_ARG,
+    device=service.DEVICE_ARG,
     state=dict(type="str", required=True, choices=["prepared", "released", "reverted"]),
     verified=dict(type="dict", default={}),
     pods=dict(type="list", elements="str"),
@@ -156,7 +157,7 @@ ARGUMENT_SPEC.update(
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, k8s_pods.main_logic, requires=("kubernetes", "jsonschema"))
+    _module.run(ARGUMENT_SPEC, runner.pods_logic, requires=("kubernetes", "jsonschema"))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,10 @@ requirements:
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
-  - inferops.snapshot.k8s_auth
-  - inferops.snapshot.k8s_auth.SERVICE
+  - kubernetes.core.k8s_auth_options
+  - inferops.snapshot.k8s_service
   - inferops.snapshot.attributes
-  - inferops.snapshot.k8s_auth.ACTIONGROUP
+  - inferops.snapshot.k8s_service.ACTIONGROUP
 attributes:
   check_mode:
     support: full
@@ -128,7 +128,8 @@ pods:
   description:
     - The chosen instance's pods. Each has C(name), C(uid), C(node), C(phase), C(ready), C(gated), C(controller)
       (C(Kind/name) or null), C(container), C(container_id) and C(container_runtime) (from C(docker://<id>)),
-      C(image), C(identity), C(npu_path), C(host_path), C(env_ok) (it carries C(VLLM_NPU_SNAPSHOT_PATH) with its path;
+      C(image), C(identity), C(npu_path), C(host_path), C(staging_path) (where a generation assembles the host
+      snapshot before it publishes it at C(host_path)), C(env_ok) (it carries C(VLLM_NPU_SNAPSHOT_PATH) with its path;
       with O(device=false), it does not carry it),
       C(snapshot) (C(status), C(reason), C(checksum) from its annotations) and C(restore) (C(status), C(reason)).
   returned: always
@@ -140,7 +141,10 @@ gated:
   type: list
   elements: dict
 record:
-  description: The service's record ConfigMap, one entry per pod name (identity, node, host_path, status, checksum, ...).
+  description:
+    - The service's record ConfigMap, one entry per pod name (identity, node, host_path, npu_path, image, status,
+      checksum, total_bytes, reason, updated_at), as in the collection's C(schemas/k8s-record.schema.json).
+    - An entry that is not valid against it is C({invalid: <why>}); a pod with such an entry is never restored.
   returned: always
   type: dict
 candidates:
@@ -175,19 +179,12 @@ elapsed:
   type: float
 """
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s as k8s
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
-    ParameterError,
-    SnapshotError,
-    SnapshotTimeout,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client, runner, service
 
-ARGUMENT_SPEC = dict(k8s.AUTH_ARGS, **svc.SERVICE_ARGS)
+ARGUMENT_SPEC = dict(client.AUTH_ARG_SPEC, **service.SERVICE_ARGS)
 ARGUMENT_SPEC.update(
-    device=svc.DEVICE_ARG,
+    device=service.DEVICE_ARG,
     wait_for=dict(type="str", default="none", choices=["none", "running", "ready"]),
     wait_pods=dict(type="list", elements="str"),
     wait_timeout=dict(type="float", default=300.0),
@@ -195,70 +192,8 @@ ARGUMENT_SPEC.update(
 )
 
 
-def arrived(pod, container_name, wait_for_state):
-    ready = svc.is_ready(pod) if wait_for_state == "ready" else True
-    return ready and svc.container_id(pod, container_name)[1] is not None
-
-
-def describe_state(state):
-    return ", ".join("%s=%s" % (key, value) for key, value in sorted(state.items()) if key != "state")
-
-
-def wait(client, params, result):
-    """Wait until every awaited pod is there; fail at once when one stopped or its snapshot failed."""
-    names = params["wait_pods"] if params["wait_pods"] is not None else [pod["name"] for pod in result["pods"]]
-    last = {}
-
-    def every_pod_there():
-        missing = []
-        for pod_name in names:
-            pod = client.get_pod(params["namespace"], pod_name)
-            if pod is None:
-                last[pod_name] = {"phase": None, "exists": False}
-                missing.append(pod_name)
-                continue
-            _index, container = svc.engine_container(pod, params["container"])
-            last[pod_name] = svc.summary(pod, container.get("name"))
-            if last[pod_name]["phase"] in ("Failed", "Succeeded"):
-                raise SnapshotError("pod %s/%s stopped (phase %s) while waiting for it to be %s"
-                                    % (params["namespace"], pod_name, last[pod_name]["phase"], params["wait_for"]),
-                                    waited=last)
-            if svc.annotations(pod).get(svc.A_STATUS) == svc.STATUS_FAILED:
-                raise SnapshotError("pod %s/%s: snapshot status is failed: %s" % (
-                    params["namespace"], pod_name, svc.annotations(pod).get(svc.A_REASON)), waited=last)
-            if not arrived(pod, container.get("name"), params["wait_for"]):
-                missing.append(pod_name)
-        return not missing, missing
-
-    try:
-        _missing, elapsed = wait_for(every_pod_there, params["wait_timeout"], params["wait_sleep"],
-                                     what="pods %s" % params["wait_for"])
-    except SnapshotTimeout as exc:
-        missing = exc.result.get("last_state") or []
-        details = "; ".join("%s: %s" % (pod_name, describe_state(last.get(pod_name, {}))) for pod_name in missing)
-        raise SnapshotTimeout("timeout: pods not %s within %.0f s: %s" % (params["wait_for"], params["wait_timeout"],
-                                                                          details),
-                              waited=last, elapsed=exc.result.get("elapsed"), missing=missing)
-    return last, round(elapsed, 3)
-
-
-def main_logic(module):
-    params = module.params
-    client = k8s.K8sClient.from_params(params)
-    result = svc.read_service(client, params)
-    if params["wait_for"] != "none":
-        if params["wait_timeout"] < 0:
-            raise ParameterError("wait_timeout: must be 0 or more seconds, got %s" % params["wait_timeout"])
-        try:
-            result["waited"], result["elapsed"] = wait(client, params, result)
-        except SnapshotError as exc:
-            exc.result.update(result)
-            raise
-    return dict(result, changed=False)
-
-
 def main():
-    _module.run(ARGUMENT_SPEC, main_logic, requires=("kubernetes", "jsonschema"))
+    _module.run(ARGUMENT_SPEC, runner.info_logic, requires=("kubernetes", "jsonschema"))
 
 
 if __name__ == "__main__":

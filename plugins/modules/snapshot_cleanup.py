@@ -138,7 +138,7 @@ import time
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, leftovers, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 

@@ -239,7 +239,7 @@ npu_dir_exists:
 import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, signature, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient

@@ -119,11 +119,12 @@ class ApiServer:
         self._thread.join(10)
 
 
-def write_kubeconfig(path, url):
-    """A kubeconfig for the emulator: the roles authenticate exactly as against a real cluster."""
+def write_kubeconfig(path, url, token="not-checked-by-the-emulator"):
+    """A kubeconfig for the emulator: the roles authenticate exactly as against a real cluster (the emulator keeps
+    the token of every request, ``Emulator.seen``: a test tells one run's requests from another's by it)."""
     config = {"apiVersion": "v1", "kind": "Config", "current-context": "emulator",
               "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-              "users": [{"name": "tester", "user": {"token": "not-checked-by-the-emulator"}}],
+              "users": [{"name": "tester", "user": {"token": token}}],
               "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
                                                             "namespace": "default"}}]}
     Path(path).write_text(json.dumps(config))
@@ -283,7 +284,9 @@ class Kubelet:
     - delete: the container of a pod that is gone (or was recreated: another uid) is removed.
 
     ``before_start(pod)``, when set, is called just before a pod's container is created (the tests use
-    it to break a snapshot after the restore role verified it).
+    it to break a snapshot after the restore role verified it). A pod named in ``held`` ((namespace, name)) is
+    reported not Ready, whatever its probe says, until the test takes it out: a warmup that ends on an event of
+    the test's, not after a time.
     """
 
     def __init__(self, url, node, workdir, prefix, runtime_classes=None):
@@ -291,6 +294,7 @@ class Kubelet:
         self.node, self.workdir, self.prefix = node, Path(workdir), prefix
         self.runtime_classes = dict(runtime_classes or {})
         self.before_start = None
+        self.held = set()
         self.containers = {}  # pod uid -> {"name", "id", "pod", "meta", "ready", "started", "url", "image"}
         self.events = []  # (pod, "started" or "removed", the dockerd runtime or the container id)
         self._running, self._next_ps = set(), 0.0
@@ -454,7 +458,9 @@ class Kubelet:
     def probe(self, uid, info):
         running = info["id"] in self._running or time.monotonic() - info["started"] < 2.0
         ready = False
-        if running and info["url"]:
+        if (info["meta"]["namespace"], info["meta"]["name"]) in self.held:
+            pass
+        elif running and info["url"]:
             try:
                 ready = http_status(info["url"], info["netns_pid"], timeout=1) == 200
             except Exception:

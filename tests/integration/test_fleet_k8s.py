@@ -1,7 +1,7 @@
 """Restore on recreation without a scheduled job (issue 12, item 3), on the Kubernetes API emulator, the simulated
 kubelet and the real dockerd + CRIU + the simulated NPU.
 
-The pod template carries its own restore request (``_k8s_service.restore_template_env``: INFEROPS_RESTORE_FROM
+The pod template carries its own restore request (``k8s/service.restore_template_env``: INFEROPS_RESTORE_FROM
 and INFEROPS_RESTORE_IDENTITY built with the kubelet's $(VAR) expansion from the pod's own name and
 namespace) and no scheduling gate. The node's restore-on-create runtime then decides alone, when the kubelet
 creates the container: no snapshot there (the first deployment) is a normal start; after a generation, a
@@ -22,7 +22,7 @@ from _runtime_helpers import installed_runtime
 from conftest import free_port, http_get, reset_device
 from test_fleet_eda import collect, load_plugin
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, netns, status
 
 NODE = "node-a"

@@ -567,29 +567,41 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
     """k8s_snapshot_device=false (CPU engines, accelerators without a snapshot API): the pod gets no
     VLLM_NPU_SNAPSHOT_PATH, no device part is taken and the engine is never locked; the restore asks the runtime for
     no device restore (org.inferops.restore-device=false). Meanwhile a second generation run of the same pods, started
-    while the first waits for the warmup, is refused naming the first run's generation and changes nothing of it."""
+    while the first waits for the warmup (the test's kubelet holds the pod not Ready until the second run is over),
+    is refused naming the first run's generation and writes nothing: none of its requests to the API changes
+    anything (it connects with a token of its own), and the pod's annotations, its claim and the node's status record
+    are still the first run's."""
     svc, pod = Service(cluster, tmp_path, "hostonly"), "qwen-p0-0"
-    svc.create(pod, "p0", warmup=45)  # the first run claims the pod, then waits for this warmup
-    claim_path = os.path.join(os.path.dirname(svc.snapshot_dir("p0", pod)), ".%s.generation.json" % pod)
+    cluster.kubelet.held.add((svc.namespace, pod))  # its warmup ends when the test says so
+    svc.create(pod, "p0")
+    snapshot_dir = svc.snapshot_dir("p0", pod)
     first = {}
     runner = threading.Thread(target=lambda: first.update(zip(("rc", "output"), svc.generate(
         svc.config(), k8s_snapshot_device=False))))
     runner.start()
     try:
-        svc.api.wait(lambda: os.path.exists(claim_path), "the first run's claim on %s" % pod, 60)
-        holder = claim.read(svc.snapshot_dir("p0", pod))["id"]
-        rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True)
-        # On a loaded machine the first run may have finished (and released its claim) by now: its own
-        # "completed" and no claim are right then; "failed" or another run's claim never are.
-        status_after_refusal = svc.api.annotations(pod).get("snapshot.inferops.org/status")
-        claim_after_refusal = (claim.read(svc.snapshot_dir("p0", pod)) or {}).get("id")
+        # the first run claimed the pod, then prepared it (pending): it waits for Ready now, and writes nothing
+        svc.api.wait(lambda: svc.api.annotations(pod).get("snapshot.inferops.org/status") == "pending",
+                     "the first run's claim and preparation of %s" % pod, 120)
+        holder = claim.read(snapshot_dir)["id"]
+        before = (svc.api.annotations(pod), status.read(snapshot_dir))
+        token = "refused-run-%s" % uuid.uuid4().hex[:8]
+        rc, output = svc.generate(svc.config(), k8s_snapshot_device=False, k8s_snapshot_force=True,
+                                  k8s_snapshot_kubeconfig=write_kubeconfig(tmp_path / "refused.kubeconfig",
+                                                                           cluster.url, token=token))
+        after = (svc.api.annotations(pod), status.read(snapshot_dir))
+        claim_after_refusal = (claim.read(snapshot_dir) or {}).get("id")
     finally:
+        cluster.kubelet.held.discard((svc.namespace, pod))
         runner.join(300)
     assert rc != 0 and "another generation of this pod's snapshot is in progress: generation %s" % holder in output, \
         output[-4000:]
-    assert status_after_refusal in ("pending", "completed"), ("the refused run changed it", output[-6000:],
-                                                              first["output"][-6000:])
-    assert claim_after_refusal in (holder, None)
+    made = [entry[1:] for entry in cluster.server.emulator.seen if entry[0] == "Bearer " + token]
+    assert ("list", "pods", None) in made, made  # it did run, and read the pods
+    assert [request for request in made if request[0] not in ("get", "list", "watch")] == [], \
+        ("the refused run wrote to the cluster", output[-6000:])
+    assert after == before and claim_after_refusal == holder, ("the refused run changed the first run's pod",
+                                                                output[-6000:])
     assert first["rc"] == 0, first["output"][-4000:]
     ann = svc.api.annotations(pod)
     snapshot_dir = svc.snapshot_dir("p0", pod)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import config, layout, metadata, proc, schema, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import env_dict

@@ -130,9 +130,13 @@ def test_a_module_with_broken_yaml_is_named(tmp_path):
         gen.read_module(str(path))
 
 
-def test_a_fragment_from_outside_the_collection_is_a_clear_error():
-    with pytest.raises(gen.DocError, match="only resolves inferops.snapshot"):
+def test_a_fragment_from_outside_the_collection_and_its_dependencies_is_a_clear_error():
+    with pytest.raises(gen.DocError, match="resolves fragments of inferops.snapshot and of its dependencies "
+                                           "kubernetes.core"):
         gen.add_fragments({"extends_documentation_fragment": ["community.docker.docker"]})
+    # a dependency's fragment is merged as ansible-doc merges it: kubernetes.core's connection options
+    doc = gen.add_fragments({"extends_documentation_fragment": ["kubernetes.core.k8s_auth_options"]})
+    assert {"kubeconfig", "proxy", "impersonate_user"} <= set(doc["options"])
 
 
 def test_a_new_module_is_picked_up(tmp_path, monkeypatch):

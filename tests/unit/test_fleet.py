@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import fleet, layout, metadata, seal, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
@@ -218,13 +218,13 @@ def test_the_runtime_accepts_exactly_the_declared_source_of_the_same_service(nod
 
 # -- Kubernetes: the template carries the request ---------------------------------------------------
 def test_the_template_env_expands_to_the_pods_own_snapshot_and_identity_as_the_kubelet_resolves_it():
-    from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+    from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods, service as svc
     pod = {"metadata": {"name": "qwen-p1-2", "namespace": "inference",
                         "labels": {"apps.kubernetes.io/pod-index": "2"}}, "spec": {}}
-    own, _unresolved = svc.resolve_env(pod, {"env": svc.restore_template_env("/mnt/snap/", "qwen", "p1")})
+    own, _unresolved = pods.resolve_env(pod, {"env": svc.restore_template_env("/mnt/snap/", "qwen", "p1")})
     assert own["INFEROPS_RESTORE_FROM"] == "/mnt/snap/inference/qwen/p1/qwen-p1-2"
     assert own["INFEROPS_RESTORE_IDENTITY"] == "inference/qwen/p1/qwen-p1-2" and "INFEROPS_RESTORE_SOURCE" not in own
-    clone, _unresolved = svc.resolve_env(pod, {"env": svc.restore_template_env("/mnt/snap", "qwen", "p1", "p0", "qwen-p0-")})
+    clone, _unresolved = pods.resolve_env(pod, {"env": svc.restore_template_env("/mnt/snap", "qwen", "p1", "p0", "qwen-p0-")})
     assert clone["INFEROPS_RESTORE_FROM"] == "/mnt/snap/inference/qwen/p0/qwen-p0-2"
     assert clone["INFEROPS_RESTORE_SOURCE"] == "inference/qwen/p0/qwen-p0-2"
     assert clone["INFEROPS_RESTORE_IDENTITY"] == "inference/qwen/p1/qwen-p1-2"

@@ -1,5 +1,5 @@
 """docs/fleet.md's walkthroughs stay true to the code: the pod template env it shows is what
-_k8s_service.restore_template_env builds (own restore and clone), every collection module task in its
+k8s/service.restore_template_env builds (own restore and clone), every collection module task in its
 playbooks uses only options the module has (with sub-options), and the rulebook command's variables are
 the ones the sample rulebook reads. The integration tests run the same steps (test_fleet_k8s.py,
 test_fleet_clone.py, test_fleet_eda.py); this keeps the text itself from drifting away from them."""
@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO
 from test_docs import gen
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 
 FLEET = (REPO / "docs" / "fleet.md").read_text()
 BLOCKS = [yaml.safe_load(textwrap.dedent(block)) for block in re.findall(r"```yaml\n(.*?)```", FLEET, flags=re.S)]

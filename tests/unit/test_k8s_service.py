@@ -1,12 +1,13 @@
-"""The Kubernetes side's pure logic: instances, identities, env as the kubelet resolves it, restore
-decisions, recreation manifests, and the connection settings of the API client."""
+"""The Kubernetes side's pure logic (module_utils/k8s/service.py and pods.py): instances, identities, env as the
+kubelet resolves it, restore decisions, recreation manifests. The contracts and the client: test_k8s_contracts.py."""
 
 import json
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s as k8s
-from ansible_collections.inferops.snapshot.plugins.module_utils import _k8s_service as svc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 CONFIG = {"enabled": True, "npuSnapshotPath": "/snap/npu/", "hostSnapshotPath": "/snap/host"}
@@ -45,11 +46,11 @@ def test_invalid_configs_name_the_field(bad, field):
 
 
 def test_instances_in_natural_order_and_the_first_is_chosen():
-    pods = [pod("q-p10-0", "p10"), pod("q-p2-1", "p2"), pod("q-p2-0", "p2"), pod("q-x", None)]
-    pods[-1]["metadata"]["labels"].pop("inferops.org/instance")
-    instances, unlabelled = svc.group_instances(pods)
+    members = [pod("q-p10-0", "p10"), pod("q-p2-1", "p2"), pod("q-p2-0", "p2"), pod("q-x", None)]
+    members[-1]["metadata"]["labels"].pop("inferops.org/instance")
+    instances, unlabelled = svc.group_instances(members)
     assert list(instances) == ["p2", "p10"] and unlabelled == ["q-x"]
-    assert [svc.name(p) for p in instances["p2"]] == ["q-p2-0", "q-p2-1"]
+    assert [pods.name(p) for p in instances["p2"]] == ["q-p2-0", "q-p2-1"]
     assert svc.select_instance(instances) == "p2" and svc.select_instance(instances, "p10") == "p10"
     assert svc.select_instance({}) is None
     with pytest.raises(ParameterError, match="no instance 'p3'"):
@@ -74,53 +75,56 @@ def test_env_resolves_like_the_kubelet_without_reading_secrets():
     p = pod("q-p0-0", env=env)
     container = p["spec"]["containers"][0]
     container["envFrom"] = [{"secretRef": {"name": "creds"}}]
-    resolved, unresolved = svc.resolve_env(p, container)
+    resolved, unresolved = pods.resolve_env(p, container)
     assert resolved["VLLM_NPU_SNAPSHOT_PATH"] == "/snap/ns/qwen/p0/q-p0-0"
     assert resolved["LITERAL"] == "$(ROOT) and $(UNKNOWN)"
     assert resolved["INSTANCE"] == "p0"
     assert "TOKEN" not in resolved and "IP" not in resolved  # secrets are never read; the IP is not known yet
     assert unresolved == ["envFrom:creds", "TOKEN", "IP"]
     p["status"] = {"podIP": "10.0.0.7"}
-    assert svc.resolve_env(p, container)[0]["IP"] == "10.0.0.7"
+    assert pods.resolve_env(p, container)[0]["IP"] == "10.0.0.7"
 
 
 def test_with_env_replaces_or_removes_one_variable():
     container = {"name": "engine", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}
-    added = svc.with_env(container, "A", "9")
+    added = pods.with_env(container, "A", "9")
     assert added["env"] == [{"name": "B", "value": "2"}, {"name": "A", "value": "9"}]
-    assert svc.with_env(container, "B", None)["env"] == [{"name": "A", "value": "1"}]
+    assert pods.with_env(container, "B", None)["env"] == [{"name": "A", "value": "1"}]
     assert container["env"][0] == {"name": "A", "value": "1"}  # the original is untouched
 
 
 def test_recreation_keeps_name_labels_node_and_drops_server_fields():
     original = pod("q-p0-0", metadata={"resourceVersion": "7", "creationTimestamp": "t", "annotations": {"x": "1"},
                                        "ownerReferences": []}, status={"phase": "Running"})
-    container = svc.with_env(original["spec"]["containers"][0], svc.NPU_PATH_ENV, "/snap/npu/x")
-    new = svc.recreation_manifest(original, 0, container, {"y": "2", "x": None})
+    container = pods.with_env(original["spec"]["containers"][0], layout.ENV_NPU_SNAPSHOT_PATH, "/snap/npu/x")
+    new = pods.recreation_manifest(original, 0, container, {"y": "2", "x": None})
     assert new["metadata"]["name"] == "q-p0-0" and new["metadata"]["labels"] == original["metadata"]["labels"]
     assert "uid" not in new["metadata"] and "resourceVersion" not in new["metadata"] and "status" not in new
     assert new["metadata"]["annotations"] == {"y": "2"} and new["spec"]["nodeName"] == "node-a"
-    assert new["spec"]["containers"][0]["env"] == [{"name": svc.NPU_PATH_ENV, "value": "/snap/npu/x"}]
-    gated = pod("q", spec={"schedulingGates": [{"name": svc.RESTORE_GATE}]})
-    assert "nodeName" not in svc.recreation_manifest(gated, 0, gated["spec"]["containers"][0], {})["spec"]
+    assert new["spec"]["containers"][0]["env"] == [{"name": layout.ENV_NPU_SNAPSHOT_PATH, "value": "/snap/npu/x"}]
+    gated = pod("q", spec={"schedulingGates": [{"name": layout.K8S_RESTORE_GATE}]})
+    assert "nodeName" not in pods.recreation_manifest(gated, 0, gated["spec"]["containers"][0], {})["spec"]
 
 
-def test_annotation_changes_only_what_differs():
-    p = pod("q", metadata={"annotations": {"a": "1", "b": "2"}})
-    assert svc.annotation_changes(p, {"a": "1", "b": "3", "c": None, "d": None}) == {"b": "3"}
-    assert svc.annotation_changes(p, {"a": None}) == {"a": None}
+def test_annotation_changes_only_what_differs_and_are_stamped():
+    p = pod("q", metadata={"annotations": {layout.K8S_STATUS: "pending", layout.K8S_NODE: "n"}})
+    found = pods.changes(p, {layout.K8S_STATUS: "pending", layout.K8S_NODE: "m", layout.K8S_REASON: None,
+                             layout.K8S_CHECKSUM: None})
+    assert found.pop(layout.K8S_UPDATED_AT) and found == {layout.K8S_NODE: "m"}
+    assert pods.changes(p, {layout.K8S_STATUS: None})[layout.K8S_STATUS] is None
+    assert pods.changes(p, {layout.K8S_STATUS: "pending"}) == {}  # nothing to change: no new time either
 
 
 def test_controller_gate_readiness_and_container_id():
     p = pod("q", metadata={"ownerReferences": [{"kind": "StatefulSet", "name": "qwen", "controller": True}]},
             status={"conditions": [{"type": "Ready", "status": "True"}],
                     "containerStatuses": [{"name": "engine", "containerID": "docker://abc"}]})
-    assert svc.controller(p) == "StatefulSet/qwen" and svc.controller(pod("q")) is None
-    assert svc.is_ready(p) and not svc.is_ready(pod("q"))
-    assert svc.container_id(p, "engine") == ("docker", "abc") and svc.container_id(pod("q"), "engine") == (None, None)
-    assert not svc.gated(p) and svc.gated(pod("q", spec={"schedulingGates": [{"name": svc.RESTORE_GATE}]}))
+    assert pods.controller(p) == "StatefulSet/qwen" and pods.controller(pod("q")) is None
+    assert pods.is_ready(p) and not pods.is_ready(pod("q"))
+    assert pods.container_id(p, "engine") == ("docker", "abc") and pods.container_id(pod("q"), "engine") == (None, None)
+    assert not pods.gated(p) and pods.gated(pod("q", spec={"schedulingGates": [{"name": layout.K8S_RESTORE_GATE}]}))
     with pytest.raises(ParameterError, match="no container named 'sidecar'"):
-        svc.engine_container(p, "sidecar")
+        pods.engine_container(p, "sidecar")
 
 
 IDENT = {"namespace": "ns", "service": "qwen", "instance": "p0", "pod": "q-p0-0"}
@@ -149,36 +153,3 @@ def test_metadata_holds_the_new_environment():
     meta = svc.restore_metadata(p, p["spec"]["containers"][0], True, "/snap/host/x")
     assert meta["env"] == {"GENERATION": "2"} and meta["restore_requested"] is True and meta["uid"] == "uid-q"
     json.dumps(meta)
-
-
-def test_record_entries_that_do_not_parse_are_skipped():
-    configmap = {"data": {"a": json.dumps(ENTRY), "b": "{not json", "c": "[1]"}}
-    assert svc.parse_record(configmap) == {"a": ENTRY} and svc.parse_record(None) == {}
-
-
-def test_connection_settings_fall_back_to_the_kubernetes_core_environment():
-    settings = k8s.auth_settings({"context": "given"}, environ={
-        "K8S_AUTH_KUBECONFIG": "/k/config", "K8S_AUTH_CONTEXT": "ignored", "K8S_AUTH_VERIFY_SSL": "no"})
-    assert settings["kubeconfig"] == "/k/config" and settings["context"] == "given"
-    assert settings["validate_certs"] is False and settings["host"] is None
-
-
-def test_client_from_host_and_token_or_a_clear_error(tmp_path):
-    client = k8s.build_api_client({"host": "https://api.example:6443", "api_key": "t0ken", "validate_certs": False},
-                                  environ={})
-    assert client.configuration.host == "https://api.example:6443"
-    assert client.configuration.api_key == {"authorization": "Bearer t0ken"}
-    assert client.configuration.verify_ssl is False
-    with pytest.raises(k8s.K8sError, match="does not exist"):
-        k8s.build_api_client({"kubeconfig": str(tmp_path / "missing")}, environ={})
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "b",
-        "clusters": [{"name": "a", "cluster": {"server": "https://a:6443"}},
-                     {"name": "b", "cluster": {"server": "https://b:6443"}}],
-        "users": [{"name": "u", "user": {"token": "x"}}],
-        "contexts": [{"name": "a", "context": {"cluster": "a", "user": "u"}},
-                     {"name": "b", "context": {"cluster": "b", "user": "u"}}]}))
-    assert k8s.build_api_client({"kubeconfig": str(kubeconfig)}, environ={}).configuration.host == "https://b:6443"
-    chosen = k8s.build_api_client({"kubeconfig": str(kubeconfig), "context": "a"}, environ={})
-    assert chosen.configuration.host == "https://a:6443"

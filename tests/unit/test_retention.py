@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _retention as retention
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 

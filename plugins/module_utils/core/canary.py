@@ -107,7 +107,7 @@ def load(snapshot_dir):
 def parse(data):
     """The canary document from its bytes (as a restore verified them)."""
     doc = json.loads(data.decode("utf-8"))
-    schema.validate("manifest", doc, "canary.json", definition="canary")
+    schema.validate("manifest", doc, layout.CANARY, definition="canary")
     return doc
 
 

@@ -400,7 +400,7 @@ def read_small(snapshot_dir, relpath, recorded, keys):
     if described["key_id"] not in keys:
         raise ParameterError("encryption_keys: the snapshot is encrypted with key %s; give that key"
                              % described["key_id"], field="encryption_keys")
-    scratch = plaintext.PrivateDir("/dev/shm")
+    scratch = plaintext.PrivateDir(layout.TMPFS)
     try:
         decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch.path, "f"), relpath)
         with open(os.path.join(scratch.path, "f"), "rb") as handle:

@@ -20,7 +20,7 @@ hold across processes and, on shared storage with working locks, across nodes:
 - a restore is refused (``Busy``) while a live entry of this host holds one of its devices: one
   snapshot is never restored into two processes on the same device at once. A holder that was
   killed does not block: its pid is gone, or has another start time, or its deadline passed.
-- retention (``_retention.py``) never removes a snapshot while any node's restore of it is in
+- retention (``retention.py``) never removes a snapshot while any node's restore of it is in
   progress (``in_progress``: phase ``restoring`` and the deadline not passed).
 """
 

@@ -75,6 +75,18 @@ def old_dir(snapshot_dir_, pid):
     return _sibling(snapshot_dir_, "%s%d" % (OLD_INFIX, pid))
 
 
+def sibling(name):
+    """(kind, pod) of a name beside the snapshot directories -- status, staging, old, claim or restores -- or None."""
+    if not name.startswith("."):
+        return None
+    for kind, suffix in (("status", STATUS_SUFFIX), ("staging", STAGING_SUFFIX), ("claim", CLAIM_SUFFIX),
+                         ("restores", RESTORES_SUFFIX)):
+        if name.endswith(suffix) and len(name) > len(suffix) + 1:
+            return kind, name[1:-len(suffix)]
+    pod, infix, pid = name[1:].rpartition(OLD_INFIX)
+    return ("old", pod) if infix and pod and pid.isdigit() else None
+
+
 def images_dir(snapshot_dir_):
     return os.path.join(snapshot_dir_, IMAGES_DIR)
 
@@ -161,6 +173,7 @@ CRI_REQUESTER_KEYS = (
 )
 
 # -- host paths and their defaults ------------------------------------------------------------------
+TMPFS = "/dev/shm"                                # what must never reach a disk (plaintext, env values) lives here
 DEFAULT_SNAPSHOT_ROOT = "/var/lib/inferops/snapshots"
 DOCKER_ROOT = "/var/lib/docker"
 DOCKER_RUNC_ROOT = "/var/run/docker/runtime-runc/moby"
@@ -173,10 +186,11 @@ CONTAINERD_TASK_ROOTS = ("/var/run/docker/containerd/daemon/io.containerd.runtim
                          "/run/containerd/io.containerd.runtime.v2.task/moby")
 # SHA-256 of the files a snapshot's world records, per file identity (digests.py): node-local, root's, 0700
 DIGEST_CACHE_DIR = "/var/cache/inferops-snapshot/digests"
+DEFAULT_RUNC = "/usr/bin/runc"
 RUNTIME_STATE_DIR = "/run/inferops-restore"
 RUNTIME_LOG = "/var/log/inferops-restore-runtime.log"
 RUNTIME_DEFAULTS = {                              # the node runtime's runtime.json (role snapshot_node)
-    "runc": "/usr/bin/runc",
+    "runc": DEFAULT_RUNC,
     "criu": None,                                 # runc's --criu; None: runc finds criu on its PATH
     "state_dir": RUNTIME_STATE_DIR,
     "log_file": RUNTIME_LOG,
@@ -191,7 +205,7 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "criu_log_dir": CRIU_LOG_DIR,
     "trusted_keys": [],                           # public keys (PEM files); when set, only signed snapshots restore
     "encryption_keys": [],                        # key files an encrypted snapshot may be decrypted with
-    "decrypt_dir": "/dev/shm",                    # tmpfs: where its plaintext lives while CRIU reads it
+    "decrypt_dir": TMPFS,                         # where its plaintext lives while CRIU reads it
     "stage_dir": None,                            # the node's cache of verified snapshots (stage.py); None: off
     "lazy_pages": False,                          # memory through a criu lazy-pages daemon (restore/on_create.py)
 }
@@ -224,10 +238,14 @@ K8S_STATUS = K8S_PREFIX + "status"
 K8S_REASON = K8S_PREFIX + "reason"
 K8S_CHECKSUM = K8S_PREFIX + "checksum"
 K8S_NODE = K8S_PREFIX + "node"
+K8S_TOTAL_BYTES = K8S_PREFIX + "total-bytes"
+K8S_DURATION = K8S_PREFIX + "duration-seconds"
+K8S_UPDATED_AT = K8S_PREFIX + "updated-at"    # when the collection last changed the others
 K8S_RESTORE = K8S_PREFIX + "restore"
 K8S_RESTORE_REASON = K8S_PREFIX + "restore-reason"
 K8S_METADATA = K8S_PREFIX + "metadata"          # the new pod's view of the metadata document
-K8S_RECORD_PREFIX = "inferops-snapshot-"        # ConfigMap inferops-snapshot-<service>
+# (the annotations' values: schemas/k8s-annotations.schema.json; one writer, module_utils/k8s/pods.py)
+K8S_RECORD_PREFIX = "inferops-snapshot-"        # ConfigMap inferops-snapshot-<service> (schemas/k8s-record.schema.json)
 K8S_POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"   # a StatefulSet pod's ordinal (Kubernetes >= 1.28)
 K8S_SNAPSHOT_NODE_LABEL_PREFIX = "snapshot.inferops.org/"  # node label <prefix><service>: this node holds snapshots of it
 K8S_GATE_DEADLINE = K8S_PREFIX + "gate-deadline"    # when a gated pod is released for a normal start (fleet.md)

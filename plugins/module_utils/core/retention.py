@@ -20,20 +20,14 @@ __metaclass__ = type
 import datetime
 import json
 import os
-import re
 import stat
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, fleet, layout, metadata, paths, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from . import claim, fleet, layout, metadata, paths, status
+from .errors import ParameterError
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
 DEFAULT_METADATA_PATH = layout.DEFAULT_METADATA_FILE
 CATEGORIES = ("failed", "orphaned", "stale")
-_STATUS = re.compile(r"^\.(.+)\.status\.json$")
-_STAGING = re.compile(r"^\.(.+)\.partial$")
-_OLD = re.compile(r"^\.(.+)\.old\.\d+$")
-_CLAIM = re.compile(r"^\.(.+)%s$" % re.escape(layout.CLAIM_SUFFIX))
-_RESTORES = re.compile(r"^\.(.+)%s$" % re.escape(layout.RESTORES_SUFFIX))
 LEVELS = ("namespace", "service", "instance")
 
 
@@ -112,7 +106,7 @@ def _parse_time(text):
 
 def _read_manifest(snapshot_dir):
     try:
-        with open(os.path.join(snapshot_dir, "manifest.json")) as handle:
+        with open(os.path.join(snapshot_dir, layout.MANIFEST)) as handle:
             manifest = json.load(handle)
         return manifest if isinstance(manifest, dict) else None
     except (IOError, OSError, ValueError):
@@ -147,13 +141,7 @@ def scan(root, now):
         for name in sorted(os.listdir(directory)):
             full = os.path.join(directory, name)
             mode = os.lstat(full).st_mode
-            kind = pod = None
-            for pattern, what in ((_STATUS, "status"), (_STAGING, "staging"), (_OLD, "old"), (_CLAIM, "claim"),
-                                  (_RESTORES, "restores")):
-                match = pattern.match(name)
-                if match:
-                    kind, pod = what, match.group(1)
-                    break
+            kind, pod = layout.sibling(name) or (None, None)
             if kind is None:
                 if name.startswith(".") or not stat.S_ISDIR(mode):
                     continue  # temporary files of an atomic write, or foreign files: not ours to judge

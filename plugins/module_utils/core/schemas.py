@@ -9,6 +9,307 @@ import json
 
 SCHEMAS = json.loads(r'''
 {
+ "k8s-annotations": {
+  "$defs": {
+   "checksum": {
+    "pattern": "^[0-9a-f]{64}$",
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "path": {
+    "pattern": "^/",
+    "type": [
+     "string",
+     "null"
+    ]
+   }
+  },
+  "$id": "inferops.snapshot:k8s-annotations:v1",
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "additionalProperties": false,
+  "properties": {
+   "org.inferops.restore-checksum": {
+    "$ref": "#/$defs/checksum"
+   },
+   "org.inferops.restore-device": {
+    "enum": [
+     "false",
+     null
+    ]
+   },
+   "org.inferops.restore-from": {
+    "$ref": "#/$defs/path"
+   },
+   "snapshot.inferops.org/checksum": {
+    "$ref": "#/$defs/checksum"
+   },
+   "snapshot.inferops.org/duration-seconds": {
+    "pattern": "^[0-9]+(\\.[0-9]+)?$",
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/enabled": {
+    "enum": [
+     "true",
+     null
+    ]
+   },
+   "snapshot.inferops.org/host-path": {
+    "$ref": "#/$defs/path"
+   },
+   "snapshot.inferops.org/identity": {
+    "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/metadata": {
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/node": {
+    "minLength": 1,
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/npu-path": {
+    "$ref": "#/$defs/path"
+   },
+   "snapshot.inferops.org/reason": {
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/restore": {
+    "enum": [
+     "pending",
+     "restored",
+     "cold",
+     "failed",
+     null
+    ]
+   },
+   "snapshot.inferops.org/restore-reason": {
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/status": {
+    "enum": [
+     "pending",
+     "generating",
+     "completed",
+     "failed",
+     null
+    ]
+   },
+   "snapshot.inferops.org/timeout-seconds": {
+    "pattern": "^[1-9][0-9]*$",
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/total-bytes": {
+    "pattern": "^[0-9]+$",
+    "type": [
+     "string",
+     "null"
+    ]
+   },
+   "snapshot.inferops.org/updated-at": {
+    "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
+    "type": [
+     "string",
+     "null"
+    ]
+   }
+  },
+  "title": "Kubernetes pod annotations",
+  "type": "object"
+ },
+ "k8s-record": {
+  "$defs": {
+   "entry": {
+    "additionalProperties": false,
+    "if": {
+     "properties": {
+      "status": {
+       "const": "completed"
+      }
+     }
+    },
+    "properties": {
+     "checksum": {
+      "pattern": "^[0-9a-f]{64}$",
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "host_path": {
+      "pattern": "^/",
+      "type": "string"
+     },
+     "identity": {
+      "$ref": "#/$defs/identity"
+     },
+     "image": {
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "node": {
+      "minLength": 1,
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "npu_path": {
+      "pattern": "^/",
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "reason": {
+      "type": [
+       "string",
+       "null"
+      ]
+     },
+     "status": {
+      "enum": [
+       "completed",
+       "failed"
+      ]
+     },
+     "total_bytes": {
+      "minimum": 0,
+      "type": [
+       "integer",
+       "null"
+      ]
+     },
+     "updated_at": {
+      "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
+      "type": "string"
+     }
+    },
+    "required": [
+     "identity",
+     "status",
+     "host_path",
+     "updated_at"
+    ],
+    "then": {
+     "properties": {
+      "checksum": {
+       "type": "string"
+      },
+      "node": {
+       "type": "string"
+      }
+     },
+     "required": [
+      "node",
+      "checksum"
+     ]
+    },
+    "type": "object"
+   },
+   "identity": {
+    "additionalProperties": false,
+    "properties": {
+     "instance": {
+      "$ref": "#/$defs/name"
+     },
+     "namespace": {
+      "$ref": "#/$defs/name"
+     },
+     "pod": {
+      "$ref": "#/$defs/name"
+     },
+     "service": {
+      "$ref": "#/$defs/name"
+     }
+    },
+    "required": [
+     "namespace",
+     "service",
+     "instance",
+     "pod"
+    ],
+    "type": "object"
+   },
+   "name": {
+    "pattern": "^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$",
+    "type": "string"
+   }
+  },
+  "$id": "inferops.snapshot:k8s-record:v1",
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "properties": {
+   "apiVersion": {
+    "const": "v1"
+   },
+   "data": {
+    "additionalProperties": {
+     "type": "string"
+    },
+    "propertyNames": {
+     "$ref": "#/$defs/name"
+    },
+    "type": "object"
+   },
+   "kind": {
+    "const": "ConfigMap"
+   },
+   "metadata": {
+    "properties": {
+     "labels": {
+      "additionalProperties": {
+       "type": "string"
+      },
+      "type": "object"
+     },
+     "name": {
+      "pattern": "^inferops-snapshot-",
+      "type": "string"
+     },
+     "namespace": {
+      "$ref": "#/$defs/name"
+     }
+    },
+    "required": [
+     "name",
+     "namespace"
+    ],
+    "type": "object"
+   }
+  },
+  "required": [
+   "apiVersion",
+   "kind",
+   "metadata",
+   "data"
+  ],
+  "title": "Kubernetes record ConfigMap",
+  "type": "object"
+ },
  "manifest": {
   "$defs": {
    "canary": {

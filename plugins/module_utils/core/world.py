@@ -47,7 +47,7 @@ SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")
 # inputs (the kubelet's volume plugin directories, dockerd's hostname/hosts/resolv.conf).
 VOLATILE_SOURCE_PARTS = ("/volumes/kubernetes.io~downward-api/", "/volumes/kubernetes.io~projected/",
                          "/volumes/kubernetes.io~secret/", "/volumes/kubernetes.io~empty-dir/",
-                         "/var/lib/docker/containers/")
+                         layout.DOCKER_ROOT + "/containers/")
 # The collection's own paths in a container, by the variable that moves them (and where they are without it): a
 # mount holding one is written by the snapshot machinery itself, never read by the engine as an input.
 OWN_PATHS = ((layout.ENV_SIM_DEVICE_DIR, None), (layout.ENV_NPU_SNAPSHOT_PATH, None),

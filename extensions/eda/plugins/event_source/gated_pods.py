@@ -30,8 +30,8 @@ Arguments:
   interval:       seconds between polls (default 1)
   release_after:  seconds after which a pod still gated is released (default 60; 0: never)
   catch_up:       also report running pods whose restore is not annotated yet (default true)
-  kubeconfig, context: as kubernetes.core (else K8S_AUTH_KUBECONFIG, ~/.kube/config, in-cluster)
-  host, api_key, validate_certs, ca_cert: a direct connection instead
+  kubeconfig, context, host, api_key, validate_certs, ca_cert, ... : kubernetes.core's connection options, the
+                  same as the collection's k8s modules take (unset: K8S_AUTH_*, ~/.kube/config, in-cluster)
 
 Examples:
   sources:
@@ -40,34 +40,56 @@ Examples:
         service: qwen
         release_after: 60
 
-Needs the ``kubernetes`` Python package (the collection's requirements/runtime.txt). RBAC: list and
-patch on pods in the namespace (docs/kubernetes.md's Role has both).
+The names (labels, gate, annotations, env) and the client are the collection's own (core/layout.py,
+module_utils/k8s/): the source imports them from the collection it is installed with -- ansible-rulebook
+loads a source by its path, so the source puts the ``ansible_collections`` tree it lies in on ``sys.path``
+when the collection is not importable already. It needs what the collection's k8s modules need where
+ansible-rulebook runs: the kubernetes.core collection beside it (a dependency of the collection, installed
+with it), ansible-core and the ``kubernetes`` Python package. RBAC: list and patch on pods in the
+namespace (docs/kubernetes.md's Role has both).
 """
 
 import asyncio
 import datetime
 import json
 import os
+import sys
 import time
 
-try:  # the collection's one home of these names, when the collection is importable
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout as _layout
-    GATE, SERVICE_LABEL, INSTANCE_LABEL = _layout.K8S_RESTORE_GATE, _layout.K8S_SERVICE_LABEL, _layout.K8S_INSTANCE_LABEL
-    RESTORE_ANNOTATION, RESTORE_ENV = _layout.K8S_RESTORE, _layout.ENV_RESTORE_FROM
-    from ansible_collections.inferops.snapshot.plugins.module_utils._k8s_service import requested as _requested
-except ImportError:  # ansible-rulebook loads a source by its path: the same values as core/layout.py
-    GATE, SERVICE_LABEL, INSTANCE_LABEL = ("inferops.org/snapshot-restore", "inferops.org/service",
-                                           "inferops.org/instance")
-    RESTORE_ANNOTATION, RESTORE_ENV = "snapshot.inferops.org/restore", "INFEROPS_RESTORE_FROM"
-    _requested = None
 
-MERGE = "application/merge-patch+json"
-ARGUMENTS = ("namespace", "service", "gate", "service_label", "instance_label", "interval", "release_after",
-             "catch_up", "kubeconfig", "context", "host", "api_key", "validate_certs", "ca_cert")
+def _import_the_collection():
+    """The collection's names and client, from the collection this file belongs to."""
+    try:
+        import ansible_collections.inferops.snapshot.plugins.module_utils.k8s.service  # noqa: F401
+    except ImportError:
+        # .../ansible_collections/inferops/snapshot/extensions/eda/plugins/event_source/gated_pods.py
+        tree = os.path.abspath(__file__).split(os.sep)
+        if len(tree) < 9 or tree[-8] != "ansible_collections":
+            raise ImportError("gated_pods: the inferops.snapshot collection is not importable and this file is not "
+                              "inside an installed collection (ansible_collections/inferops/snapshot/...): install "
+                              "the collection (ansible-galaxy collection install) where ansible-rulebook runs")
+        sys.path.append(os.sep.join(tree[:-8]) or os.sep)
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+    from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client, pods, service
+    return layout, client, pods, service
+
+
+layout, k8s_client, k8s_pods, k8s_service = _import_the_collection()
+SETTINGS = ("namespace", "service", "gate", "service_label", "instance_label", "interval", "release_after",
+            "catch_up")
+ARGUMENTS = SETTINGS + tuple(sorted(k8s_client.AUTH_ARG_SPEC))
 
 
 class ArgumentError(ValueError):
     pass
+
+
+def _boolean(name, value):
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() not in ("true", "false", "yes", "no", "1", "0"):
+        raise ArgumentError("%s: %r is not a boolean" % (name, value))
+    return str(value).lower() in ("true", "yes", "1")
 
 
 def check_args(args):
@@ -85,34 +107,16 @@ def check_args(args):
             raise ArgumentError("%s: %r is not a number of seconds" % (name, args.get(name)))
         if args[name] < low:
             raise ArgumentError("%s: must be at least %s seconds" % (name, low))
-    catch_up = args.get("catch_up", True)
-    if not isinstance(catch_up, bool):
-        if str(catch_up).lower() not in ("true", "false", "yes", "no"):
-            raise ArgumentError("catch_up: %r is not a boolean" % (catch_up,))
-        catch_up = str(catch_up).lower() in ("true", "yes")
-    args["catch_up"] = catch_up
-    args.setdefault("gate", GATE)
-    args.setdefault("service_label", SERVICE_LABEL)
-    args.setdefault("instance_label", INSTANCE_LABEL)
+    args["catch_up"] = _boolean("catch_up", args.get("catch_up", True))
+    for name, spec in k8s_client.AUTH_ARG_SPEC.items():  # kubernetes.core's types, as its modules check them
+        if args.get(name) is not None and spec.get("type") == "bool":
+            args[name] = _boolean(name, args[name])
+        elif isinstance(args.get(name), str) and spec.get("type") == "list":
+            args[name] = [item for item in args[name].split(",") if item]
+    args.setdefault("gate", layout.K8S_RESTORE_GATE)
+    args.setdefault("service_label", layout.K8S_SERVICE_LABEL)
+    args.setdefault("instance_label", layout.K8S_INSTANCE_LABEL)
     return args
-
-
-def api_client(args):
-    import kubernetes  # here, so that the argument check needs nothing installed
-    if args.get("host"):
-        configuration = kubernetes.client.Configuration()
-        configuration.host = args["host"]
-        if args.get("api_key"):
-            configuration.api_key = {"authorization": "Bearer " + args["api_key"]}
-        configuration.verify_ssl = bool(args.get("validate_certs", True))
-        if args.get("ca_cert"):
-            configuration.ssl_ca_cert = args["ca_cert"]
-        return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
-    path = args.get("kubeconfig") or os.environ.get("K8S_AUTH_KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    if os.path.exists(path):
-        return kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(path, context=args.get("context")))
-    kubernetes.config.load_incluster_config()
-    return kubernetes.client.CoreV1Api()
 
 
 def _created(pod):
@@ -121,10 +125,6 @@ def _created(pod):
         return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
     except (TypeError, ValueError):
         return None
-
-
-def gated(pod, gate):
-    return any(item.get("name") == gate for item in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def describe(pod, args, now):
@@ -138,61 +138,41 @@ def describe(pod, args, now):
 
 def unannotated(pod, args):
     """The pod runs on its own restore request and its annotations do not say yet what the node did: the
-    restore role's catch-up has something to annotate (its own test, _k8s_service.requested, when the collection
-    is importable; the same test on the env's literal value or the annotation it reads otherwise)."""
-    status, meta = pod.get("status") or {}, pod.get("metadata") or {}
-    if status.get("phase") != "Running" or gated(pod, args["gate"]):
+    restore role's catch-up has something to annotate (its own test, k8s/service.requested)."""
+    if (pod.get("status") or {}).get("phase") != "Running" or k8s_pods.gated(pod, args["gate"]):
         return False
-    if _requested is not None:
-        try:
-            return _requested(pod, {"container": None, "service": (meta.get("labels") or {}).get(args["service_label"]),
-                                    "instance_label": args["instance_label"]}) is not None
-        except Exception:  # pylint: disable=broad-except  # a pod the role cannot read: not one it would annotate
-            return False
-    annotations = meta.get("annotations") or {}
-    if annotations.get(RESTORE_ANNOTATION) not in (None, "pending"):
+    try:
+        return k8s_service.requested(pod, {"container": None, "service": k8s_pods.labels(pod).get(args["service_label"]),
+                                           "instance_label": args["instance_label"]}) is not None
+    except Exception:  # pylint: disable=broad-except  # a pod the role cannot read: not one it would annotate
         return False
-    started = [c for c in status.get("containerStatuses") or [] if "://" in (c.get("containerID") or "")]
-    if not started or not (pod.get("spec") or {}).get("nodeName"):
-        return False  # no container yet: the node has nothing to tell
-    containers = (pod.get("spec") or {}).get("containers") or [{}]
-    for item in containers[0].get("env") or []:
-        if item.get("name") != RESTORE_ENV:
-            continue
-        value = item.get("value")
-        path = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") or ""
-        if path.startswith("metadata.annotations['") and path.endswith("']"):
-            value = annotations.get(path[len("metadata.annotations['"):-2])
-        return bool(value and value.startswith("/"))
-    return False
 
 
-def list_pods(core, args):
+def list_pods(client, args):
     """(gated pods, pods to catch up) of the namespace (and service), from one list call."""
-    selector = "%s=%s" % (args["service_label"], args["service"]) if args.get("service") else None
-    response = core.list_namespaced_pod(args["namespace"], label_selector=selector, _preload_content=False)
-    pods = json.loads(response.data).get("items") or []
-    return [pod for pod in pods if gated(pod, args["gate"])], [pod for pod in pods if args["catch_up"] and unannotated(pod, args)]
+    pod_list = client.list_pods(args["namespace"], {args["service_label"]: args["service"]} if args.get("service")
+                                else None)
+    return ([pod for pod in pod_list if k8s_pods.gated(pod, args["gate"])],
+            [pod for pod in pod_list if args["catch_up"] and unannotated(pod, args)])
 
 
-def release(core, pod, gate):
+def release(client, pod, gate):
     """Remove ``gate`` from this very pod (its uid is the precondition: a recreated pod is not touched)."""
     meta = pod["metadata"]
     gates = [item for item in pod["spec"].get("schedulingGates") or [] if item.get("name") != gate]
-    core.patch_namespaced_pod(meta["name"], meta["namespace"],
-                              {"metadata": {"uid": meta["uid"]}, "spec": {"schedulingGates": gates or None}},
-                              _content_type=MERGE, _preload_content=False)
+    client.patch_pod(meta["namespace"], meta["name"],
+                     {"metadata": {"uid": meta["uid"]}, "spec": {"schedulingGates": gates or None}})
 
 
 async def main(queue, args):
     """ansible-rulebook's entry point: poll, put events, release pods past their deadline; runs until cancelled."""
     args = check_args(args)
     loop = asyncio.get_running_loop()
-    core = await loop.run_in_executor(None, api_client, args)
+    client = await loop.run_in_executor(None, k8s_client.connect, args)
     seen, released, caught = set(), set(), set()
     while True:
         try:
-            pods, behind = await loop.run_in_executor(None, list_pods, core, args)
+            pods, behind = await loop.run_in_executor(None, list_pods, client, args)
         except Exception as exc:  # the API is away for a moment: say so, go on polling
             await queue.put({"inferops_gated_pods_error": {"namespace": args["namespace"], "error": str(exc)[:500]}})
             pods, behind = [], []
@@ -216,7 +196,7 @@ async def main(queue, args):
             if args["release_after"] and info["gated_for"] is not None and info["gated_for"] >= args["release_after"] \
                     and info["uid"] not in released:
                 try:
-                    await loop.run_in_executor(None, release, core, pod, args["gate"])
+                    await loop.run_in_executor(None, release, client, pod, args["gate"])
                 except Exception as exc:  # gone or recreated meanwhile (404, 409): the next poll sees what is there
                     await queue.put({"inferops_gated_pods_error": dict(info, error=str(exc)[:500])})
                     continue

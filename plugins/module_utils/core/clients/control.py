@@ -152,7 +152,8 @@ def _connect(sock, path):
 def _refused_link(path, exc):
     return EndpointError("refusing the agent socket %s: %s inside the process's root; the host never follows a link "
                          "the engine could have planted there: set agent_socket_dir (and the engine's "
-                         "INFEROPS_AGENT_SOCKET_DIR) to the real directory" % (path, exc.strerror), endpoint="unix://" + path)
+                         "%s) to the real directory" % (path, exc.strerror, protocol.SOCKET_DIR_ENV),
+                         endpoint="unix://" + path)
 
 
 class AgentSocketClient:

@@ -23,7 +23,7 @@ from ..errors import CommandError, ParameterError
 from . import criu as criu_client
 from . import runner as runner_mod
 
-ENV_FILE_PARENT = "/dev/shm"  # a tmpfs: the values never reach a disk (the temp dir where there is none)
+ENV_FILE_PARENT = layout.TMPFS  # the values never reach a disk (the temp dir where there is no tmpfs)
 
 
 def env_dict(items):

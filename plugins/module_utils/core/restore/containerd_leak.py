@@ -20,8 +20,9 @@ __metaclass__ = type
 import os
 import shutil
 
+from ..layout import IMAGES_INVENTORY as INVENTORY
+
 PREFIX = "ctrd-checkpoint"
-INVENTORY = "inventory.img"
 
 
 def containerd_pids(proc="/proc"):
