@@ -23,6 +23,16 @@ rm -rf "$here/build/sanity-$label"
 mkdir -p "$dest"
 cd "$here"
 git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$dest"
+# The collections it depends on (galaxy.yml: kubernetes.core) beside it, as ansible-galaxy installs them: the k8s
+# modules import kubernetes.core's module_utils and document its doc fragment. From the venv's ansible package (the
+# project's venv when ANSIBLE_TEST_VENV's ansible-core comes without the bundled collections).
+for python in "$bin/python" "$here/.venv/bin/python"; do
+    k8s_core=$("$python" -c 'import ansible_collections.kubernetes.core as c; print(list(c.__path__)[0])' 2>/dev/null) \
+        && break
+done
+[[ -n ${k8s_core:-} ]] || { echo "kubernetes.core is not installed (the ansible package brings it): make venv" >&2; exit 1; }
+mkdir -p "$dest/../../kubernetes"
+cp -r "$k8s_core" "$dest/../../kubernetes/core"
 cd "$dest"
 git init -q . && git add -A  # ansible-test only looks at files git knows about
 export PATH="$bin:$PATH"

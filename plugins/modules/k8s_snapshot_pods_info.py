@@ -144,7 +144,7 @@ record:
   description:
     - The service's record ConfigMap, one entry per pod name (identity, node, host_path, npu_path, image, status,
       checksum, total_bytes, reason, updated_at), as in the collection's C(schemas/k8s-record.schema.json).
-    - An entry that is not valid against it is C({invalid: <why>}); a pod with such an entry is never restored.
+    - "An entry that is not valid against it is C({invalid: <why>}); a pod with such an entry is never restored."
   returned: always
   type: dict
 candidates:

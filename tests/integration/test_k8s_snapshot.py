@@ -600,8 +600,8 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
     assert ("list", "pods", None) in made, made  # it did run, and read the pods
     assert [request for request in made if request[0] not in ("get", "list", "watch")] == [], \
         ("the refused run wrote to the cluster", output[-6000:])
-    assert after == before and claim_after_refusal == holder, ("the refused run changed the first run's pod",
-                                                                output[-6000:])
+    assert after == before and claim_after_refusal == holder, \
+        ("the refused run changed the first run's pod", output[-6000:])
     assert first["rc"] == 0, first["output"][-4000:]
     ann = svc.api.annotations(pod)
     snapshot_dir = svc.snapshot_dir("p0", pod)

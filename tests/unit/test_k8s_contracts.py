@@ -68,8 +68,8 @@ def test_a_cold_restore_leaves_no_snapshot_state_and_no_request_a_restart_would_
     assert cold[layout.ANNOTATION_RESTORE_FROM] is None and cold[layout.K8S_STATUS] is None
     restored = pods.restore_outcome(pods.RESTORE_RESTORED, None, IDENT, "/snap/host/x", SUM, "node-a")
     assert restored[layout.K8S_STATUS] == "completed" and restored[layout.K8S_IDENTITY] == "ns/qwen/p0/qwen-p0-0"
-    assert pods.restore_outcome(pods.RESTORE_RESTORED) == {layout.K8S_RESTORE: "restored",
-                                                            layout.K8S_RESTORE_REASON: None}
+    assert pods.restore_outcome(pods.RESTORE_RESTORED) == {
+        layout.K8S_RESTORE: "restored", layout.K8S_RESTORE_REASON: None}
 
 
 def test_one_annotation_merge():

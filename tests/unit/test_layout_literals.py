@@ -85,11 +85,11 @@ VALUES = layout_values()
 AGENT = dict((value, name) for name, value in vars(protocol).items() if name.isupper() and isinstance(value, str))
 
 
-def spelled_in(text, values=VALUES):
+def spelled_in(text, values=None):
     """The layout values in ``text``, each as a whole (not part of a longer name, nor of a longer value: the
     prefix of an annotation is not reported inside the annotation)."""
     spans = []
-    for value, name in values.items():
+    for value, name in (VALUES if values is None else values).items():
         for match in re.finditer(re.escape(value), text):
             before = text[match.start() - 1] if match.start() else ""
             after = text[match.end()] if match.end() < len(text) else ""

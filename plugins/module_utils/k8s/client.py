@@ -28,8 +28,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors impo
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
 
-try:
-    import kubernetes  # noqa: F401  (kubernetes.core's client needs it; its absence is a clear error)
+try:  # kubernetes.core's client needs the kubernetes library: its absence is a clear error (_module.LIBRARIES)
     from kubernetes.dynamic.exceptions import DynamicApiError
     HAS_KUBERNETES = True
     KUBERNETES_IMPORT_ERROR = None

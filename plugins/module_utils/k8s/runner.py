@@ -339,7 +339,6 @@ def status_logic(module):
     for pod_name in after:
         diff["before"]["record " + pod_name], diff["after"]["record " + pod_name] = before.get(pod_name), after[pod_name]
     changed = bool(patches or after)
+    msg = "%d pod(s) annotated, %d record entr%s written" % (len(patches), len(after), "y" if len(after) == 1 else "ies")
     return dict(changed=changed, annotated=sorted(patches), recorded=sorted(after), diff=diff,
-                msg="%d pod(s) annotated, %d record entr%s written" % (len(patches), len(after),
-                                                                        "y" if len(after) == 1 else "ies")
-                if changed else "nothing to change")
+                msg=msg if changed else "nothing to change")
