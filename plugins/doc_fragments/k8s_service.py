@@ -45,7 +45,8 @@ options:
     type: str
     default: inferops.org/instance
 requirements:
-  - kubernetes >= 24.2.0 (the Python client) and the kubernetes.core collection on the host that runs the task
+  - jsonschema and kubernetes >= 24.2.0 (Python libraries) and the kubernetes.core collection where the module runs
+    (the controller)
 """
 
     ACTIONGROUP = r"""

@@ -38,8 +38,6 @@ description:
     C(VLLM_NPU_SNAPSHOT_PATH); their annotations stay. Ready pods are left alone (resume their engines with
     M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked)).
   - All changes are JSON merge patches, creations and deletions; it never writes a pod's status.
-requirements:
-  - jsonschema and kubernetes (Python libraries) where the module runs (the controller)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

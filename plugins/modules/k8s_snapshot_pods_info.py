@@ -24,8 +24,6 @@ description:
     O(wait_timeout) seconds with the last observed state of every pod still missing. It fails at once when a pod
     failed or its snapshot status annotation says C(failed).
   - Reads only; it never changes anything in the cluster.
-requirements:
-  - jsonschema and kubernetes (Python libraries) where the module runs (the controller)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

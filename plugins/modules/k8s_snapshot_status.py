@@ -29,8 +29,6 @@ description:
     generation snapshots it again. C(failed) - with O(reason).
   - C(updated-at) (and an entry's C(updated_at)) is written only with a change; annotations that already say what
     is asked are left alone. Every change is a JSON merge patch; the record is created when missing.
-requirements:
-  - jsonschema and kubernetes (Python libraries) where the module runs (the controller)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
