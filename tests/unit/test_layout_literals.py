@@ -208,3 +208,16 @@ def test_the_scan_finds_what_it_should(tmp_path):
     texts = [text for _where, text in code_texts(tasks)]
     assert "snapshot.inferops.org/node" in texts and not any("status" in text for text in texts)
     assert Path(REPO / "plugins").is_dir()
+
+
+def test_the_roles_take_the_names_through_the_layout_filter():
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.inferops.snapshot.plugins.filter.snapshot import FilterModule
+    take = FilterModule().filters()["layout"]
+    assert take("MANIFEST") == layout.MANIFEST and take("RUNC_CRIU_OPTIONS") == list(layout.RUNC_CRIU_OPTIONS)
+    for wrong in ("manifest", "NOPE", "os", 3):
+        with pytest.raises(AnsibleFilterError, match="is no name of core/layout.py"):
+            take(wrong)
+    used = [path for path in scanned() if path.suffix in (".yml", ".j2") and
+            "inferops.snapshot.layout" in path.read_text(encoding="utf-8")]
+    assert len(used) >= 5, used  # the roles' tasks and templates that needed a name
