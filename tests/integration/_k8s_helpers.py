@@ -28,7 +28,7 @@ import kubernetes
 
 from conftest import BIN, COLLECTIONS, REPO, device_args, docker, ensure_collection_link
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import netns
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 
 MERGE = "application/merge-patch+json"
 NPU_RESOURCE = "huawei.com/Ascend910"  # the extended resource Ascend's device plugin advertises (one per chip)
@@ -489,7 +489,7 @@ def simulated_npu_devices(pod):
 def http_status(url, netns_pid=None, timeout=5):
     """The HTTP status of a GET of ``url``: from here, or from inside the network namespace of ``netns_pid``."""
     if netns_pid:
-        return netns.request(netns_pid, url, timeout=timeout)[0]
+        return engine_http.request(url, timeout=timeout, netns_pid=netns_pid)[0]
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.status
 

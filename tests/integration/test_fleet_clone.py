@@ -16,7 +16,8 @@ import pytest
 from _runtime_helpers import installed_runtime
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import fleet, layout, netns, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import fleet, layout, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 
 PROMPTS = ["what is an NPU?", "clone me", "数据"]
 DEVICE_MOUNT = "/var/lib/inferops-npu"   # where every instance sees its NPU, whichever host directory backs it
@@ -43,7 +44,8 @@ class Instance(WorkloadContainer):
 
     def get(self, path, timeout=30):
         """GET inside the container's own network namespace (a clone's port is not on the host's)."""
-        code, body = netns.request(self.pid, "http://127.0.0.1:%d%s" % (self.port, path), timeout=timeout)
+        code, body = engine_http.request("http://127.0.0.1:%d%s" % (self.port, path), timeout=timeout,
+                                         netns_pid=self.pid)
         assert code == 200, (self.name, code, body[:300])
         return json.loads(body.decode())
 

@@ -23,7 +23,8 @@ from conftest import free_port, http_get, reset_device
 from test_fleet_eda import collect, load_plugin
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, netns, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 
 NODE = "node-a"
 DEVICE_MOUNT = "/var/lib/inferops-npu"   # where a pod of a cloned service sees its NPU, whichever device backs it
@@ -92,7 +93,7 @@ def first_answer(cluster, pod, since, timeout=120):
             code, _body = engine_get(cluster, pod, path, timeout=2)
             if code == 200:
                 return time.monotonic() - since
-        except (OSError, ValueError, netns.ProbeError):
+        except (OSError, ValueError, engine_http.EngineHttpError):
             pass
         time.sleep(0.02)
     raise AssertionError("pod %s never answered" % pod)
@@ -104,7 +105,7 @@ def engine_get(cluster, pod, path, timeout=30):
     own = [c["netns_pid"] for c in cluster["kubelet"].containers.values() if c["pod"] == pod and c["netns_pid"]]
     if not own:
         return http_get(url, timeout=timeout)
-    code, body = netns.request(own[-1], url, timeout=timeout)
+    code, body = engine_http.request(url, timeout=timeout, netns_pid=own[-1])
     return code, json.loads(body or b"{}")
 
 

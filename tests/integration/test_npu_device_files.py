@@ -24,7 +24,7 @@ from _runtime_helpers import PROMPTS, RuntimeContainer, identity, installed_runt
 from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_port, install_devices, reset_device,
                       run_module)
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import netns
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 
 SIZES = dict(WORKLOAD_DEVICE_MB=16, WORKLOAD_HOST_MB=8, ACL_SIM_DEVICE_MEM_BYTES="64M", WORKLOAD_WARMUP_SECONDS=2)
@@ -193,7 +193,8 @@ def bridge_network():
 
 def get(container, address, path, timeout=10):
     """GET from inside the container's own network namespace (its pod address is not the host's)."""
-    code, body = netns.request(container.pid, "http://%s:%d%s" % (address, container.port, path), timeout=timeout)
+    code, body = engine_http.request("http://%s:%d%s" % (address, container.port, path), timeout=timeout,
+                                     netns_pid=container.pid)
     assert code == 200, (code, body[:300])
     return json.loads(body.decode())
 
@@ -250,8 +251,8 @@ def test_the_runtime_restores_a_pod_on_a_bridge_network_on_its_new_address(docke
             assert record["outcome"] == "restored", record
             events = node.log_records(restored.id, event="address")
             assert events and old in events[-1]["action"] and new in events[-1]["action"], events
-            with pytest.raises(netns.ProbeError):
-                netns.request(restored.pid, "http://%s:%d/health" % (old, port), timeout=2)
+            with pytest.raises(engine_http.EngineHttpError):
+                engine_http.request("http://%s:%d/health" % (old, port), timeout=2, netns_pid=restored.pid)
         finally:
             original.remove()
             if restored:

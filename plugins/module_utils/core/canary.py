@@ -22,7 +22,8 @@ import base64
 import json
 import os
 
-from . import layout, netns, paths, schema
+from . import layout, paths, schema
+from .clients import engine_http
 from .clock import utc_now
 from .errors import ParameterError
 
@@ -69,7 +70,8 @@ def _seen(spec, status, body):
 
 
 def ask(pid, spec, timeout):
-    status, body = netns.request(pid, spec["url"], spec["method"], spec["body"], spec["headers"], timeout)
+    status, body = engine_http.request(spec["url"], spec["method"], spec["body"], spec["headers"], timeout,
+                                       netns_pid=pid)
     return _seen(spec, status, body)
 
 
@@ -77,7 +79,7 @@ def answer(pid, spec, timeout=30.0):
     """What the engine (pid) answers now, as it would be recorded; ParameterError when it does not answer well."""
     try:
         seen = ask(pid, spec, timeout)
-    except netns.ProbeError as exc:
+    except engine_http.EngineHttpError as exc:
         raise ParameterError("canary: the engine did not answer the canary request: %s" % exc, field="canary")
     if "field_error" in seen or not 200 <= seen["status"] < 300:
         raise ParameterError("canary: the engine answered the canary request with HTTP %s%s; choose a request it "
@@ -115,7 +117,7 @@ def mismatch(doc, pid, timeout):
     """Why the process ``pid`` does not answer as the checkpointed one did (None when it does)."""
     try:
         seen = ask(pid, doc["request"], timeout)
-    except netns.ProbeError as exc:
+    except engine_http.EngineHttpError as exc:
         return "canary_failed: the restored engine did not answer the canary request: %s" % exc
     if seen != doc["answer"]:
         return "canary_mismatch: %s %s answered %s after the restore, %s when it was checkpointed" % (

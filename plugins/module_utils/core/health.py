@@ -12,29 +12,20 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import socket
-from urllib.error import HTTPError, URLError
-from urllib.request import ProxyHandler, build_opener
-
+from .clients import engine_http
 from .clock import wait_for
 from .errors import SnapshotTimeout
 
 PROBE_TIMEOUT = 5.0
-_OPENER = build_opener(ProxyHandler({}))
 
 
 def probe(url, timeout=PROBE_TIMEOUT):
-    """(HTTP status or None, a short description of what happened)."""
+    """(HTTP status or None, a short description of what happened), through the one engine HTTP client."""
     try:
-        response = _OPENER.open(url, timeout=timeout)
-        try:
-            return response.getcode(), "HTTP %d" % response.getcode()
-        finally:
-            response.close()
-    except HTTPError as exc:
-        return exc.code, "HTTP %d" % exc.code
-    except (URLError, socket.timeout, IOError, OSError, ValueError) as exc:
-        return None, str(getattr(exc, "reason", exc))
+        status, _body = engine_http.request(url, timeout=timeout, limit=0)
+    except engine_http.EngineHttpError as exc:
+        return None, str(exc)
+    return status, "HTTP %d" % status
 
 
 def wait_serving(url, timeout, status=200, gone=None, interval=0.2, progress=None, progress_every=None):

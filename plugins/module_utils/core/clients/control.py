@@ -20,12 +20,10 @@ import socket
 import stat
 import threading
 
-from urllib.error import HTTPError, URLError
-from urllib.request import ProxyHandler, Request, build_opener
-
 from .. import paths
 from .. import proc as proc_facts
 from ..agent import protocol
+from . import engine_http
 from ..clock import wait_for
 from ..errors import (
     EndpointError,
@@ -244,9 +242,7 @@ class HttpEndpointClient:
             if not isinstance(path, str) or not path.startswith("/"):
                 raise ParameterError("endpoint_paths.%s: expected a path starting with '/', got %r" % (op, path))
             self.paths[op] = path
-        self.where = self.base_url
-        # Control traffic stays on the node: never send it through an environment proxy.
-        self._opener = build_opener(ProxyHandler({}))
+        self.where = self.base_url  # control traffic stays on the node: the engine client never uses a proxy
 
     def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, device_memory=None):
         url = self.base_url + self.paths[op]
@@ -256,17 +252,14 @@ class HttpEndpointClient:
         if device_memory not in (None, protocol.DEFAULT_DEVICE_MEMORY):
             document["device_memory"] = device_memory
         body = json.dumps(document).encode("utf-8")
-        req = Request(url, data=body, headers={"Content-Type": "application/json"})
         try:
-            response = self._opener.open(req, timeout=timeout + TRANSPORT_MARGIN)
-            payload = response.read(protocol.MAX_MESSAGE_BYTES + 1)
-        except HTTPError as exc:
-            payload = exc.read(protocol.MAX_MESSAGE_BYTES + 1)  # errors still carry a protocol reply
-            if not payload:
-                raise EndpointError("HTTP %d from %s for %r" % (exc.code, url, op), endpoint=url)
-        except (URLError, socket.timeout, IOError, OSError) as exc:
+            status, payload = engine_http.request(url, "POST", body, {"Content-Type": "application/json"},
+                                                  timeout + TRANSPORT_MARGIN, limit=protocol.MAX_MESSAGE_BYTES + 1)
+        except engine_http.EngineHttpError as exc:
             raise EndpointError("cannot reach the engine's control endpoint %s (%s): check `endpoint` and "
-                                "`endpoint_paths`" % (url, getattr(exc, "reason", exc)), endpoint=url)
+                                "`endpoint_paths`" % (url, exc), endpoint=url)
+        if status >= 400 and not payload:  # an error still carries a protocol reply when it has a body
+            raise EndpointError("HTTP %d from %s for %r" % (status, url, op), endpoint=url)
         try:
             reply = protocol.decode(payload.strip())
         except protocol.ProtocolError as exc:
