@@ -56,7 +56,7 @@ def _kubernetes():
 GENERATION_ARGS = dict(generation_id=dict(type="str"), generation_lease=dict(type="float", default=180.0))
 
 # Matches plugins/doc_fragments/trust.py.
-TRUST_ARGS = dict(trusted_keys=dict(type="list", elements="str", default=[], no_log=False))
+TRUST_ARGS = dict(trusted_keys=dict(type="list", elements="raw", default=[], no_log=False))
 
 
 # What a dict option with sub-options looks like, for the error when it gets something else.
@@ -117,6 +117,13 @@ def control_client(module):
     if params.get("container"):
         pid = DockerCli(params.get("docker_cli") or "docker").running_pid(params["container"])
     return control.AgentSocketClient(control.agent_socket_for_pid(pid, params["agent_socket_dir"]))
+
+
+def controller_only(module):
+    """The logic of a module whose work its action plugin does on the controller: reaching a host means the plugin was
+    bypassed, and nothing is done there."""
+    raise ParameterError("%s runs on the controller, in its action plugin; this run reached a host without it, where "
+                         "nothing is done (call it as inferops.snapshot.%s in a task)" % (module._name, module._name))
 
 
 def run(argument_spec, logic, requires=("jsonschema",), diff=None, **module_options):

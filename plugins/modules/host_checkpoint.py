@@ -25,12 +25,22 @@ description:
   - The process must be BACKED_UP (device memory copied into host memory) so that the checkpoint
     carries the device state; a leave-running checkpoint leaves it BACKED_UP, resume it with
     M(inferops.snapshot.npu_snapshot_lock) C(state=unlocked), or let O(resume) do it right after the checkpoint.
+  - With O(signing_key) the snapshot is signed on the controller by the action plugin of the same name, and the node
+    never holds the key. The module then runs twice under the generation's claim, as one task - the first run seals the
+    snapshot into its staging directory and sends its checksum list and manifest up, the plugin checks them (the
+    manifest listed, of O(identity), with the generation it gave out) and signs the list, the second run writes the
+    signature and publishes. Until then nothing is published and the status record says C(generating); a snapshot is
+    never published unsigned when O(signing_key) is given.
+  - Every manifest carries a C(generation) that only grows per identity (with O(signing_key) from the signer's record
+    O(signing_ledger) on the controller; without it one above the published snapshot's), and with O(max_age) an
+    C(expires). A node refuses a generation older than one it has restored (C(rollback:)) and an expired snapshot
+    (C(expired:)). See docs/security.md.
   - With O(device_backup) the task takes the device part itself, as M(inferops.snapshot.npu_snapshot_backup)
     C(lock=true) would, but only once its own checks have passed and the generation's claim is held; the engine is
     then locked for the backup, the checkpoint and the resume alone, not for the start of a second task.
 requirements:
   - jsonschema (Python library) on the target host
-  - cryptography (Python library) on the target host, with O(signing_key) or O(encryption_key)
+  - cryptography (Python library) on the target host with O(encryption_key), and on the controller with O(signing_key)
   - CRIU >= 4.2 on PATH, C(criu check) passing; root
 author:
   - inferops.snapshot maintainers (@inferops)
@@ -198,12 +208,51 @@ options:
     default: false
   signing_key:
     description:
-      - The Ed25519 private key (PEM text, for example from Ansible Vault, or the absolute path of a PEM file
-        owned by root with mode 0600) that signs the snapshot (C(signature.json) over C(checksum.sha256)), so that
-        nodes holding only the public key (O(inferops.snapshot.snapshot_restore#module:trusted_keys)) can tell it
-        from a forged one. A key file inside the snapshot store is refused; keep it where the store cannot reach it.
-      - Needs the Python library C(cryptography) on the target. See docs/security.md.
+      - The Ed25519 private key that signs the snapshot (C(signature.json) over C(checksum.sha256)), so that nodes
+        holding only the public key (O(inferops.snapshot.snapshot_restore#module:trusted_keys)) can tell it from a
+        forged one - PEM text (for example from Ansible Vault or an AWX credential), or the path of a PEM file B(on
+        the controller) owned by the user running Ansible, mode 0600 (M(inferops.snapshot.snapshot_signing_key)
+        makes one; C(~) is expanded).
+      - Read and used by the action plugin on the controller only; it is never sent to the node. A run of the module
+        that did not go through the plugin and still has it fails naming this option.
+      - Needs the Python library C(cryptography) on the controller. See docs/security.md.
     type: str
+  signing_ledger:
+    description:
+      - With O(signing_key), the signer's record on the controller of the last generation it signed per identity
+        (a JSON file, 0600, made on first use). The next generation of an identity is above it and never below the
+        time in seconds since 1970, so a lost record or a second controller with a right clock still counts upwards.
+      - Default - C(generations.json) beside the key file, or in C(~/.inferops/keys) for a key given as text.
+    type: path
+  max_age:
+    description:
+      - Seconds the snapshot may be restored for. The manifest (covered by the signature) then carries C(expires), and
+        every restore after that time refuses it (C(expired:)) - by the restoring node's clock. Default - no expiry.
+    type: float
+  controller_signing:
+    description:
+      - Set by the action plugin when O(signing_key) is given - the phase of the two runs (C(seal), C(publish), C(abort)),
+        the generation and expiry the signer gave out, the signature, or why it refused to sign. Never set it in a
+        task; the plugin refuses a task that does.
+    type: dict
+    suboptions:
+      phase:
+        description: C(seal), C(publish) or C(abort).
+        type: str
+        required: true
+        choices: [seal, publish, abort]
+      generation:
+        description: The generation the signer gave out.
+        type: int
+      expires:
+        description: The expiry the signer gave out.
+        type: str
+      signature:
+        description: The signature document (JSON) for the publish phase.
+        type: str
+      reason:
+        description: Why the controller refused to sign (the abort phase).
+        type: str
 notes:
   - Environment values of the container are stored (0600) in C(host/container.json) to recreate it; they
     are never returned or logged.
@@ -325,6 +374,22 @@ signed_by:
   description: Id of the key that signed the snapshot (null when O(signing_key) was not given).
   returned: success
   type: str
+generation:
+  description: The snapshot's generation (its manifest's C(generation)), a number that only grows per identity.
+  returned: success
+  type: int
+  sample: 1764892800
+expires:
+  description: When the snapshot expires (its manifest's C(expires)); null without O(max_age).
+  returned: success
+  type: str
+  sample: "2026-12-31T12:00:00Z"
+to_sign:
+  description:
+    - In the seal phase of O(controller_signing) only - the checksum list and the manifest the controller signs. The
+      action plugin takes it out of the task's result.
+  returned: in the seal phase
+  type: dict
 hashing:
   description:
     - Hashing statistics of the seal (bytes, seconds, workers, throughput_mb_s), and how many files and bytes
@@ -371,6 +436,11 @@ ARGUMENT_SPEC = dict(
     workers=dict(type="int"),
     hash_during_checkpoint=dict(type="bool", default=True),
     signing_key=dict(type="str", no_log=True),
+    signing_ledger=dict(type="path"),
+    max_age=dict(type="float"),
+    controller_signing=dict(type="dict", options=dict(
+        phase=dict(type="str", required=True, choices=["seal", "publish", "abort"]), generation=dict(type="int"),
+        expires=dict(type="str"), signature=dict(type="str"), reason=dict(type="str"))),
     force=dict(type="bool", default=False),
     encryption_key=dict(type="str", no_log=True),
     encryption_workdir=dict(type="path", default=layout.TMPFS),

@@ -134,9 +134,31 @@ options:
         also on failure; what a killed restore left there is removed by the next one. O(method=docker) refuses
         encrypted snapshots (Docker copies the images through containerd in the clear); the restore-on-create
         runtime (O(method=runtime)) takes its keys from the node's settings.
+      - An entry may be a dict of C(key) (the key) and C(identities) (C(<namespace>/<service>) patterns) - a key that may decrypt only
+        snapshots of those identities (C(encrypted:) otherwise). Every chunk is bound to its snapshot's identity and
+        generation (a chunk of another pod's or another generation's snapshot does not decrypt); a snapshot of the
+        collection's older encryption format is refused (C(encryption_format:)).
     type: list
-    elements: str
+    elements: raw
     default: []
+  require_signature:
+    description:
+      - Restore only a snapshot signed by one of O(trusted_keys). Null (the default) - on as soon as any key is given
+        (O(trusted_keys) or O(encryption_keys)); on without O(trusted_keys) is an error naming this option.
+      - V(false) restores unsigned snapshots; a restore nothing authenticated then warns (the result's C(warnings)).
+    type: bool
+  require_encryption:
+    description:
+      - Restore only an encrypted snapshot, with every file that holds process memory or the environment encrypted; a
+        plaintext one is refused (C(unencrypted:)). Null (the default) - on as soon as O(encryption_keys) is given.
+    type: bool
+  generations_file:
+    description:
+      - This host's record of the highest generation it has restored per identity (root's, 0600 in a 0700 directory,
+        made on first use). A snapshot older than one of its identity restored here is refused (C(rollback:)); the
+        node's restore-on-create runtime keeps the same record (C(snapshot_node_generations_file)).
+    type: path
+    default: /var/lib/inferops/state/generations.json
   cold_start_log:
     description: File the output of O(cold_start) is appended to (0600); default C(/dev/null).
     type: path
@@ -399,7 +421,10 @@ ARGUMENT_SPEC = dict(
     stage_dir=dict(type="path"),
     cold_start=dict(type="list", elements="str"),
     cold_start_log=dict(type="path"),
-    encryption_keys=dict(type="list", elements="str", default=[], no_log=True),
+    encryption_keys=dict(type="list", elements="raw", default=[], no_log=True),
+    require_signature=dict(type="bool"),
+    require_encryption=dict(type="bool"),
+    generations_file=dict(type="path", default=layout.GENERATIONS_FILE),
 )
 
 

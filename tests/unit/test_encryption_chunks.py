@@ -10,6 +10,8 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core import encr
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 REL = "host/criu/pages-1.img"
+IDENTITY = {"namespace": "team-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
+BOUND = encryption.Binding(IDENTITY, 7)   # what every chunk of this test's snapshot is bound to
 
 
 @pytest.fixture
@@ -24,38 +26,49 @@ def test_round_trip_in_parallel_chunks_and_no_plaintext_in_the_ciphertext(files)
     key = os.urandom(32)
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(2) as pool:
-        size = encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024, pool=pool)
-        encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, pool=pool)
+        size = encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024, pool=pool)
+        encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, BOUND, pool=pool)
     assert out.read_bytes() == plain.read_bytes() and size == cipher.stat().st_size
     assert b"hunter2" not in cipher.read_bytes() and oct(cipher.stat().st_mode & 0o777) == "0o600"
 
 
-def test_each_chunk_is_plain_aes_256_gcm_with_its_place_as_associated_data(files):
-    """The format does not depend on the cipher API that wrote it: every chunk opens with the AEAD class."""
+def test_each_chunk_is_plain_aes_256_gcm_under_the_identitys_hkdf_key_with_its_place_as_associated_data(files):
+    """The format does not depend on the cipher API that wrote it: every chunk opens with the AEAD class, under the
+    key HKDF-SHA256 derives for the snapshot's identity and generation, its identity, generation, path and place as
+    associated data."""
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     plain, cipher, _out = files
     key = os.urandom(32)
-    encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024)
+    encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024)
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"inferops.snapshot encryption v2",
+                   info=b"file key\nteam-a/qwen/p0/qwen-0\n7").derive(key)
     data = cipher.read_bytes()
+    assert data[:8] == b"IOSENC\x02\x00"
     _magic, prefix, chunk_bytes, size = encryption.HEADER.unpack(data[:encryption.HEADER.size])
     plan = encryption._chunks(size, chunk_bytes)
     opened, at = b"", encryption.HEADER.size
     for index, _offset, length in plan:
         block = data[at:at + length + encryption.TAG_BYTES]
-        opened += AESGCM(key).decrypt(prefix + index.to_bytes(4, "little"), block,
-                                      encryption._aad(REL, index, index == len(plan) - 1))
+        aad = b"inferops.snapshot/v2\nteam-a/qwen/p0/qwen-0\n7\n" + REL.encode() + index.to_bytes(4, "little") + \
+            bytes([index == len(plan) - 1])
+        opened += AESGCM(derived).decrypt(prefix + index.to_bytes(4, "little"), block, aad)
         at += len(block)
     assert opened == plain.read_bytes() and at == len(data)
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "swap", "other file", "wrong key"])
-def test_any_change_or_the_wrong_key_fails_to_authenticate(files, damage):
+@pytest.mark.parametrize("damage", ["flip", "truncate", "swap", "other file", "wrong key", "other generation",
+                                    "other pod", "other namespace"])
+def test_any_change_the_wrong_key_or_another_snapshots_binding_fails_to_authenticate(files, damage):
+    """The same bytes read as another file, another generation of the same pod, another pod or another namespace's:
+    the chunk was bound to its own, and does not authenticate (the splice of issue 28, 5)."""
     plain, cipher, out = files
     key = os.urandom(32)
-    encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024)
+    encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024)
     data = bytearray(cipher.read_bytes())
     keys = {encryption.key_id(key): key}
-    rel = REL
+    rel, binding = REL, BOUND
     header, block = encryption.HEADER.size, 1024 + encryption.TAG_BYTES
     if damage == "flip":
         data[header + block + 5] ^= 0x01
@@ -70,9 +83,31 @@ def test_any_change_or_the_wrong_key_fails_to_authenticate(files, damage):
     elif damage == "wrong key":
         other = os.urandom(32)
         keys = {encryption.key_id(other): other}
+    elif damage == "other generation":
+        binding = encryption.Binding(IDENTITY, 8)
+    elif damage == "other pod":
+        binding = encryption.Binding(dict(IDENTITY, pod="qwen-1"), 7)
+    elif damage == "other namespace":
+        binding = encryption.Binding(dict(IDENTITY, namespace="team-b"), 7)
     cipher.write_bytes(bytes(data))
     with pytest.raises(encryption.DecryptError, match="decrypt_failed:"):
-        encryption.decrypt_file(keys, str(cipher), str(out), rel)
+        encryption.decrypt_file(keys, str(cipher), str(out), rel, binding)
+    with pytest.raises(encryption.DecryptError, match="decrypt_failed:"):
+        encryption.decrypt_bytes(keys, bytes(data), rel, binding)
+
+
+def test_a_file_of_format_1_is_refused_by_name_not_decrypted(files):
+    """Format 1 bound a chunk to its path only: a file in it is refused, naming the format, whatever key."""
+    plain, cipher, out = files
+    key = os.urandom(32)
+    encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024)
+    data = bytearray(cipher.read_bytes())
+    data[:8] = b"IOSENC\x01\x00"
+    cipher.write_bytes(bytes(data))
+    with pytest.raises(encryption.DecryptError, match="decrypt_failed: .* encryption format 1"):
+        encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, BOUND)
+    assert encryption.format_reason({"algorithm": "aes-256-gcm-chunked"}).startswith("encryption_format: ")
+    assert encryption.format_reason(encryption.describe(key, [REL])) is None
 
 
 def test_a_failing_chunk_stops_the_file_with_no_worker_left_behind(files, monkeypatch):
@@ -83,7 +118,7 @@ def test_a_failing_chunk_stops_the_file_with_no_worker_left_behind(files, monkey
     from concurrent.futures import ThreadPoolExecutor
     plain, cipher, out = files
     key = os.urandom(32)
-    encryption.encrypt_file(key, str(plain), str(cipher), REL, chunk_bytes=1024)
+    encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024)
     data = bytearray(cipher.read_bytes())
     data[encryption.HEADER.size + 3] ^= 0x01  # the first chunk
     cipher.write_bytes(bytes(data))
@@ -102,7 +137,7 @@ def test_a_failing_chunk_stops_the_file_with_no_worker_left_behind(files, monkey
     monkeypatch.setattr(encryption, "_write_all", slow_write)
     with ThreadPoolExecutor(4) as pool:
         with pytest.raises(encryption.DecryptError, match="chunk 0 of"):
-            encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, pool=pool)
+            encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, BOUND, pool=pool)
         assert active[0] == 0, "a worker still writes after decrypt_file returned"
 
 
@@ -164,8 +199,8 @@ def test_the_ciphertext_is_hashed_as_it_is_written_whole_and_per_chunk(tmp_path)
     (source / REL).write_bytes(os.urandom(9 * 1024 * 1024 + 5))
     (source / "canary.json").write_bytes(b"{}")
     step = 3 * 1024 * 1024 + 7
-    digests = encryption.encrypt_tree(os.urandom(32), str(source), str(target), [REL, "canary.json"], workers=2,
-                                      digest=lambda: seal.WrittenDigest(chunk_bytes=step, depth=2))
+    digests = encryption.encrypt_tree(os.urandom(32), str(source), str(target), [REL, "canary.json"], BOUND,
+                                      workers=2, digest=lambda: seal.WrittenDigest(chunk_bytes=step, depth=2))
     for rel in (REL, "canary.json"):
         data = (target / rel).read_bytes()
         size, digest, chunks = digests[rel]
@@ -191,8 +226,8 @@ def test_hashing_as_written_reuses_the_buffers_and_a_failure_ends_its_threads(tm
     monkeypatch.setattr(encryption._Buffers, "take", counting_take)
     with ThreadPoolExecutor(2) as pool:
         digest = seal.WrittenDigest(depth=2)
-        encryption.encrypt_file(os.urandom(32), str(plain), str(tmp_path / "cipher"), REL, chunk_bytes=64 * 1024,
-                                pool=pool, digest=digest)
+        encryption.encrypt_file(os.urandom(32), str(plain), str(tmp_path / "cipher"), REL, BOUND,
+                                chunk_bytes=64 * 1024, pool=pool, digest=digest)
         digest.finish()
     assert len(fresh) == 2 * 144 and fresh.count(True) <= 30, fresh.count(True)
 
@@ -206,7 +241,7 @@ def test_hashing_as_written_reuses_the_buffers_and_a_failure_ends_its_threads(tm
         return sealed(*args)
     monkeypatch.setattr(encryption, "_seal", failing_seal)
     with pytest.raises(OSError, match="went away"):
-        encryption.encrypt_tree(os.urandom(32), str(tmp_path), str(tmp_path / "again"), ["plain"], workers=2,
+        encryption.encrypt_tree(os.urandom(32), str(tmp_path), str(tmp_path / "again"), ["plain"], BOUND, workers=2,
                                 digest=lambda: seal.WrittenDigest(depth=2))
     assert not [t for t in threading.enumerate() if t.name == "inferops-digest"]
 

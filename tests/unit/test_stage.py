@@ -37,7 +37,8 @@ def make(root, pod="pod-a", size=200000, key=None, marker=b"weights", encryption
     extra = {}
     if encryption_key:
         relpaths = [PAGES, "host/criu/inventory.img"]
-        encryption.encrypt_tree(encryption_key, str(plain), str(staging), relpaths)
+        encryption.encrypt_tree(encryption_key, str(plain), str(staging), relpaths,
+                                encryption.Binding(dict(IDENTITY, pod=pod), None))  # no generation: 0
         extra["encryption"] = encryption.describe(encryption_key, relpaths)
     seal.seal(str(staging), dict(fields(), identity=dict(IDENTITY, pod=pod), **extra), signing_key=key)
     seal.publish(str(staging), str(final))

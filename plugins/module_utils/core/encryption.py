@@ -10,10 +10,13 @@ ciphertext, so that any node can verify a snapshot without the key, and only a n
 restore it. Plaintext exists only in a private directory (0700, tmpfs by default) while CRIU writes or
 reads it, and is removed afterwards, also on failure.
 
-File format (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | plaintext size (8)``, then the
-chunks, each ``AES-256-GCM(key, nonce = prefix | chunk index, aad = path | index | last?)`` with its
-16-byte tag. The associated data binds every chunk to its file and place: chunks cannot be swapped,
-reordered, dropped or taken from another file; any change is an authentication failure.
+File format 2 (``MAGIC``): ``MAGIC | nonce prefix (8) | chunk size (4) | plaintext size (8)``, then the
+chunks, each ``AES-256-GCM(file key, nonce = prefix | chunk index, aad = identity | generation | path | index |
+last?)`` with its 16-byte tag. The file key is derived from the configured key for the snapshot's identity and
+generation (HKDF-SHA256, ``Binding``), and the associated data binds every chunk to them and to its file and place:
+chunks cannot be swapped, reordered, dropped, taken from another file, from another generation of the same pod or
+from another pod's snapshot; any change is an authentication failure. Format 1 (the collection before 0.4: chunks
+bound to their path only) is refused with the reason ``encryption_format:`` -- take a new snapshot.
 
 Keys are 32 random bytes (``openssl rand 32 > key``, or their base64 or hex): from Ansible Vault as
 text, or a root-owned 0600 file outside the snapshot store. Several keys may be configured for
@@ -35,18 +38,22 @@ import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from . import layout, paths, plaintext, signature
+from . import keyscope, layout, paths, plaintext, signature
 from .errors import ParameterError, SnapshotError
 
 try:
     from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     HAS_CRYPTOGRAPHY = True
 except ImportError:
     HAS_CRYPTOGRAPHY = False
 
-ALGORITHM = "aes-256-gcm-chunked"
-MAGIC = b"IOSENC\x01\x00"
+ALGORITHM = "aes-256-gcm-chunked-v2"   # the manifest's encryption.algorithm: format 2, bound to identity and generation
+ALGORITHM_V1 = "aes-256-gcm-chunked"     # format 1 (bound to the path only): refused (encryption_format)
+MAGIC = b"IOSENC\x02\x00"
+MAGIC_V1 = b"IOSENC\x01\x00"
 HEADER = struct.Struct("<8s8sIQ")
 CHUNK_BYTES = 4 * 1024 * 1024
 TAG_BYTES = 16
@@ -56,6 +63,30 @@ ENCRYPTED = (layout.IMAGES_DIR + "/", layout.CONTAINER_RECORD, layout.CANARY)
 
 class DecryptError(SnapshotError):
     """A file could not be decrypted: wrong key, or the ciphertext was changed."""
+
+
+class Binding(object):
+    """What every chunk of a snapshot is bound to besides its file and place: the snapshot's identity and generation
+    (the manifest's, which the signature covers). The key that encrypts it is derived for exactly these from the
+    configured one (HKDF-SHA256): the same configured key gives every pod and every generation a key of its own."""
+
+    def __init__(self, identity, generation):
+        self.identity = layout.identity_string(identity)
+        self.generation = int(generation or 0)
+        self._context = ("%s\n%d" % (self.identity, self.generation)).encode("utf-8")  # neither holds a newline
+
+    @classmethod
+    def of(cls, manifest_):
+        return cls(manifest_["identity"], manifest_.get("generation"))
+
+    def key(self, master):
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"inferops.snapshot encryption v2",
+                    info=b"file key\n" + self._context).derive(master)
+
+    def aad(self, relpath, index, last):
+        # the path is the last variable field, followed by fixed-size ones: no two inputs give the same bytes
+        return b"inferops.snapshot/v2\n" + self._context + b"\n" + relpath.encode("utf-8") + \
+            struct.pack("<IB", index, 1 if last else 0)
 
 
 def encrypts(relpath):
@@ -121,16 +152,44 @@ def load_key(value, field="encryption_key", snapshot_dir=None):
 
 
 def load_keys(values, field="encryption_keys"):
-    """{key id: key} of the keys a restore may decrypt with."""
-    keys = {}
+    """{key id: key} of the keys a restore may decrypt with (keyscope.Scoped: with the identities each is for; an entry
+    is the key, or {key: ..., identities: [namespace/service patterns]})."""
+    keys = keyscope.Scoped()
     for index, value in enumerate(values or []):
-        key = load_key(value, "%s[%d]" % (field, index))
+        item = "%s[%d]" % (field, index)
+        text, scope = keyscope.entry(value, item)
+        key = load_key(text, item)
         keys[key_id(key)] = key
+        keyscope.merge(keys.scopes, key_id(key), scope)
     return keys
 
 
-def _aad(relpath, index, last):
-    return b"inferops.snapshot/" + relpath.encode("utf-8") + struct.pack("<IB", index, 1 if last else 0)
+def format_reason(described):
+    """Why an encrypted snapshot (its manifest's ``encryption``) is not one this collection decrypts, or None."""
+    if described and described.get("algorithm") != ALGORITHM:
+        return ("encryption_format: the snapshot is encrypted as %s, whose chunks are bound to their path only (not to "
+                "the snapshot's identity and generation); this collection restores %s only: take a new snapshot"
+                % (described.get("algorithm"), ALGORITHM))
+    return None
+
+
+def cover_reason(manifest_, required):
+    """Why a snapshot is not encrypted as this host requires (``required``: require_encryption), or holds a file in the
+    clear that an encrypted snapshot keeps encrypted (a plaintext image or container record planted beside the
+    ciphertext); None when it is fine."""
+    described = manifest_.get("encryption")
+    if not described:
+        if required:
+            return ("unencrypted: this host restores only encrypted snapshots (require_encryption: it has encryption "
+                    "keys), and this one is stored in the clear")
+        return None
+    clear = sorted(item["path"] for item in manifest_["files"]
+                   if encrypts(item["path"]) and item["path"] not in described["files"])
+    if clear:
+        return "unencrypted: %s of an encrypted snapshot %s stored in the clear" % (
+            ", ".join(clear[:3]) + (" and %d more" % (len(clear) - 3) if len(clear) > 3 else ""),
+            "is" if len(clear) == 1 else "are")
+    return None
 
 
 def _chunks(size, chunk_bytes):
@@ -203,13 +262,15 @@ def _open(key, nonce, sealed, aad, out):
     return written
 
 
-def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=None, digest=None):
-    """Encrypt ``source`` into ``target`` (0600); returns the ciphertext's size.
+def encrypt_file(key, source, target, relpath, binding, chunk_bytes=CHUNK_BYTES, pool=None, digest=None):
+    """Encrypt ``source`` into ``target`` (0600) with the file key ``binding`` derives from ``key``; returns the
+    ciphertext's size.
 
     The ciphertext is written front to back; the chunks are encrypted in ``pool``, at most a window ahead
     of the writer. ``digest`` (seal.WrittenDigest) is fed every byte written, from the writer's buffers,
     so that sealing need not read the ciphertext back to hash it."""
     prefix = os.urandom(8)
+    key = binding.key(key)
     size = os.path.getsize(source)
     plan = _chunks(size, chunk_bytes)
     header = HEADER.pack(MAGIC, prefix, chunk_bytes, size)
@@ -228,8 +289,8 @@ def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
                 view = memoryview(plain)[:length]
                 if _read_exactly(fd_in, view, offset) != length:
                     raise OSError("%s shrank while it was encrypted" % source)
-                _seal(key, prefix + struct.pack("<I", index), view, _aad(relpath, index, index == len(plan) - 1),
-                      memoryview(sealed))
+                _seal(key, prefix + struct.pack("<I", index), view,
+                      binding.aad(relpath, index, index == len(plan) - 1), memoryview(sealed))
             except BaseException:
                 sealed_buffers.give(sealed)
                 raise
@@ -252,20 +313,30 @@ def encrypt_file(key, source, target, relpath, chunk_bytes=CHUNK_BYTES, pool=Non
     return written
 
 
-def decrypt_file(keys, source, target, relpath, pool=None, fd=None):
-    """Decrypt ``source`` into ``target`` (0600) with the right one of ``keys`` ({id: key}); DecryptError otherwise.
+def _header(head, relpath):
+    """(nonce prefix, chunk bytes, plaintext size) of a file's header; DecryptError when it is none of format 2."""
+    if len(head) != HEADER.size:
+        raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
+    magic, prefix, chunk_bytes, size = HEADER.unpack(head)
+    if magic == MAGIC_V1:
+        raise DecryptError("decrypt_failed: %s is in encryption format 1 (chunks bound to their path only), which this "
+                           "collection no longer decrypts" % relpath)
+    if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
+        raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
+    return prefix, chunk_bytes, size
+
+
+def decrypt_file(keys, source, target, relpath, binding, pool=None, fd=None):
+    """Decrypt ``source`` into ``target`` (0600) with the right one of ``keys`` ({id: key}), the file key ``binding``
+    derives from it; DecryptError otherwise.
     ``fd``: read the ciphertext through this descriptor (the one a restore holds: held.Held) instead of the path.
 
     Each chunk is read, authenticated and written at its place by a worker of ``pool``: the plaintext is
     read only after the whole file is written (CRIU restores from it), so the order does not matter."""
     fd_in = os.dup(fd) if fd is not None else os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        head = os.pread(fd_in, HEADER.size, 0)
-        if len(head) != HEADER.size:
-            raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
-        magic, prefix, chunk_bytes, size = HEADER.unpack(head)
-        if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
-            raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
+        prefix, chunk_bytes, size = _header(os.pread(fd_in, HEADER.size, 0), relpath)
+        derived = [binding.key(key) for key in keys.values()]
         plan = _chunks(size, chunk_bytes)
         expected = HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan)
         if os.fstat(fd_in).st_size != expected:
@@ -285,9 +356,9 @@ def decrypt_file(keys, source, target, relpath, pool=None, fd=None):
                     block = memoryview(sealed)[:length + TAG_BYTES]
                     if _read_exactly(fd_in, block, HEADER.size + offset + index * TAG_BYTES) != len(block):
                         raise DecryptError("decrypt_failed: %s shrank while it was decrypted" % relpath)
-                    nonce, aad = prefix + struct.pack("<I", index), _aad(relpath, index, index == len(plan) - 1)
+                    nonce, aad = prefix + struct.pack("<I", index), binding.aad(relpath, index, index == len(plan) - 1)
                     out = memoryview(plain)
-                    for key in keys.values():
+                    for key in derived:
                         try:
                             _open(key, nonce, block, aad, out)
                             break
@@ -330,7 +401,7 @@ def bounded_map(pool, function, items, window=8):
         wait(pending)
 
 
-def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None, digest=None):
+def encrypt_tree(key, source_dir, target_dir, relpaths, binding, workers=None, digest=None):
     """Encrypt ``relpaths`` of ``source_dir`` to the same paths below ``target_dir`` (directories 0700).
 
     With ``digest`` (a factory of seal.WrittenDigest) returns {relpath: (size, sha256, chunk digests)} of
@@ -341,7 +412,7 @@ def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None, digest=Non
             paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
             taking = digest() if digest is not None else None
             try:
-                encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool,
+                encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, binding, pool=pool,
                              digest=taking)
             except BaseException:
                 if taking is not None:
@@ -352,32 +423,29 @@ def encrypt_tree(key, source_dir, target_dir, relpaths, workers=None, digest=Non
     return digests
 
 
-def decrypt_tree(keys, source_dir, target_dir, relpaths, workers=None, files=None):
+def decrypt_tree(keys, source_dir, target_dir, relpaths, binding, workers=None, files=None):
     """Decrypt ``relpaths`` of ``source_dir`` into ``target_dir``; ``files``: the descriptors a restore holds
     (held.Held), read instead of the paths."""
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for rel in relpaths:
             paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
-            decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, pool=pool,
+            decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, binding, pool=pool,
                          fd=files.fd(rel) if files is not None else None)
 
 
-def decrypt_bytes(keys, data, relpath):
+def decrypt_bytes(keys, data, relpath, binding):
     """The plaintext of a small encrypted file held in memory (as verified), with the right one of ``keys``;
     DecryptError otherwise. Authenticated chunk by chunk, as decrypt_file does."""
-    if len(data) < HEADER.size:
-        raise DecryptError("decrypt_failed: %s is too short to be encrypted" % relpath)
-    magic, prefix, chunk_bytes, size = HEADER.unpack(data[:HEADER.size])
-    if magic != MAGIC or not 0 < chunk_bytes <= 256 * 1024 * 1024:
-        raise DecryptError("decrypt_failed: %s is not a file this collection encrypted" % relpath)
+    prefix, chunk_bytes, size = _header(bytes(data[:HEADER.size]), relpath)
+    derived = [binding.key(key) for key in keys.values()]
     plan = _chunks(size, chunk_bytes)
     if len(data) != HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan):
         raise DecryptError("decrypt_failed: %s does not have the size its header promises" % relpath)
     plain = bytearray(size + SLACK)
     for index, offset, length in plan:
         start = HEADER.size + offset + index * TAG_BYTES
-        nonce, aad = prefix + struct.pack("<I", index), _aad(relpath, index, index == len(plan) - 1)
-        for key in keys.values():
+        nonce, aad = prefix + struct.pack("<I", index), binding.aad(relpath, index, index == len(plan) - 1)
+        for key in derived:
             try:
                 _open(key, nonce, memoryview(data)[start:start + length + TAG_BYTES], aad, memoryview(plain)[offset:])
                 break
@@ -402,7 +470,8 @@ def read_small(snapshot_dir, relpath, recorded, keys):
                              % described["key_id"], field="encryption_keys")
     scratch = plaintext.PrivateDir(layout.TMPFS)
     try:
-        decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch.path, "f"), relpath)
+        decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch.path, "f"), relpath,
+                     Binding.of(recorded))
         with open(os.path.join(scratch.path, "f"), "rb") as handle:
             return handle.read()
     finally:

@@ -7,6 +7,13 @@ What ``host_checkpoint`` does: check the host and the target (CRIU, the daemon, 
 the staging directory), checkpoint the container (runc, the fast path; or ``docker checkpoint``) or
 the bare process (CRIU) into the staging directory, seal it (seal.py) and publish it by one rename,
 within one deadline. Any failure removes what this run wrote and records ``failed`` with the reason.
+
+Signed on the controller (``controller_signing``, set by plugins/action/host_checkpoint.py): the node never holds a
+signing key. The task runs the module twice under the generation's claim -- ``seal``: everything up to the sealed
+staging directory, whose checksum list and manifest go up to the controller; ``publish``: the signature the controller
+sent down is written beside them and the snapshot published -- or ``abort`` when the controller refuses to sign. A
+snapshot is never published unsigned in between: until ``publish`` it is the staging directory, the status record
+says ``generating``, and the claim is held.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -14,11 +21,13 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import contextlib
+import json
 import os
 import threading
 
 from . import container as container_record
-from . import claim, device, encryption, fleet, layout, leftovers, manifest, paths, plaintext, seal, signature, status, world
+from . import claim, device, encryption, fleet, freshness, layout, leftovers, manifest, paths, plaintext, seal, signature
+from . import status, world
 from .agent import protocol
 from .clients.control import AgentSocketClient, LeaseKeeper, bounded_lease, lease_seconds
 from .clients.criu import CriuCli, make_work_dir
@@ -26,6 +35,10 @@ from .clients.docker import DockerCli, env_dict
 from .clients.runc import RuncCli, check_criu_config
 from .clock import Deadline, Stopwatch, utc_now
 from .errors import ParameterError, RuntimeRefusedError, SnapshotError, SnapshotTimeout
+
+
+SEAL, PUBLISH, ABORT = "seal", "publish", "abort"   # the phases of controller_signing (module docstring)
+SEALED = "sealed"   # the seal phase's status: sealed in staging, waiting for the controller's signature
 
 
 class Progress:
@@ -69,7 +82,9 @@ class Checkpointer:
         self.info = None
         self.pid = None
         self.device_part = None
-        self.signing_key = None
+        self.signing = params.get("controller_signing") or {}   # the controller's signer's phase (module docstring)
+        self.generation_number = None   # the manifest's generation (freshness.py)
+        self.expires = None             # the manifest's expires, or None
         self.encryption_key = None
         self.encrypted = None
         self.plain = None  # plaintext.PrivateDir CRIU writes into when the snapshot is encrypted
@@ -117,8 +132,7 @@ class Checkpointer:
             self.pid = params["pid"]
             if not os.path.exists("/proc/%d" % self.pid):
                 raise ParameterError("pid: process %d does not exist" % self.pid)
-        if params.get("signing_key"):
-            self.signing_key = signature.load_private_key(params["signing_key"], "signing_key", self.snapshot_dir)
+        self.freshness()
         if params.get("encryption_key"):
             self.encryption_key = encryption.load_key(params["encryption_key"], "encryption_key", self.snapshot_dir)
             if not os.path.isdir(params["encryption_workdir"]):
@@ -138,6 +152,21 @@ class Checkpointer:
             self.agent.request(protocol.OP_STATE, 30)  # reachable before the claim is taken
             return
         self._read_device_part()
+
+    def freshness(self):
+        """The generation and expiry the manifest will carry: the controller's signer's, or -- unsigned -- one above the
+        published snapshot's and never below the time (freshness.next_generation)."""
+        if self.signing.get("generation") is not None:
+            self.generation_number = int(self.signing["generation"])
+            self.expires = self.signing.get("expires")
+            return
+        try:
+            last = freshness.generation(manifest.load_manifest(self.snapshot_dir))
+        except (IOError, OSError, ValueError):
+            last = 0
+        self.generation_number = freshness.next_generation(last)
+        if self.params.get("max_age"):
+            self.expires = freshness.expires_at(self.params["max_age"])
 
     def _read_device_part(self):
         """The device part in the staging directory, checked against the process when one is required."""
@@ -265,7 +294,8 @@ class Checkpointer:
         relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
         with self.watch.stage("encrypt"):  # the ciphertext is hashed as it is written, from memory: never read back
             self.written = encryption.encrypt_tree(
-                self.encryption_key, self.plain_dir, self.staging_dir, relpaths, self.params["workers"],
+                self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
+                encryption.Binding(self.identity, self.generation_number), self.params["workers"],
                 digest=seal.WrittenDigest if self.params["hash_during_checkpoint"] else None)
         self.encrypted = encryption.describe(self.encryption_key, relpaths)
         self.discard_plaintext()
@@ -300,6 +330,7 @@ class Checkpointer:
         part = self.device_part or {}
         fields = {
             "identity": self.identity,
+            "generation": self.generation_number,
             "created_at": utc_now(),
             "image": image,
             "engine": {"name": self.params["engine"], "version": self.versions.get("docker"),
@@ -313,6 +344,8 @@ class Checkpointer:
             fields["device"] = part
         if self.encrypted:
             fields["encryption"] = self.encrypted
+        if self.expires:
+            fields["expires"] = self.expires
         return fields
 
     def run(self):
@@ -320,11 +353,14 @@ class Checkpointer:
         taken = claim.take(self.snapshot_dir, self.generation, self.claim_lease)
         self.claim_keeper = claim.Keeper(self.snapshot_dir, self.generation, self.claim_lease).start()
         swept = leftovers.sweep_work_dirs()  # what killed checkpoints of any pod left in the temp dir
+        sealed = False
         try:
             result = self._run()
+            sealed = result.get("status") == SEALED
         finally:  # the generation's later steps (verify, unlock) need no claim: the snapshot is published
             self.claim_keeper.stop()
-            claim.release(self.snapshot_dir, self.generation)
+            if not sealed:  # sealed for the controller's signature: the claim is held until it is published
+                claim.release(self.snapshot_dir, self.generation)
         return dict(result, took_over=taken.get("took_over"), work_dirs_swept=swept, generation_id=self.generation)
 
     def _run(self):
@@ -354,26 +390,17 @@ class Checkpointer:
                 self.follower = None
                 document, fingerprint, hashing = seal.seal(
                     self.staging_dir, self.fields(), workers=params["workers"], progress=self.progress.bytes_done,
-                    known=known, signing_key=self.signing_key)
+                    known=known)
             self.remaining("publishing")
             if self.claim_keeper:  # never publish over a generation that took the pod meanwhile
                 self.claim_keeper.check()
+            if self.signing.get("phase") == SEAL:  # the controller signs it; publish() follows in a second run
+                return self.sealed_for_signature(result, document, fingerprint, hashing)
             with self.watch.stage("publish"):
                 seal.publish(self.staging_dir, self.snapshot_dir)
             self.progress.final("published %d bytes" % document["total_bytes"])
         except Exception as exc:
-            if self.keeper:
-                self.keeper.stop()
-            if self.follower:
-                self.follower.abort()
-            self.discard_plaintext()
-            seal.discard(self.staging_dir)
-            reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
-            if self.step == "host snapshot":  # the device snapshot leaves the record to its caller, as npu_snapshot_backup
-                status.update(self.snapshot_dir, "failed", reason=reason, generation_id=self.generation)
-            if not isinstance(exc, SnapshotError):
-                raise
-            exc.result.update(result, status="failed", cleaned=[self.staging_dir], step=self.step)
+            self.fail(exc, result)
             raise
         if self.keeper:
             self.keeper.stop()
@@ -383,8 +410,87 @@ class Checkpointer:
         self.hold_devices()
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                     files=len(document["files"]), versions=self.versions, hashing=hashing,
-                    signed_by=hashing.get("key_id"),
+                    signed_by=None, generation=self.generation_number, expires=self.expires,
                     manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
+
+    def fail(self, exc, result):
+        """Remove what this run wrote and record the failure (the device snapshot leaves the record to its caller, as
+        npu_snapshot_backup does)."""
+        if self.keeper:
+            self.keeper.stop()
+        if self.follower:
+            self.follower.abort()
+        self.discard_plaintext()
+        seal.discard(self.staging_dir)
+        reason = exc.msg if isinstance(exc, SnapshotError) else "%s: %s" % (type(exc).__name__, exc)
+        if self.step == "host snapshot":
+            status.update(self.snapshot_dir, "failed", reason=reason, generation_id=self.generation)
+        if isinstance(exc, SnapshotError):
+            exc.result.update(result, status="failed", cleaned=[self.staging_dir], step=self.step)
+
+    def sealed_for_signature(self, result, document, fingerprint, hashing):
+        """The seal phase's result: the staging directory stays, with the claim; its checksum list and manifest go up
+        to the controller, which signs the list (plugins/action/host_checkpoint.py)."""
+        if self.keeper:
+            self.keeper.stop()
+        self.watch.total()
+        self.hold_devices()
+        with open(os.path.join(self.staging_dir, manifest.CHECKSUMS), "rb") as handle:
+            checksums = handle.read()
+        with open(os.path.join(self.staging_dir, manifest.MANIFEST), "rb") as handle:
+            recorded = handle.read()
+        self.progress.note("sealed %d bytes; waiting for the controller's signature" % document["total_bytes"],
+                           force=True)
+        return dict(result, changed=True, status=SEALED, checksum=fingerprint, total_bytes=document["total_bytes"],
+                    files=len(document["files"]), versions=self.versions, hashing=hashing,
+                    generation=self.generation_number, expires=self.expires,
+                    to_sign={"checksums": checksums.decode("utf-8"), "manifest": recorded.decode("utf-8")})
+
+    def publish_signed(self):
+        """The publish phase: the controller's signature beside the sealed staging directory, checked to be of its very
+        checksum list, then the snapshot published and completed -- all under the claim the seal phase held."""
+        taken = claim.take(self.snapshot_dir, self.generation, self.claim_lease)
+        result = dict(snapshot_dir=self.snapshot_dir, durations=self.watch.durations, progress=self.progress.lines)
+        try:
+            if taken.get("took_over") or not os.path.isdir(self.staging_dir):
+                raise ParameterError("the sealed snapshot of generation %s is gone from %s (another run took the pod "
+                                     "over, or it was removed): nothing to publish" % (self.generation, self.staging_dir))
+            with self.watch.stage("publish"):
+                try:
+                    signed = signature.write(self.staging_dir, json.loads(self.signing.get("signature") or "null"))
+                except (ValueError, TypeError) as exc:
+                    raise ParameterError("controller_signing: the controller's signature cannot be used: %s" % exc,
+                                         field="controller_signing")
+                document = manifest.load_manifest(self.staging_dir)
+                if document.get("identity") != self.identity:
+                    raise ParameterError("identity: the sealed snapshot is of %s, not %s"
+                                         % (layout.identity_string(document.get("identity") or {}),
+                                            layout.identity_string(self.identity)), field="identity")
+                fingerprint = manifest.fingerprint(self.staging_dir)
+                seal.publish(self.staging_dir, self.snapshot_dir)
+            self.progress.final("published %d bytes, signed by key %s" % (document["total_bytes"], signed["key_id"]))
+        except Exception as exc:
+            self.fail(exc, result)
+            claim.release(self.snapshot_dir, self.generation)
+            raise
+        status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"],
+                      generation_id=self.generation)
+        claim.release(self.snapshot_dir, self.generation)
+        self.watch.total()
+        return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
+                    files=len(document["files"]), signed_by=signed["key_id"], generation=document.get("generation"),
+                    expires=document.get("expires"), generation_id=self.generation,
+                    manifest_path=os.path.join(self.snapshot_dir, manifest.MANIFEST))
+
+    def abort_signing(self):
+        """The controller refused to sign the sealed snapshot: remove it, record the failure, let the pod go."""
+        claim.take(self.snapshot_dir, self.generation, self.claim_lease)
+        reason = "not signed: %s" % (self.signing.get("reason") or "the controller refused to sign the snapshot")
+        existed = seal.discard(self.staging_dir)
+        status.update(self.snapshot_dir, "failed", reason=reason, generation_id=self.generation)
+        claim.release(self.snapshot_dir, self.generation)
+        return dict(snapshot_dir=self.snapshot_dir, changed=existed, status="failed", reason=reason,
+                    cleaned=[self.staging_dir] if existed else [], generation_id=self.generation)
 
     def hold_devices(self):
         """The engine that was snapshotted runs on its devices from this snapshot's state: enter it in the record of
@@ -406,6 +512,19 @@ def host_checkpoint(params, check_mode=False, log=None):
     """The result of a host_checkpoint task."""
     if not params["timeout"] > 0:
         raise ParameterError("timeout: must be a positive number of seconds, got %s" % params["timeout"], field="timeout")
+    if params.get("signing_key"):
+        raise ParameterError("signing_key: is read on the controller by host_checkpoint's action plugin, which signs "
+                             "there, and is never sent to the node; this run reached the module without it (run the "
+                             "module as inferops.snapshot.host_checkpoint in a task)", field="signing_key")
+    signing = params.get("controller_signing") or {}
+    if signing.get("phase") in (PUBLISH, ABORT):
+        if not params.get("generation_id"):
+            raise ParameterError("generation_id: the %s phase of controller_signing needs the seal phase's generation_id"
+                                 % signing["phase"], field="generation_id")
+        job = Checkpointer(params, log)
+        return job.publish_signed() if signing["phase"] == PUBLISH else job.abort_signing()
+    if params.get("max_age") is not None and not params["max_age"] > 0:
+        raise ParameterError("max_age: must be a positive number of seconds, got %s" % params["max_age"], field="max_age")
     job = Checkpointer(params, log)
     result = dict(snapshot_dir=job.snapshot_dir, durations=job.watch.durations)
     published = os.path.lexists(job.snapshot_dir)

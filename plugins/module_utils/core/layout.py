@@ -187,6 +187,15 @@ CONTAINERD_TASK_ROOTS = ("/var/run/docker/containerd/daemon/io.containerd.runtim
 # SHA-256 of the files a snapshot's world records, per file identity (digests.py): node-local, root's, 0700
 DIGEST_CACHE_DIR = "/var/cache/inferops-snapshot/digests"
 DEFAULT_RUNC = "/usr/bin/runc"
+# The node's high-water marks: the highest generation it has restored per identity (freshness.py). Root's, 0600 in a
+# 0700 directory, and on disk: it must outlive a reboot (a rollback after a reboot is still a rollback).
+GENERATIONS_FILE = "/var/lib/inferops/state/generations.json"
+# The controller's signing key, made on first use by the roles (snapshot_signing_key), and the signer's record of the
+# last generation it signed per identity (freshness.SignerLedger); in the controller user's home unless told otherwise.
+CONTROLLER_KEYS_DIR = "~/.inferops/keys"
+SIGNING_KEY_FILE = "signing.pem"       # Ed25519, PKCS#8, 0600
+SIGNING_PUBLIC_FILE = "signing.pub"    # its public half: what the nodes trust
+SIGNER_LEDGER_FILE = "generations.json"
 RUNTIME_STATE_DIR = "/run/inferops-restore"
 RUNTIME_LOG = "/var/log/inferops-restore-runtime.log"
 RUNTIME_DEFAULTS = {                              # the node runtime's runtime.json (role snapshot_node)
@@ -203,8 +212,11 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "metadata_file": DEFAULT_METADATA_FILE,
     "agent_socket_dir": DEFAULT_AGENT_SOCKET_DIR,
     "criu_log_dir": CRIU_LOG_DIR,
-    "trusted_keys": [],                           # public keys (PEM files); when set, only signed snapshots restore
+    "trusted_keys": [],                           # public keys (PEM files, or {key, identities}); only signed snapshots
     "encryption_keys": [],                        # key files an encrypted snapshot may be decrypted with
+    "require_signature": None,                    # None: on when any key is configured (secure by default)
+    "require_encryption": None,                   # None: on when encryption keys are configured
+    "generations_file": GENERATIONS_FILE,         # the node's high-water marks (freshness.py)
     "decrypt_dir": TMPFS,                         # where its plaintext lives while CRIU reads it
     "stage_dir": None,                            # the node's cache of verified snapshots (stage.py); None: off
     "lazy_pages": False,                          # memory through a criu lazy-pages daemon (restore/on_create.py)

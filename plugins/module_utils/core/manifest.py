@@ -351,6 +351,10 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
             hashes[rel] = (len(data), hashlib.sha256(data).hexdigest())
             if hashes[rel][1] == listed[rel]:
                 documents[rel] = data
+    refused = _scope_reason(trusted, details, documents.get(MANIFEST))
+    if refused:  # a trusted key outside the identities it may sign: refused before the images are read
+        details["authenticated"] = False
+        return False, [refused], details
     if CHUNK_INDEX in documents:  # plan the chunked checks from the listed bytes of the index
         plan, chunk_bytes = _chunk_plan(documents[CHUNK_INDEX], listed)
     chunked = {}
@@ -453,6 +457,20 @@ def _compare(manifest, hashes, expect, already_reported):
         reasons.append("runtime_mismatch: snapshot was taken with ACL runtime %s, the engine would load %s"
                        % (manifest["runtime"]["version"], expect["runtime_version"]))
     return reasons
+
+
+def _scope_reason(trusted, details, data):
+    """signature_untrusted when the key that signed the snapshot (authenticated: the manifest's bytes are the signed
+    ones) may not sign the identity its manifest names (the node's policy, keyscope.py)."""
+    if not details["authenticated"] or data is None:
+        return None
+    try:
+        identity = json.loads(data.decode("utf-8"))["identity"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return None  # the manifest's own check says what is wrong with it
+    if not isinstance(identity, dict):
+        return None
+    return signature.scope_reason(trusted, details["key_id"], identity)
 
 
 def _fingerprint_reasons(directory, fingerprint, expected):

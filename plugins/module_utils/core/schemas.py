@@ -702,7 +702,10 @@ SCHEMAS = json.loads(r'''
     "additionalProperties": false,
     "properties": {
      "algorithm": {
-      "const": "aes-256-gcm-chunked"
+      "enum": [
+       "aes-256-gcm-chunked-v2",
+       "aes-256-gcm-chunked"
+      ]
      },
      "chunk_bytes": {
       "minimum": 1,
@@ -760,6 +763,10 @@ SCHEMAS = json.loads(r'''
     ],
     "type": "object"
    },
+   "expires": {
+    "format": "date-time",
+    "type": "string"
+   },
    "files": {
     "items": {
      "additionalProperties": false,
@@ -788,6 +795,10 @@ SCHEMAS = json.loads(r'''
      "type": "object"
     },
     "type": "array"
+   },
+   "generation": {
+    "minimum": 0,
+    "type": "integer"
    },
    "identity": {
     "$ref": "#/$defs/identity"

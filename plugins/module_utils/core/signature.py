@@ -26,7 +26,7 @@ import os
 import stat
 import traceback
 
-from . import layout, paths
+from . import keyscope, layout, paths
 from .errors import ParameterError
 
 try:
@@ -97,14 +97,16 @@ def load_private_key(value, field="signing_key", snapshot_dir=None):
 
 
 def load_public_keys(values, field="trusted_keys"):
-    """{key id: public key} of the trusted keys (PEM texts or paths; a private key counts as its public half)."""
-    keys = {}
+    """{key id: public key} of the trusted keys (keyscope.Scoped: with the identities each may sign). Each entry is a
+    PEM text or path (a private key counts as its public half), or {key: ..., identities: [...]} (keyscope.py)."""
+    keys = keyscope.Scoped()
     if not values:
         return keys
     _require(field)
     for index, value in enumerate(values):
         item = "%s[%d]" % (field, index)
-        data, _st = _read_key_text(value, item)
+        text, scope = keyscope.entry(value, item)
+        data, _st = _read_key_text(text, item)
         try:
             key = serialization.load_pem_public_key(data)
         except ValueError:
@@ -115,7 +117,69 @@ def load_public_keys(values, field="trusted_keys"):
         if not isinstance(key, Ed25519PublicKey):
             raise ParameterError("%s: the key is not an Ed25519 key" % item, field=item)
         keys[key_id(key)] = key
+        keyscope.merge(keys.scopes, key_id(key), scope)
     return keys
+
+
+def scope_reason(trusted, key, identity):
+    """Why a snapshot of ``identity`` signed by ``key`` (a trusted key id) is refused here: the node's policy lets that
+    key sign other identities only. None when it may sign this one."""
+    if not trusted or key is None or not hasattr(trusted, "allows") or trusted.allows(key, identity):
+        return None
+    return ("signature_untrusted: signed by key %s, which this host trusts only for %s, not for %s (the identities of "
+            "trusted_keys)" % (key, keyscope.describe(trusted.scope_of(key)), layout.identity_string(identity)))
+
+
+def public_pem(private_key):
+    """The SubjectPublicKeyInfo PEM of ``private_key``'s public half (what nodes are given to trust)."""
+    return private_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                 serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def new_private_pem():
+    """A new Ed25519 private key, PKCS#8 PEM without a password (the controller's signing key)."""
+    _require("signing_key")
+    return Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption())
+
+
+def key_pair(directory, create=True):
+    """The controller's signing key pair in ``directory`` (layout.SIGNING_KEY_FILE, 0600, and its public half
+    layout.SIGNING_PUBLIC_FILE), made on first use (``create``): {private_key, public_key_path, public_key (PEM),
+    key_id, created}. The directory must be the user's own and closed to others (made 0700 when missing)."""
+    _require("signing_key")
+    directory = os.path.abspath(os.path.expanduser(directory))
+    private, public = os.path.join(directory, layout.SIGNING_KEY_FILE), os.path.join(directory, layout.SIGNING_PUBLIC_FILE)
+    created = False
+    if not os.path.lexists(private):
+        if not create:
+            return {"private_key": private, "public_key_path": public, "public_key": None, "key_id": None,
+                    "created": True}
+        paths.ensure_dir(directory)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise ParameterError("path: %s must be a directory of this user's (uid %d) that nobody else can read or write "
+                             "(mode 0700); it is uid %d, mode %o" % (directory, os.geteuid(), st.st_uid,
+                                                                    stat.S_IMODE(st.st_mode)), field="path")
+    if not os.path.lexists(private):
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(new_private_pem())
+            handle.flush()
+            os.fsync(handle.fileno())
+        created = True
+    key = load_private_key(private, "signing_key")
+    text = public_pem(key)
+    try:
+        with open(public) as handle:
+            current = handle.read()
+    except (IOError, OSError):
+        current = None
+    if current != text:
+        paths.write_file_atomic(public, text.encode(), mode=0o644)
+        created = True
+    return {"private_key": private, "public_key_path": public, "public_key": text,
+            "key_id": key_id(key.public_key()), "created": created}
 
 
 def store_root(snapshot_dir):
@@ -135,16 +199,36 @@ def encode(document):
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
+def document(checksums, private_key):
+    """The signature document of the exact bytes ``checksums`` (a checksum.sha256) by ``private_key``: what sign()
+    writes, and what the controller's signer (plugins/action/host_checkpoint.py) sends down to the node."""
+    public = private_key.public_key()
+    return {"schema_version": 1, "algorithm": ALGORITHM, "key_id": key_id(public),
+            "checksums_sha256": hashlib.sha256(checksums).hexdigest(),
+            "signature": base64.b64encode(private_key.sign(CONTEXT + checksums)).decode()}
+
+
 def sign(directory, private_key):
     """Write signature.json beside checksum.sha256 in ``directory`` (a staging directory)."""
     with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
         checksums = handle.read()
-    public = private_key.public_key()
-    document = {"schema_version": 1, "algorithm": ALGORITHM, "key_id": key_id(public),
-                "checksums_sha256": hashlib.sha256(checksums).hexdigest(),
-                "signature": base64.b64encode(private_key.sign(CONTEXT + checksums)).decode()}
-    paths.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(document))
-    return document
+    signed = document(checksums, private_key)
+    paths.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(signed))
+    return signed
+
+
+def write(directory, signed):
+    """Write a signature document made elsewhere (the controller) beside the checksum.sha256 it signs, in ``directory``
+    (a staging directory); ValueError when it is not the canonical document of that very list."""
+    with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
+        checksums = handle.read()
+    if not isinstance(signed, dict) or signed.get("checksums_sha256") != hashlib.sha256(checksums).hexdigest():
+        raise ValueError("the signature is not of this %s" % layout.CHECKSUMS)
+    if set(signed) != {"schema_version", "algorithm", "key_id", "checksums_sha256", "signature"} or \
+            signed["algorithm"] != ALGORITHM or signed["schema_version"] != 1:
+        raise ValueError("not a signature document")
+    paths.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(signed))
+    return signed
 
 
 def check(directory, trusted, checksums=None, document=None):

@@ -33,11 +33,11 @@ import re
 import time
 import traceback
 
-from .. import encryption, fleet, layout, signature
+from .. import encryption, fleet, freshness, layout, signature
 from ..clients.docker import env_dict
 from ..clients.runc import RuncCli, split_argv
 from ..errors import SnapshotError
-from ..restore import pipeline
+from ..restore import pipeline, verify
 from ..restore.node_state import NodeState
 from ..restore.on_create import OnCreate, Refused
 
@@ -62,9 +62,19 @@ def load_config(path):
     config["timeout"] = float(config["timeout"])
     config["min_size"] = int(config["min_size"])
     config["lazy_pages"] = str(config["lazy_pages"]).lower() in ("true", "1", "yes")
+    for name in ("require_signature", "require_encryption"):  # unset: on with keys; only a clear no turns it off
+        value = config.get(name)
+        config[name] = None if _unset(value) else str(value).lower() not in ("false", "0", "no", "off")
     if isinstance(config["snapshot_roots"], str):
         config["snapshot_roots"] = [config["snapshot_roots"]]
+    if _unset(config.get("generations_file")):  # never off
+        config["generations_file"] = DEFAULTS["generations_file"]
     return config
+
+
+def _unset(value):
+    """A setting left empty (an older ansible-core templates a null as the text None)."""
+    return value is None or str(value).strip().lower() in ("", "none", "null")
 
 
 # -- argv ------------------------------------------------------------------------------------------
@@ -287,10 +297,16 @@ class Runtime:
             keys = encryption.load_keys(self.config["encryption_keys"], "encryption_keys")
         except SnapshotError as exc:  # fail closed: without the keys it was told to use, nothing is restored
             request["problems"] = request["problems"] + ["keys_unavailable: %s" % exc.msg]
+        require_signature, require_encryption = verify.requirements(
+            self.config["trusted_keys"], self.config["encryption_keys"], self.config.get("require_signature"),
+            self.config.get("require_encryption"))
         attempt = pipeline.Attempt(request["snapshot"], request["timeout"], device_restore=request["device"],
                                    min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"],
                                    keys=keys, decrypt_dir=self.config["decrypt_dir"],
-                                   stage_dir=self.config.get("stage_dir"))
+                                   stage_dir=self.config.get("stage_dir"), require_signature=require_signature,
+                                   require_encryption=require_encryption,
+                                   generations=freshness.HighWater(self.config["generations_file"])
+                                   if self.config.get("generations_file") else None)
         try:
             pipeline.run(driver, attempt)
         except Refused:  # recorded as failed by the driver's commit; the container does not start
