@@ -293,3 +293,17 @@ def test_no_two_test_modules_share_a_basename():
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert not [paths for paths in seen.values() if len(paths) > 1]
+
+
+def test_every_process_is_started_by_the_runner():
+    """clients/runner.py is the process boundary: no other file of the collection starts a process itself."""
+    runner = PLUGINS / "module_utils" / "core" / "clients" / "runner.py"
+    found = []
+    for path in python_files(PLUGINS):
+        if path == runner:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bsubprocess\.(run|call|Popen|check_call|check_output)\(|\bos\.(system|popen|spawn\w*|exec\w+)\(",
+                         line) and "os.execv" not in line:
+                found.append("%s:%d" % (path.relative_to(REPO), number))
+    assert not found, "start processes through clients/runner.py: %s" % found

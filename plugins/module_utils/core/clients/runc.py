@@ -19,6 +19,7 @@ import shutil
 import subprocess
 
 from .. import layout, paths
+from .. import proc as proc_facts
 from ..errors import ParameterError, SnapshotError
 from . import criu as criu_client
 from . import runner as runner_mod
@@ -117,6 +118,9 @@ class StoppedRestore:
             os.symlink(self.source, self.conf_path)
 
 
+STOP_GRACE = 10.0  # seconds a stopped restore's runc gets to report and clean up before its tree is killed
+
+
 class RuncCli:
     def __init__(self, executable="runc", global_args=(), criu=None, runner=None):
         self.executable = executable if os.path.isabs(executable) else (shutil.which(executable) or executable)
@@ -167,20 +171,43 @@ class RuncCli:
             args.append("--no-pivot")
         return self.argv(*(args + [container_id]))
 
-    def spawn(self, argv, env=None):
-        """Start runc with the caller's stdio (for a restore, CRIU hands it to the restored process's pipes); ``env``:
-        its environment, which it hands to CRIU and CRIU's plugins (None: ours)."""
-        return self.runner.spawn(argv, close_fds=False, **({"env": env} if env is not None else {}))
+    def restore(self, argv, timeout, env=None, log=None):
+        """Run ``argv`` (restore_argv) with the caller's stdio -- CRIU hands it to the restored process's pipes --
+        and ``env`` (its environment, which it hands to CRIU and CRIU's plugins; None: ours). Returns runc's exit
+        status, or None when it did not finish within ``timeout`` and was stopped (``stop``); ``log(action, pids)``
+        says what the stop killed."""
+        process = self.runner.spawn(argv, close_fds=False, **({"env": env} if env is not None else {}))
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop(process, log or (lambda action, pids: None))
+            return None
+
+    @staticmethod
+    def stop(process, log, grace=STOP_GRACE):
+        """Stop a hung restore gently: kill the half-restored tasks (the leaves of runc's tree). CRIU then reports the
+        restore failed and cleans up after itself (its cgroup yard, runc's criu-root mount). Only if runc is still
+        there after ``grace`` is the whole tree killed; the mounts it leaves are for the caller to unmount."""
+        tree = proc_facts.children()
+        leaves = [pid for pid in proc_facts.descendants(process.pid, tree) if not tree.get(pid)]
+        log("killing the half-restored tasks", leaves)
+        proc_facts.kill_quietly(leaves)
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        everything = proc_facts.descendants(process.pid)
+        log("runc still running, killing its tree", everything)
+        proc_facts.kill_quietly(everything)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
 
     def call(self, *args, **popen):
         """Run runc quietly with the caller's stdio unless redirected; returns its exit status (127: not run)."""
-        popen.setdefault("stdin", subprocess.DEVNULL)
-        popen.setdefault("stdout", subprocess.DEVNULL)
-        popen.setdefault("stderr", subprocess.DEVNULL)
-        try:
-            return subprocess.call(self.argv(*args), **popen)
-        except OSError:
-            return 127
+        return self.runner.call(self.argv(*args), **popen)
 
     def status(self, container_id):
         """runc's status of the container (running, paused, stopped, ...), or None when runc does not know it."""

@@ -103,6 +103,16 @@ class Runner:
         """Start ``argv`` and return the Popen object (for a process that must inherit stdio, or outlive us)."""
         return subprocess.Popen([str(arg) for arg in argv], **popen)
 
+    def call(self, argv, **popen):
+        """Run ``argv`` to its end quietly (stdio from/to /dev/null unless given) and return its exit status; 127 when
+        it cannot be started. For the calls whose output nobody reads (the node runtime's runc passthroughs)."""
+        for stream in ("stdin", "stdout", "stderr"):
+            popen.setdefault(stream, subprocess.DEVNULL)
+        try:
+            return subprocess.call([str(arg) for arg in argv], **popen)
+        except OSError:
+            return 127
+
 
 def kill_group(proc, grace=5.0):
     """SIGTERM the process group of ``proc``, SIGKILL it after ``grace`` seconds, and reap ``proc``."""

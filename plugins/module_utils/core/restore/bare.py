@@ -18,6 +18,7 @@ import os
 import subprocess
 
 from .. import metadata, paths, proc, status
+from ..clients import runner as runner_mod
 from ..clients.criu import CriuCli, read_pstree
 from ..errors import CommandError, ParameterError
 from .pipeline import Driver, Fallback
@@ -60,8 +61,9 @@ def running_from_snapshot(snapshot_dir, proc_root="/proc"):
     return last
 
 
-def start_detached(argv, env, log_path=None):
-    """Start ``argv`` in its own session, stdin from /dev/null, output to ``log_path`` or /dev/null.
+def start_detached(argv, env, log_path=None, runner=None):
+    """Start ``argv`` in its own session, stdin from /dev/null, output to ``log_path`` or /dev/null (through the
+    runner, the process boundary).
 
     Returns the Popen object; the process outlives the module (it is reparented when the module exits).
     """
@@ -69,8 +71,9 @@ def start_detached(argv, env, log_path=None):
     try:
         if log_path:
             out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, paths.FILE_MODE)
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd="/", close_fds=True, start_new_session=True)
+        return (runner or runner_mod.DEFAULT).spawn(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                                    stderr=subprocess.STDOUT, env=env, cwd="/", close_fds=True,
+                                                    start_new_session=True)
     except (IOError, OSError) as exc:
         raise CommandError("cold_start: could not start %r: %s" % (argv[0], exc), cmd=list(argv))
     finally:

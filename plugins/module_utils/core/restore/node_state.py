@@ -23,12 +23,12 @@ from .. import paths, proc
 from ..clients import criu as criu_client
 from ..clients import runner as runner_mod
 from ..clients.criu import CriuCli
+from ..clients.runc import STOP_GRACE
 from ..clock import utc_now
 
 ONCE_DIR = "restored-once"     # <state_dir>/restored-once/<id>: this container id was restored once
 RESTORED_FILE = "restored"     # <state_dir>/<id>/restored: the next `start` is a no-op
 ONCE_MARKER_DAYS = 30
-STOP_GRACE = 10.0
 
 
 class Log:

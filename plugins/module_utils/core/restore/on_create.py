@@ -18,7 +18,6 @@ __metaclass__ = type
 import hashlib
 import os
 import shutil
-import subprocess
 
 from .. import device, fleet, layout, metadata, netns, paths, proc, world
 from ..clients import criu as criu_client
@@ -29,7 +28,6 @@ from ..errors import SnapshotError
 from . import verify
 from .pipeline import Driver, Fallback
 
-STOP_GRACE = 10.0
 # What of the verdict the runtime's log line keeps.
 VERIFY_SUMMARY = ("valid", "bytes", "files", "throughput_mb_s", "overlapped", "hashed_bytes", "checksums", "staged",
                   "staged_miss", "authenticated_by_decryption")
@@ -218,12 +216,10 @@ class OnCreate(Driver):
             stopped.enter(self.spec)
         targets = self.device_targets(attempt)  # this node's numbering of the NPU nodes, for CRIU's NPU plugin
         env = dict(os.environ, **{layout.ENV_NPU_DEVICES: device.targets_text(targets)}) if targets else None
-        try:
-            process = node.runc.spawn(argv, env=env)  # the container's stdio is ours: CRIU hands it to the restored pipes
-            try:
-                rc = process.wait(timeout=attempt.remaining())
-            except subprocess.TimeoutExpired:
-                self.stop_restore(process)
+        try:  # the container's stdio is ours: CRIU hands it to the restored pipes
+            rc = node.runc.restore(argv, attempt.remaining(), env=env, log=lambda action, pids: node.log.event(
+                "restore_stop", container=container_id, action=action, pids=pids))
+            if rc is None:
                 kept, _cause = self.keep_log(work)
                 raise Fallback("timeout: runc restore did not finish within %.0f s and was stopped (CRIU log: %s)"
                                % (attempt.timeout, kept))
@@ -286,16 +282,18 @@ class OnCreate(Driver):
             raise Fallback("host_images_unreadable: %s" % exc)
         if data_new is data:
             return source
-        target = os.path.join(state, "images")
+        # beside the held view when there is one (its mount: links, no copy), removed with it
+        target = os.path.join(attempt.held.view if attempt.held is not None else state, "remapped-images")
         shutil.rmtree(target, ignore_errors=True)
         os.mkdir(target, 0o700)
-        for entry in os.listdir(source):
-            if entry == criu_client.FILES_IMAGE:
-                continue
-            held = os.path.join(source, entry)  # the held view's own link where it is one (its descriptor), else a
-            # relative link: CRIU opens images from inside the container's root too
-            link = os.readlink(held) if os.path.islink(held) else os.path.relpath(held, target)
-            os.symlink(link, os.path.join(target, entry))
+        # The other images as they were verified -- the held inodes (hard links where the mount allows, else copies read
+        # through the held descriptors), or the private copy -- never links: CRIU opens some images from inside the
+        # container's namespaces, where no path of the host's resolves.
+        if attempt.held is not None:
+            attempt.held.place(layout.IMAGES_DIR, target)
+        else:
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        os.unlink(os.path.join(target, criu_client.FILES_IMAGE))
         paths.write_file_atomic(os.path.join(target, criu_client.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}
         self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
@@ -428,28 +426,3 @@ class OnCreate(Driver):
         return criu_client.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
                                     self.node.config["criu_log_dir"])
 
-    def stop_restore(self, process):
-        """Stop a hung restore gently: kill the half-restored tasks (the leaves of runc's tree).
-
-        CRIU then reports the restore failed and cleans up after itself (its cgroup yard, runc's
-        criu-root mount). Only if runc is still there after STOP_GRACE is the whole tree killed;
-        the mounts it leaves are unmounted (never removed through) by the undo.
-        """
-        tree = proc.children()
-        leaves = [pid for pid in proc.descendants(process.pid, tree) if not tree.get(pid)]
-        self.node.log.event("restore_stop", container=self.container_id,
-                               action="killing the half-restored tasks", pids=leaves)
-        proc.kill_quietly(leaves)
-        try:
-            process.wait(timeout=STOP_GRACE)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-        everything = proc.descendants(process.pid)
-        self.node.log.event("restore_stop", container=self.container_id, action="runc still running, killing its tree",
-                               pids=everything)
-        proc.kill_quietly(everything)
-        try:
-            process.wait(timeout=STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            pass
