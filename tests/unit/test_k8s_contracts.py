@@ -213,6 +213,10 @@ def test_the_client_is_kubernetes_cores_and_every_option_reaches_the_api(stub, t
     assert client.connect({"kubeconfig": str(kubeconfig)}).host == stub.url + "/b"
     assert client.connect({"kubeconfig": str(kubeconfig), "context": "a"}).host == stub.url
     assert ("authorization", "Bearer from-kubeconfig") in stub.seen[-1][1]
+    # a kubeconfig loaded earlier in the process does not take the next connection over (its refresh hook would)
+    other = "http://api-%s.invalid:6443" % uuid.uuid4().hex[:8]
+    assert client.connect({"host": other, "api_key": "t1", "proxy": stub.url}).host == other
+    assert stub.seen[-1][0].startswith(other + "/") and ("authorization", "Bearer t1") in stub.seen[-1][1]
     monkeypatch.setenv("K8S_AUTH_KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("K8S_AUTH_CONTEXT", "a")
     assert client.connect({}).host == stub.url  # kubernetes.core's environment variables

@@ -29,6 +29,7 @@ from ansible_collections.kubernetes.core.plugins.module_utils.args_common import
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
 
 try:  # kubernetes.core's client needs the kubernetes library: its absence is a clear error (_module.LIBRARIES)
+    from kubernetes.client import Configuration
     from kubernetes.dynamic.exceptions import DynamicApiError
     HAS_KUBERNETES = True
     KUBERNETES_IMPORT_ERROR = None
@@ -57,6 +58,10 @@ def auth_params(params):
 def connect(params):
     """A Client from kubernetes.core's connection options (unset ones: K8S_AUTH_*, ~/.kube/config, in-cluster)."""
     try:
+        # kubernetes.core starts from the kubernetes library's default configuration, which a kubeconfig loaded
+        # earlier in this process leaves behind with a hook that puts that kubeconfig's server back on every request:
+        # each connection starts from none (the event source is a long-lived process)
+        Configuration.set_default(None)
         api = get_api_client(**auth_params(params))
     except Exception as exc:  # kubernetes.core's CoreException, a kubeconfig that cannot be read, ...
         raise K8sError("cannot connect to the Kubernetes API: %s; %s" % (exc, CONNECTION_HINT))
