@@ -26,11 +26,11 @@ __metaclass__ = type
 import json
 import os
 import socket
-import threading
 import time
 import uuid
 
 from . import layout, leftovers, paths, proc
+from .clock import Renewer
 from .errors import ParameterError
 from .status import locked
 
@@ -173,47 +173,32 @@ def release(snapshot_dir, generation_id):
 
 
 class Keeper:
-    """Renews ``generation_id``'s claim every ``lease / 3`` s from a timer thread while one long task works, so
-    that the lease need only cover the gaps between tasks. A renewal refused (another generation took a lapsed
-    claim) is kept in ``lost``; the task checks it before it publishes anything."""
+    """Renews ``generation_id``'s claim every ``lease / 3`` s (clock.Renewer) while one long task works, so that the
+    lease need only cover the gaps between tasks. A renewal refused (another generation took a lapsed claim) is kept
+    in ``lost``; the task checks it before it publishes anything."""
 
     def __init__(self, snapshot_dir, generation_id, lease=DEFAULT_LEASE):
         self.snapshot_dir, self.generation_id, self.lease = snapshot_dir, generation_id, float(lease)
         self.lost = None
-        self._lock = threading.Lock()
-        self._timer = None
-        self._stopped = False
+        self._renewer = Renewer(self.lease / 3.0, self._renew, "inferops-claim-keeper")
 
     def start(self):
-        with self._lock:
-            self._schedule()
+        self._renewer.start()
         return self
 
-    def _schedule(self):
-        self._timer = threading.Timer(self.lease / 3.0, self._renew)
-        self._timer.name = "inferops-claim-keeper"
-        self._timer.daemon = True
-        self._timer.start()
-
     def _renew(self):
-        with self._lock:
-            if self._stopped:
-                return
-            try:
-                take(self.snapshot_dir, self.generation_id, self.lease)
-            except ParameterError as exc:
-                self.lost = exc.msg
-                return
-            except (IOError, OSError):
-                pass  # the next renewal may get through
-            self._schedule()
+        try:
+            take(self.snapshot_dir, self.generation_id, self.lease)
+        except ParameterError as exc:
+            self.lost = exc.msg
+            return False
+        except (IOError, OSError):
+            pass  # the next renewal may get through
+        return True
 
     def check(self):
         if self.lost:
             raise ParameterError("this generation lost its claim on the pod while it worked: %s" % self.lost)
 
     def stop(self):
-        with self._lock:
-            self._stopped = True
-            if self._timer is not None:
-                self._timer.cancel()
+        self._renewer.stop()

@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import datetime
+import threading
 import time
 
 from .errors import SnapshotTimeout
@@ -95,3 +96,45 @@ def wait_for(predicate, timeout, interval=0.1, what="the condition", clock=time.
             last_note = now
             progress(state, now - started)
         sleep(max(0.0, min(interval, deadline - now)))
+
+
+class Renewer:
+    """The one renewal loop (an engine's lease, a generation's claim): ``renew()`` every ``interval`` seconds from a
+    timer thread while a long task works, until ``stop()`` or until ``renew()`` returns False (lost: nothing more to
+    renew). Every call holds ``lock``, which the owner takes too for renewals of its own; ``paused`` (set under the
+    lock) skips the timer's calls without ending the loop."""
+
+    def __init__(self, interval, renew, name):
+        self.interval, self.renew, self.name = float(interval), renew, name
+        self.lock = threading.Lock()
+        self.paused = False
+        self._stopped = False
+        self._timer = None
+
+    def start(self):
+        with self.lock:
+            self._schedule()
+        return self
+
+    def _schedule(self):
+        self._timer = threading.Timer(self.interval, self._tick)
+        self._timer.name = self.name
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _tick(self):
+        with self.lock:
+            if self._stopped:
+                return
+            if not self.paused and self.renew() is False:
+                return
+            self._schedule()
+
+    def stop(self, last=None):
+        """No more renewals; ``last()`` (under the lock) once more before the loop ends, when given."""
+        with self.lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if last is not None:
+                last()

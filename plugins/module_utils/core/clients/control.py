@@ -18,13 +18,12 @@ import os
 import re
 import socket
 import stat
-import threading
 
 from .. import paths
 from .. import proc as proc_facts
 from ..agent import protocol
 from . import engine_http
-from ..clock import wait_for
+from ..clock import Renewer, wait_for
 from ..errors import (
     EndpointError,
     ParameterError,
@@ -291,33 +290,18 @@ class LeaseKeeper:
         self.renewals = 0
         self.lost = None
         self.last_error = None
-        self._lock = threading.Lock()
-        self._quiet = False
-        self._stopped = False
-        self._timer = None
+        self._renewer = Renewer(self.seconds / 3.0, self._tick, "inferops-lease-keeper")
 
     def start(self):
-        with self._lock:
-            self._schedule()
+        self._renewer.start()
         return self
 
-    def _schedule(self):
-        self._timer = threading.Timer(self.seconds / 3.0, self._tick)
-        self._timer.name = "inferops-lease-keeper"
-        self._timer.daemon = True
-        self._timer.start()
-
     def _tick(self):
-        with self._lock:
-            if self._stopped:
-                return
-            if not self._quiet:
-                self._renew()
-            if self.lost is None:
-                self._schedule()
+        self._renew()
+        return self.lost is None
 
     def _renew(self):
-        """One renewal (``_lock`` is held)."""
+        """One renewal (the renewer's lock is held)."""
         if self.lost is not None:
             return
         seconds = self.seconds if self.remaining is None else bounded_lease(self.seconds, self.remaining())
@@ -338,15 +322,15 @@ class LeaseKeeper:
     @contextlib.contextmanager
     def quiet(self):
         """No renewal while the block runs (a CRIU dump); one renewal right before and one right after."""
-        with self._lock:
+        with self._renewer.lock:
             self._renew()
-            self._quiet = True
+            self._renewer.paused = True
         self.check("the checkpoint")
         try:
             yield self
         finally:
-            with self._lock:
-                self._quiet = False
+            with self._renewer.lock:
+                self._renewer.paused = False
                 self._renew()
 
     def check(self, stage):
@@ -359,11 +343,7 @@ class LeaseKeeper:
 
     def stop(self):
         """Stop renewing, after one last renewal: whoever unlocks next has a whole lease to do it."""
-        with self._lock:
-            self._stopped = True
-            if self._timer is not None:
-                self._timer.cancel()
-            self._renew()
+        self._renewer.stop(last=self._renew)
 
 
 def client_for_endpoint(endpoint, paths=None):
