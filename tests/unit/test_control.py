@@ -1,5 +1,6 @@
 import functools
 import os
+import pathlib
 import shutil
 import socket
 import subprocess
@@ -100,10 +101,12 @@ def test_a_socket_path_longer_than_sun_path_is_reached_through_its_directory():
 # -- the host never follows a link planted inside a process's root (issue 28) ------------------------------------
 
 @pytest.fixture
-def jailed(tmp_path):
+def jailed():
     """A process whose root (/proc/<pid>/root) is a directory of this test, as a container's is; a real socket
-    listening inside it and another one outside it, where a planted link would lead."""
-    root, outside = tmp_path / "root", tmp_path / "outside"
+    listening inside it and another one outside it, where a planted link would lead. Below a short directory of its
+    own: the sockets are bound by path, and pytest-xdist's tmp_path would pass sun_path's 108 bytes."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="jail-", dir="/tmp"))
+    root, outside = base / "root", base / "outside"
     (root / "run" / "inferops-snapshot").mkdir(parents=True)
     outside.mkdir()
     child = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.chroot(sys.argv[1]); print('in', "
@@ -138,6 +141,7 @@ def jailed(tmp_path):
         child.wait()
         for server in servers:
             server.close()
+        shutil.rmtree(str(base), ignore_errors=True)
 
 
 def _in_root(jail, inner):

@@ -45,12 +45,8 @@ def new_id():
 
 
 def read(snapshot_dir):
-    try:
-        with open(layout.claim_path(snapshot_dir)) as handle:
-            claim = json.load(handle)
-        return claim if isinstance(claim, dict) and claim.get("id") else None
-    except (IOError, OSError, ValueError):
-        return None
+    claim = paths.read_json(layout.claim_path(snapshot_dir))
+    return claim if claim and claim.get("id") else None
 
 
 def live_other(snapshot_dir, generation_id, now=None):

@@ -60,11 +60,7 @@ def build_device_part(reply, identity=None, durations=None):
 
 
 def read_device_part(directory):
-    try:
-        with open(device_part_path(directory)) as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
+    return paths.read_json(device_part_path(directory))
 
 
 def write_device_part(staging_dir, part):

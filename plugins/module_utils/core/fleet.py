@@ -116,14 +116,9 @@ def source_pod(pod, source_pods):
 def _completed(root, identity):
     """(created_at, snapshot dir) of a published, completed snapshot of ``identity`` below ``root``, or None."""
     snapshot_dir = layout.snapshot_dir(root, identity)
-    try:
-        with open(layout.status_path(snapshot_dir)) as handle:
-            record = json.load(handle)
-        with open(os.path.join(snapshot_dir, layout.MANIFEST)) as handle:
-            manifest = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("status") != "completed" or not isinstance(manifest, dict):
+    record = paths.read_json(layout.status_path(snapshot_dir))
+    manifest = paths.read_json(os.path.join(snapshot_dir, layout.MANIFEST))
+    if record is None or record.get("status") != "completed" or manifest is None:
         return None
     return str(manifest.get("created_at") or ""), snapshot_dir
 
@@ -248,12 +243,8 @@ def docker_device_keys(info):
 
 # -- the record of restores ---------------------------------------------------------------------------
 def read(snapshot_dir):
-    try:
-        with open(layout.restores_path(snapshot_dir)) as handle:
-            doc = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return []
-    entries = doc.get("entries") if isinstance(doc, dict) else None
+    doc = paths.read_json(layout.restores_path(snapshot_dir))
+    entries = doc.get("entries") if doc is not None else None
     return [entry for entry in entries or [] if isinstance(entry, dict) and entry.get("id")]
 
 

@@ -15,6 +15,7 @@ __metaclass__ = type
 
 import ctypes
 import errno
+import json
 import os
 import platform
 import re
@@ -263,6 +264,26 @@ def filesystem_type(path, mountinfo=None):
 def is_tmpfs(path, mountinfo=None):
     """Whether files below ``path`` take memory (tmpfs, ramfs) rather than disk."""
     return filesystem_type(path, mountinfo) in MEMORY_FILESYSTEMS
+
+
+def read_json(path):
+    """The JSON object (a dict) in ``path``, or None when the file is missing, unreadable, not JSON or not an object:
+    the one reader of the collection's records that may be absent (status, claim, restores, verdicts, settings)."""
+    try:
+        with open(path) as handle:
+            found = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def fsync_dir(path):
+    """Flush a directory's entries (a rename or a new file in it) to stable storage; never through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def tree_bytes(root):

@@ -18,7 +18,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import datetime
-import json
 import os
 import stat
 
@@ -105,12 +104,7 @@ def _parse_time(text):
 
 
 def _read_manifest(snapshot_dir):
-    try:
-        with open(os.path.join(snapshot_dir, layout.MANIFEST)) as handle:
-            manifest = json.load(handle)
-        return manifest if isinstance(manifest, dict) else None
-    except (IOError, OSError, ValueError):
-        return None
+    return paths.read_json(os.path.join(snapshot_dir, layout.MANIFEST))
 
 
 def _subdirs(path):

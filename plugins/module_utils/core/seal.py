@@ -341,7 +341,7 @@ def publish(staging_dir, snapshot_dir):
 
     The old snapshot is moved aside first and removed only after the new one is in place.
     """
-    _fsync_dir(staging_dir)
+    paths.fsync_dir(staging_dir)
     old = None
     if os.path.lexists(snapshot_dir):
         old = layout.old_dir(snapshot_dir, os.getpid())
@@ -352,7 +352,7 @@ def publish(staging_dir, snapshot_dir):
         if old:
             os.rename(old, snapshot_dir)  # put the previous snapshot back: never lose it
         raise
-    _fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+    paths.fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
     if old:
         paths.remove_tree(old)
 
@@ -362,11 +362,3 @@ def discard(staging_dir):
     existed = os.path.lexists(staging_dir)
     paths.remove_tree(staging_dir)
     return existed
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

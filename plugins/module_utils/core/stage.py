@@ -204,12 +204,7 @@ def drop_entry(root, fingerprint):
 
 
 def _read_verdict(path):
-    try:
-        with open(layout.stage_verdict(path)) as handle:
-            found = json.load(handle)
-        return found if isinstance(found, dict) else {}
-    except (IOError, OSError, ValueError):
-        return {}
+    return paths.read_json(layout.stage_verdict(path)) or {}
 
 
 def entries(stage_dir):
@@ -290,14 +285,6 @@ def _copy_file(source, target):
         os.close(src)
 
 
-def _fsync_dir(path):
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _copy_tree(source, target, relpaths, workers=None):
     dirs = sorted(set(os.path.dirname(rel) for rel in relpaths) - {""})
     for rel in dirs:
@@ -306,7 +293,7 @@ def _copy_tree(source, target, relpaths, workers=None):
         for done in [pool.submit(_copy_file, os.path.join(source, rel), os.path.join(target, rel)) for rel in relpaths]:
             done.result()
     for rel in dirs + [""]:
-        _fsync_dir(os.path.join(target, rel))
+        paths.fsync_dir(os.path.join(target, rel))
 
 
 def _check_limits(keep, max_bytes):
@@ -386,7 +373,7 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
                    "hashing": details["hashing"], "dirs": sorted(dirs),
                    "files": [dict(_stat_fields(files[rel]), path=rel) for rel in sorted(files)]}
         paths.write_file_atomic(layout.stage_verdict(partial), (json.dumps(verdict, sort_keys=True) + "\n").encode())
-        _fsync_dir(partial)
+        paths.fsync_dir(partial)
         try:
             os.rename(partial, path)
         except OSError as exc:
@@ -397,7 +384,7 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
                 raise SnapshotError("stage_dir: %s appeared meanwhile and is not a valid copy" % path, **result)
             found.release()
             return dict(result, changed=False, staged=found.summary(), reason="staged meanwhile by another task")
-        _fsync_dir(root)
+        paths.fsync_dir(root)
     finally:
         os.close(lock)
         paths.remove_tree(partial)

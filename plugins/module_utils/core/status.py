@@ -30,12 +30,7 @@ KEEP_RESTORES = 20
 
 def read(snapshot_dir):
     """The record, or None when there is none (or it cannot be read)."""
-    try:
-        with open(layout.status_path(snapshot_dir)) as handle:
-            record = json.load(handle)
-        return record if isinstance(record, dict) else None
-    except (IOError, OSError, ValueError):
-        return None
+    return paths.read_json(layout.status_path(snapshot_dir))
 
 
 @contextlib.contextmanager

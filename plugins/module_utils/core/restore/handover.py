@@ -22,12 +22,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
 import os
 import shlex
 
 from .. import container as container_record
-from .. import layout, metadata, status
+from .. import layout, metadata, paths, status
 from ..clients.docker import env_dict
 from ..errors import CommandError, ParameterError, SnapshotError
 from . import verify
@@ -44,9 +43,7 @@ def runtime_settings(registered):
             for line in handle:
                 if line.startswith("LIB="):
                     lib = shlex.split(line[len("LIB="):])[0]
-                    with open(os.path.join(lib, "runtime.json")) as settings:
-                        found = json.load(settings)
-                    return found if isinstance(found, dict) else None
+                    return paths.read_json(os.path.join(lib, "runtime.json"))
     except (IOError, OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     return None
