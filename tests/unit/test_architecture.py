@@ -307,3 +307,55 @@ def test_every_process_is_started_by_the_runner():
                          line) and "os.execv" not in line:
                 found.append("%s:%d" % (path.relative_to(REPO), number))
     assert not found, "start processes through clients/runner.py: %s" % found
+
+
+# -- one home per mechanism: a second definition anywhere is a copy (issue 29, 4) --------------------------------
+
+ONE_HOME = {  # module-level function or class -> the one file that defines it
+    "alive": "core/proc.py", "env_dict": "core/clients/docker.py", "expectations": "core/restore/verify.py",
+    "wait_for": "core/clock.py", "Renewer": "core/clock.py", "read_json": "core/paths.py",
+    "fsync_dir": "core/paths.py", "image_reason": "core/world.py", "resume_process": "core/device.py",
+    "normalize": "core/config.py", "run_in": "core/netns.py", "record_usable": "core/restore/verify.py",
+}
+
+
+def test_each_mechanism_is_defined_in_one_place_only():
+    """Not 'the surviving copy behaves': no second copy exists. Scans every module-level definition of the
+    collection's Python (the agent folder too: it is copied into images, but a copy there is still a copy)."""
+    homes = {}
+    for root in (PLUGINS, REPO / "extensions"):
+        for path in python_files(root):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ONE_HOME:
+                    homes.setdefault(node.name, []).append(str(path.relative_to(PLUGINS / "module_utils"))
+                                                           if (PLUGINS / "module_utils") in path.parents
+                                                           else str(path.relative_to(REPO)))
+    assert homes == dict((name, [home]) for name, home in ONE_HOME.items()), homes
+
+
+def test_one_renewal_timer():
+    """Timer threads that renew something are clock.Renewer's (the agent keeps its own watchdog: it is copied into
+    images without the rest of core/)."""
+    found = [str(path.relative_to(REPO)) for path in python_files(PLUGINS)
+             if "threading.Timer(" in path.read_text() and path.name not in ("clock.py", "launcher.py")]
+    assert not found, found
+
+
+def test_every_schema_is_the_contract_of_a_document_the_code_writes(tmp_path):
+    """All the schemas are used: each validates what its one writer makes (the manifest here; the metadata file and
+    the status record above; the Kubernetes record and annotations in test_k8s_contracts) or the operator's input
+    (the snapshot config)."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
+    names = sorted(p.name.split(".")[0] for p in (REPO / "schemas").glob("*.schema.json"))
+    assert names == ["k8s-annotations", "k8s-record", "manifest", "metadata", "snapshot-config", "status"]
+    staging = tmp_path / "ns" / "svc" / "p0" / ".pod.partial"
+    (staging / "host" / "criu").mkdir(parents=True)
+    (staging / "host" / "criu" / "pages-1.img").write_bytes(b"x" * 2048)
+    identity = {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod"}
+    written = seal.seal(str(staging), {"identity": identity, "created_at": "2026-12-04T00:00:00Z",
+                                       "image": {"id": "sha256:" + "a" * 64},
+                                       "engine": {"name": "docker", "criu_version": "4.2.1"},
+                                       "runtime": {"name": "ascend-acl", "version": None}, "devices": [0]})[0]
+    assert schema.errors("manifest", written) == []
+    with pytest.raises(ParameterError, match="snapshotUnknown"):  # the operator's config: read through its schema
+        config.normalize({"enabled": True, "npuSnapshotPath": "/n", "hostSnapshotPath": "/h", "snapshotUnknown": 1})
