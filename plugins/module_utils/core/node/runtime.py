@@ -33,7 +33,7 @@ import re
 import time
 import traceback
 
-from .. import encryption, fleet, freshness, layout, signature
+from .. import encryption, fleet, freshness, layout, paths, signature
 from ..clients.docker import env_dict
 from ..clients.runc import RuncCli, split_argv
 from ..errors import SnapshotError
@@ -207,11 +207,6 @@ def restore_request(spec, config):
 
 # -- small helpers -----------------------------------------------------------------------------------
 
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
-
-
 def docker_record(config, container_id):
     """Name and image id of a Docker container from dockerd's own record (config.v2.json).
 
@@ -220,9 +215,8 @@ def docker_record(config, container_id):
     """
     if not re.match(r"^[0-9a-f]{64}$", container_id or ""):
         return {}
-    try:
-        record = read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
-    except (IOError, OSError, ValueError):
+    record = paths.read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
+    if record is None:
         return {}
     return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image"),
             "networks": sorted(((record.get("NetworkSettings") or {}).get("Networks") or {}))}
@@ -282,9 +276,8 @@ class Runtime:
         markers of a restore that counts; anything but a restore is ``exec runc create`` (a cold start)."""
         create = parse_create(self.args)
         bundle = create["bundle"] or os.getcwd()
-        try:
-            spec = read_json(os.path.join(bundle, "config.json"))
-        except (IOError, OSError, ValueError):
+        spec = paths.read_json(os.path.join(bundle, "config.json"))
+        if spec is None:
             return self.exec_runc()
         request = restore_request(spec, self.config)
         if request is None or not create["id"]:
