@@ -125,8 +125,8 @@ class ActionModule(ActionBase):
         problem = to_sign_problem(to_sign, identity, generation, expires)
         if problem:
             aborted = self._module(later, task_vars, phase="abort", reason=problem)
-            return dict(sealed, failed=True, status="failed", msg="not signed: %s; the sealed snapshot was removed"
-                        % problem, cleaned=aborted.get("cleaned"))
+            return dict(sealed, failed=True, status="failed", cleaned=aborted.get("cleaned"),
+                        msg="signing_refused: the controller did not sign the sealed snapshot: %s; it was removed" % problem)
         document = signature.document(to_sign["checksums"].encode("utf-8"), key)
         published = self._module(later, task_vars, phase="publish", signature=json.dumps(document, sort_keys=True))
         return merged(sealed, published)

@@ -134,7 +134,8 @@ workers:
   type: int
   sample: 2
 manifest:
-  description: Identity, creation time, image and versions recorded in the manifest (when it was readable).
+  description:
+    - Identity, generation, creation time, expiry, image and versions recorded in the manifest (when it was readable).
   returned: always
   type: dict
   sample: {identity: {namespace: default, service: qwen, instance: p0, pod: vllm-0}, created_at: "2026-11-29T12:00:00Z"}
@@ -197,7 +198,8 @@ def main_logic(module):
         changed=False, valid=verdict["valid"], reasons=verdict["reasons"], authenticated=verdict["authenticated"],
         key_id=verdict["key_id"], checksum=verdict["fingerprint"], bytes=verdict["bytes"], files=verdict["files"],
         throughput_mb_s=verdict["throughput_mb_s"], workers=verdict["workers"],
-        manifest={key: recorded.get(key) for key in ("identity", "created_at", "image", "engine", "runtime", "devices")},
+        manifest={key: recorded.get(key) for key in ("identity", "generation", "created_at", "expires", "image", "engine",
+                                                     "runtime", "devices")},
         durations={"hash": verdict["hashing_s"], "total": round(watch.elapsed(), 6)},
         progress=progress.lines, snapshot_dir=snapshot_dir,
     )

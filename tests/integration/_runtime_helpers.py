@@ -60,6 +60,10 @@ class Node:
             "snapshot_node_restore_timeout": 30,
             # its own boot-time sweep (tmpfiles.d): another test run's node must not rewrite it under this one
             "snapshot_node_tmpfiles_path": str(base / "tmpfiles.d" / "inferops-snapshot.conf"),
+            # its own record of restored generations, and no key: these tests restore the unsigned snapshots they take
+            # with host_checkpoint (the secure default -- the controller's key trusted -- is test_freshness_and_scope's)
+            "snapshot_node_generations_file": str(base / "state" / "generations.json"),
+            "snapshot_node_trust_controller_key": False,
         }
         self.playbook = base / "node.yml"
         self.playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n"

@@ -58,8 +58,8 @@ def node(docker_env, tmp_path_factory):
     decrypt_dir = "/dev/shm/inferops-test-sweep-%s" % uuid.uuid4().hex[:8]
     os.mkdir(decrypt_dir, 0o700)
     try:
-        with installed_runtime(base, snapshot_node_decrypt_dir=decrypt_dir,
-                               snapshot_node_encryption_keys=[str(key)]) as installed:
+        with installed_runtime(base, snapshot_node_decrypt_dir=decrypt_dir, snapshot_node_encryption_keys=[str(key)],
+                               snapshot_node_require_signature=False) as installed:  # its snapshot is unsigned
             installed.key, installed.decrypt_dir = key, decrypt_dir
             yield installed
             unmount_below(installed.state_dir)

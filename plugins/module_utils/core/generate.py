@@ -485,7 +485,8 @@ class Checkpointer:
     def abort_signing(self):
         """The controller refused to sign the sealed snapshot: remove it, record the failure, let the pod go."""
         claim.take(self.snapshot_dir, self.generation, self.claim_lease)
-        reason = "not signed: %s" % (self.signing.get("reason") or "the controller refused to sign the snapshot")
+        reason = "signing_refused: the controller did not sign the sealed snapshot: %s" % (
+            self.signing.get("reason") or "no reason given")
         existed = seal.discard(self.staging_dir)
         status.update(self.snapshot_dir, "failed", reason=reason, generation_id=self.generation)
         claim.release(self.snapshot_dir, self.generation)

@@ -158,9 +158,10 @@ def key_pair(directory, create=True):
         paths.ensure_dir(directory)
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        mode = stat.S_IMODE(st.st_mode)
         raise ParameterError("path: %s must be a directory of this user's (uid %d) that nobody else can read or write "
-                             "(mode 0700); it is uid %d, mode %o" % (directory, os.geteuid(), st.st_uid,
-                                                                    stat.S_IMODE(st.st_mode)), field="path")
+                             "(mode 0700); it is uid %d, mode %o" % (directory, os.geteuid(), st.st_uid, mode),
+                             field="path")
     if not os.path.lexists(private):
         fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as handle:

@@ -1,0 +1,210 @@
+"""Secure by default, fresh and scoped (issue 28, items 3-5), attacked on the real dockerd + CRIU.
+
+A node set up by the snapshot_node role as an operator would -- the controller's signing key (made on first use by
+snapshot_signing_key) trusted, an encryption key given -- restores a snapshot host_checkpoint took and its action
+plugin signed on the controller, and then, through a plain ``docker run --runtime``, refuses with its reason:
+
+- an older, validly signed generation of the same pod put back in place, the status record rewritten (rollback:);
+- a plaintext forgery (unsigned:, unencrypted:), and -- where the operator opted out of signatures but kept the
+  encryption key -- a plaintext one still (unencrypted:);
+- a snapshot signed by a trusted key outside the identities it may sign for (signature_untrusted:);
+- the encrypted page image of an older generation spliced into a newer one, sealed again around it, where decrypting
+  is the only content check (decrypt_failed:).
+
+Each refusal is a cold start: the container serves, warmed up again. The generations come from the signer's ledger
+beside the controller's key; the high-water mark is the node's own file (snapshot_node_generations_file)."""
+
+import json
+import os
+import shutil
+import uuid
+
+import pytest
+
+from _runtime_helpers import installed_runtime
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, status
+from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
+
+PROMPT = "fresh and signed"
+
+
+def identity(namespace, pod):
+    return {"namespace": namespace, "service": "trust", "instance": "p0", "pod": pod}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """The controller's key pair, made on first use by the module the roles run; a second team's key; an AES key."""
+    base = tmp_path_factory.mktemp("trust-keys")
+    made = run_module("snapshot_signing_key", {"path": str(base / "controller")})
+    assert made["changed"] and made["key_id"] and made["public_key"].startswith("-----BEGIN PUBLIC KEY"), made
+    again = run_module("snapshot_signing_key", {"path": str(base / "controller")})
+    assert not again["changed"] and again["key_id"] == made["key_id"], again
+    team = run_module("snapshot_signing_key", {"path": str(base / "team-b")})
+    aes = base / "snapshot.key"
+    aes.write_bytes(os.urandom(32))
+    os.chmod(aes, 0o600)
+    return dict(base=base, controller=made, team=team, aes=aes)
+
+
+@pytest.fixture(scope="module")
+def node(docker_env, keys, tmp_path_factory):
+    """The runtime as the role installs it by default, given an encryption key: signatures and encryption required."""
+    with installed_runtime(tmp_path_factory.mktemp("trust-node"), snapshot_node_trust_controller_key=True,
+                           snapshot_node_keys_dir=str(keys["base"] / "controller"),
+                           snapshot_node_encryption_keys=[str(keys["aes"])]) as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def taken(node, keys, docker_env, tmp_path_factory):
+    """One warmed-up engine and the snapshots the attacks start from, taken as the roles take them."""
+    base = tmp_path_factory.mktemp("trust-snaps")
+    device_dir = base / "npu"
+    device_dir.mkdir(mode=0o700)
+    tag = uuid.uuid4().hex[:6]
+    name = "trust-%s" % tag
+    container = WorkloadContainer(name, docker_env, device_dir, free_port())
+    container.run()
+    container.wait_ready()
+    expected = container.generate(PROMPT)
+
+    def take(namespace, pod, signing_key=None, encrypted=True):
+        snap = str(node.roots / namespace / "trust" / "p0" / pod)
+        args = {"container": name, "snapshot_dir": snap, "identity": identity(namespace, pod), "device_backup": True,
+                "resume": True, "if_exists": "replace"}
+        if signing_key:
+            args["signing_key"] = signing_key
+        if encrypted:
+            args["encryption_key"] = str(keys["aes"])
+        result = run_module("host_checkpoint", args)
+        assert result["status"] == "completed" and result["generation"], result
+        return snap, result
+
+    pod = "p-%s" % tag
+    signed = keys["controller"]["private_key"]
+    old, first = take("tenant-a", pod, signed)
+    aside = str(base / "older-generation")
+    shutil.copytree(old, aside)  # what a writer of the store kept of the older generation
+    new, second = take("tenant-a", pod, signed)
+    forged, _plain = take("tenant-a", pod + "-plain", encrypted=False)
+    teams, by_team = take("tenant-a", pod + "-team", keys["team"]["private_key"])
+    spliced_old, _g1 = take("tenant-a", pod + "-splice", encrypted=True)
+    spliced_aside = str(base / "splice-older")
+    shutil.copytree(spliced_old, spliced_aside)
+    spliced, _g2 = take("tenant-a", pod + "-splice", encrypted=True)
+    container.remove()
+    yield dict(device_dir=device_dir, image=docker_env, port=container.port, expected=expected, tag=tag,
+               first=first, second=second, new=new, aside=aside, forged=forged, teams=teams, by_team=by_team,
+               spliced=spliced, spliced_aside=spliced_aside)
+
+
+def restore(node, t, snap, label):
+    """A plain `docker run --runtime` of the recreated container, as an orchestrator would; (its log record, the
+    container), the container serving (restored, or warmed up again)."""
+    name = "trust-%s-%s" % (t["tag"], label)
+    c = WorkloadContainer(name, t["image"], t["device_dir"], t["port"], INFEROPS_RESTORE_FROM=snap,
+                          INFEROPS_RESTORE_IDENTITY="/".join(snap.split("/")[-4:]))
+    reset_device(t["device_dir"])
+    docker("run", "-d", "--runtime", node.name, *c.create_args())
+    try:
+        c.wait_ready()
+        assert c.generate(PROMPT) == t["expected"]
+        return node.log_records(docker("inspect", "--format", "{{.Id}}", name))[-1]
+    finally:
+        docker("rm", "-f", name, check=False)
+
+
+def settings(node, **changes):
+    """Rewrite the runtime's settings; returns the previous ones."""
+    path = node.lib_dir / "runtime.json"
+    before = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(before, **changes)))
+    return before
+
+
+def test_the_role_trusts_the_controllers_key_and_requires_signatures_and_encryption_by_default(node, keys):
+    config = json.loads((node.lib_dir / "runtime.json").read_text())
+    installed = node.lib_dir / "keys" / "controller.pub"
+    assert config["trusted_keys"] == [str(installed)] and installed.read_text() == keys["controller"]["public_key"]
+    assert config["require_signature"] is None and config["require_encryption"] is None  # on: keys are configured
+    assert config["generations_file"] == str(node.base / "state" / "generations.json")
+
+
+def test_a_signed_generation_restores_and_an_older_one_put_back_is_refused_as_a_rollback(node, taken, keys):
+    t = taken
+    assert t["second"]["generation"] > t["first"]["generation"], (t["first"]["generation"], t["second"]["generation"])
+    assert t["second"]["signed_by"] == t["first"]["signed_by"] == keys["controller"]["key_id"]
+    record = restore(node, t, t["new"], "new")
+    assert record["outcome"] == "restored" and record["authenticated"] is True, record
+    assert "warning" not in record
+
+    # The older generation put back whole, and the unsigned status record rewritten to match it.
+    shutil.rmtree(t["new"])
+    shutil.copytree(t["aside"], t["new"])
+    status.update(t["new"], "completed", checksum=manifest.fingerprint(t["new"]))
+    verified = run_module("snapshot_verify", {"snapshot_dir": t["new"], "identity": identity("tenant-a", os.path.basename(
+        t["new"])), "trusted_keys": [keys["controller"]["public_key"]]})
+    assert verified["valid"] and verified["authenticated"], verified  # genuine: only the node knows it is old
+    record = restore(node, t, t["new"], "old")
+    assert record["outcome"] == "cold" and record["reason"].startswith("rollback: the snapshot is generation %d"
+                                                                       % t["first"]["generation"]), record
+    assert "has already restored generation %d" % t["second"]["generation"] in record["reason"]
+
+
+def test_a_plaintext_forgery_is_refused_on_a_node_with_an_encryption_key(node, taken):
+    t = taken
+    record = restore(node, t, t["forged"], "forged")  # the default: the controller's key trusted
+    assert record["outcome"] == "cold" and record["reason"].startswith("unsigned:"), record
+    before = settings(node, trusted_keys=[])  # the node of the issue: an encryption key and nothing else
+    try:
+        record = restore(node, t, t["forged"], "forged-keyonly")
+        assert record["outcome"] == "cold" and record["reason"].startswith("unsigned: this host restores only signed"), \
+            record
+        assert "unencrypted: this host restores only encrypted snapshots" in record["reason"]
+        settings(node, trusted_keys=[], require_signature=False)  # the operator opted out of signatures, not encryption
+        record = restore(node, t, t["forged"], "forged-nosig")
+        assert record["outcome"] == "cold" and record["reason"].startswith("unencrypted:"), record
+    finally:
+        settings(node, **before)
+
+
+def test_a_snapshot_signed_by_a_trusted_key_outside_its_identities_is_refused(node, taken, keys):
+    t = taken
+    assert t["by_team"]["signed_by"] == keys["team"]["key_id"]
+    team_key = str(keys["base"] / "team-b" / layout.SIGNING_PUBLIC_FILE)
+    before = json.loads((node.lib_dir / "runtime.json").read_text())
+    settings(node, trusted_keys=before["trusted_keys"] + [{"key": team_key, "identities": ["tenant-b/*"]}])
+    try:
+        record = restore(node, t, t["teams"], "team")
+        assert record["outcome"] == "cold", record
+        assert record["reason"].startswith("signature_untrusted: signed by key %s, which this host trusts only for "
+                                           "tenant-b/*, not for tenant-a/trust/p0/" % keys["team"]["key_id"]), record
+    finally:
+        settings(node, **before)
+
+
+def test_an_older_generations_page_image_spliced_into_a_newer_one_does_not_decrypt(node, taken):
+    """No signature and no fingerprint from outside the store: decrypting is the content check (the page images are
+    not hashed). A writer of the store puts the older generation's encrypted page image -- the same key, the same
+    path -- in place of the newer one's and seals the snapshot again; its chunks are bound to their generation."""
+    t = taken
+    images = os.path.join(t["spliced"], layout.IMAGES_DIR)
+    pages = max((f for f in os.listdir(images) if f.startswith("pages-")),
+                key=lambda f: os.path.getsize(os.path.join(images, f)))
+    recorded = manifest.load_manifest(t["spliced"])
+    staging = layout.staging_dir(t["spliced"])
+    shutil.copytree(t["spliced"], staging)
+    shutil.copyfile(os.path.join(t["spliced_aside"], layout.IMAGES_DIR, pages), os.path.join(staging, layout.IMAGES_DIR,
+                                                                                              pages))
+    seal.seal(staging, {k: v for k, v in recorded.items() if k not in ("files", "total_bytes", "schema_version")})
+    seal.publish(staging, t["spliced"])
+    status.update(t["spliced"], "completed", checksum=manifest.fingerprint(t["spliced"]))
+    before = settings(node, trusted_keys=[], require_signature=False)
+    try:
+        record = restore(node, t, t["spliced"], "splice")
+        assert record["outcome"] == "cold" and record["reason"].startswith(
+            "decrypt_failed: chunk 0 of host/criu/%s does not authenticate" % pages), record
+        assert "host/criu/%s" % pages in record["verify"]["authenticated_by_decryption"]
+    finally:
+        settings(node, **before)

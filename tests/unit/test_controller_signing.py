@@ -1,0 +1,117 @@
+"""Signed on the controller (issue 28, 3): the node's sealed snapshot goes up, the signature comes down, and nothing
+is published unsigned in between -- the publish and abort phases of host_checkpoint, and what the action plugin
+checks before it signs. Real sealing, claims, status records and Ed25519 keys; no CRIU (the seal phase's checkpoint
+is the integration tests': test_trust_by_default, test_trust)."""
+
+import hashlib
+import json
+import os
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ansible_collections.inferops.snapshot.plugins.action import host_checkpoint as action
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, generate, layout, manifest, seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import signature, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+
+IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
+GENERATION_ID = "gen-under-test"
+
+
+def sealed(tmp_path, generation=1700000000):
+    """What the seal phase leaves: the sealed staging directory, the claim held, the status record generating."""
+    snap = str(tmp_path / "store" / "tenant-a" / "qwen" / "p0" / "qwen-0")
+    staging = layout.staging_dir(snap)
+    os.makedirs(os.path.join(staging, "host", "criu"))
+    with open(os.path.join(staging, "host", "criu", "pages-1.img"), "wb") as handle:
+        handle.write(os.urandom(4096))
+    seal.seal(staging, {"identity": IDENTITY, "generation": generation, "created_at": "2026-11-29T12:00:00Z",
+                        "engine": {"name": "docker"}, "runtime": {"name": "ascend-acl", "version": None}, "devices": []})
+    claim.take(snap, GENERATION_ID)
+    status.update(snap, "generating", identity=IDENTITY, generation_id=GENERATION_ID)
+    return snap, staging
+
+
+def params(snap, **signing):
+    return {"snapshot_dir": snap, "identity": IDENTITY, "timeout": 60.0, "generation_id": GENERATION_ID,
+            "generation_lease": 180.0, "docker_cli": "docker", "runc_root": "/run/runc", "controller_signing": signing}
+
+
+def to_sign(staging):
+    return {name: open(os.path.join(staging, rel), encoding="utf-8").read()
+            for name, rel in (("checksums", layout.CHECKSUMS), ("manifest", layout.MANIFEST))}
+
+
+def test_the_signature_sent_down_is_written_and_the_snapshot_published_under_the_claim(tmp_path):
+    snap, staging = sealed(tmp_path)
+    key = Ed25519PrivateKey.generate()
+    document = signature.document(to_sign(staging)["checksums"].encode(), key)
+    result = generate.host_checkpoint(params(snap, phase="publish", signature=json.dumps(document)))
+    assert result["status"] == "completed" and result["signed_by"] == signature.key_id(key.public_key()), result
+    assert result["generation"] == 1700000000 and not os.path.exists(staging)
+    trusted = signature.load_public_keys([signature.public_pem(key)])
+    valid, reasons, details = manifest.verify(snap, expect={"identity": IDENTITY}, trusted=trusted)
+    assert valid and details["authenticated"], reasons
+    assert status.read(snap)["status"] == "completed" and status.read(snap)["checksum"] == manifest.fingerprint(snap)
+    assert claim.read(snap) is None, "the claim held since the seal phase is released"
+
+
+def test_a_signature_of_another_list_publishes_nothing_and_the_generation_fails(tmp_path):
+    snap, staging = sealed(tmp_path)
+    key = Ed25519PrivateKey.generate()
+    document = signature.document(b"another checksum list\n", key)
+    with pytest.raises(ParameterError, match="controller_signing: the controller's signature cannot be used: the "
+                                             "signature is not of this checksum.sha256"):
+        generate.host_checkpoint(params(snap, phase="publish", signature=json.dumps(document)))
+    assert not os.path.exists(snap) and not os.path.exists(staging)
+    assert status.read(snap)["status"] == "failed" and claim.read(snap) is None
+
+
+def test_a_refused_signature_removes_the_sealed_snapshot_and_records_why(tmp_path):
+    snap, staging = sealed(tmp_path)
+    result = generate.host_checkpoint(params(snap, phase="abort", reason="the manifest is of tenant-b/..."))
+    assert result["status"] == "failed" and result["cleaned"] == [staging] and not os.path.exists(staging)
+    assert status.read(snap)["reason"] == ("signing_refused: the controller did not sign the sealed snapshot: the "
+                                           "manifest is of tenant-b/...")
+    assert claim.read(snap) is None and not os.path.exists(snap)
+
+
+def test_a_signing_key_that_reaches_the_node_is_refused_naming_it(tmp_path):
+    snap, _staging = sealed(tmp_path)
+    with pytest.raises(ParameterError, match="signing_key: is read on the controller by host_checkpoint's action "
+                                             "plugin, which signs there, and is never sent to the node"):
+        generate.host_checkpoint(dict(params(snap), signing_key="-----BEGIN PRIVATE KEY-----"))
+
+
+def test_the_controller_signs_only_the_manifest_listed_of_the_tasks_identity_and_generation(tmp_path):
+    _snap, staging = sealed(tmp_path, generation=42)
+    good = to_sign(staging)
+    assert action.to_sign_problem(good, IDENTITY, 42, None) is None
+    assert action.to_sign_problem(good, dict(IDENTITY, namespace="tenant-b"), 42, None) == \
+        "the manifest is of tenant-a/qwen/p0/qwen-0, and the task asked for tenant-b/qwen/p0/qwen-0"
+    assert action.to_sign_problem(good, IDENTITY, 43, None).startswith("the manifest carries generation 42")
+    assert action.to_sign_problem(good, IDENTITY, 42, "2026-12-31T00:00:00Z").startswith("the manifest carries")
+    swapped = dict(good, manifest=good["manifest"].replace("tenant-a", "tenant-b"))  # a manifest not in the list
+    assert action.to_sign_problem(swapped, dict(IDENTITY, namespace="tenant-b"), 42, None) == \
+        "the manifest the node sent is not the one its checksum.sha256 lists"
+    assert action.to_sign_problem({"checksums": "x"}, IDENTITY, 42, None).startswith("the node sent no checksum list")
+    assert hashlib.sha256(good["manifest"].encode()).hexdigest() in good["checksums"]
+
+
+def test_the_ledger_sits_beside_a_key_file_and_in_the_key_directory_for_a_key_given_as_text(tmp_path):
+    assert action.ledger_beside(str(tmp_path / "keys" / "team.pem")) == str(tmp_path / "keys" / "generations.json")
+    assert action.ledger_beside("-----BEGIN PRIVATE KEY-----\n...") == "~/.inferops/keys/generations.json"
+    assert action.identity_problem({"namespace": "a"}).startswith("identity: expected a dict with the keys namespace")
+
+
+def test_the_controllers_key_pair_is_made_once_private_to_its_user(tmp_path):
+    made = signature.key_pair(str(tmp_path / "keys"))
+    assert made["created"] and oct(os.stat(made["private_key"]).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(str(tmp_path / "keys")).st_mode & 0o777) == "0o700"
+    again = signature.key_pair(str(tmp_path / "keys"))
+    assert not again["created"] and again["key_id"] == made["key_id"] and again["public_key"] == made["public_key"]
+    assert signature.key_pair(str(tmp_path / "none"), create=False)["key_id"] is None
+    os.chmod(str(tmp_path / "keys"), 0o755)
+    with pytest.raises(ParameterError, match="path: .* must be a directory of this user's"):
+        signature.key_pair(str(tmp_path / "keys"))
