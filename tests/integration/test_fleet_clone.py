@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import installed_runtime
-from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
+from conftest import WorkloadContainer, docker, free_port, install_devices, reset_device, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import fleet, layout, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
@@ -51,6 +51,11 @@ class Instance(WorkloadContainer):
 
     def answers(self):
         return [self.get("/v1/generate?prompt=" + urllib.parse.quote(p))["answer"] for p in PROMPTS]
+
+
+def device_keys(device_dir):
+    """The record of restores' keys of an instance's NPU: its chip's numbering on this node and its memory's directory."""
+    return ["c:%d:%d" % tuple(install_devices(device_dir)["chips"]["0"]), "sim:%s" % device_dir]
 
 
 def wait_answer(instance, timeout=120):
@@ -140,7 +145,7 @@ def test_a_clone_of_another_instance_serves_the_same_answers_while_the_source_ke
     entry = status.read(source["snapshot_dir"])["last_restore"]
     assert entry["outcome"] == "restored" and entry["source"] == source["ident"] and entry["identity"] == target, entry
     running = [e for e in fleet.read(source["snapshot_dir"]) if e["phase"] == "running"]
-    assert running and running[-1]["pid"] == clone.pid and running[-1]["devices"] == ["sim:%s" % device], running
+    assert running and running[-1]["pid"] == clone.pid and running[-1]["devices"] == device_keys(device), running
     print("\nclone of %s restored as %s in %.2f s after docker run (stages %s)"
           % (layout.identity_string(source["ident"]), layout.identity_string(target), seconds, record["durations"]))
 
@@ -168,7 +173,7 @@ def test_a_clone_onto_the_device_of_the_running_source_is_refused(node, source):
     """The generation entered the snapshotted engine in the record of restores with its devices: a clone mapped
     onto the source's own NPU while the source runs would overwrite the source's device memory -- refused, cold."""
     held = [e for e in fleet.read(source["snapshot_dir"]) if e["phase"] == "running" and e["pid"] == source["src"].pid]
-    assert held and held[-1]["devices"] == ["sim:%s" % (source["base"] / "npu")], fleet.read(source["snapshot_dir"])
+    assert held and held[-1]["devices"] == device_keys(source["base"] / "npu"), fleet.read(source["snapshot_dir"])
     onto, _target = source["clone"]("p4", source["base"] / "npu")
     onto.create()
     docker("start", onto.name)
