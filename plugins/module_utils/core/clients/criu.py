@@ -581,6 +581,28 @@ def remap_inet_addresses(data, new_ipv4):
 
 # -- work directories ------------------------------------------------------------------------------
 
+# inferops-<kind>-<pid>-<start>-<random>: the process that made it (pid and start time, proc.identity), so that a
+# sweep can tell the work dir of a killed run (its maker gone) from one in use. Older ones: inferops-<kind>-<random>.
+WORK_PREFIX = "inferops-"
+WORK_KINDS = ("dump", "restore")
+_WORK_NAME = re.compile(r"\Ainferops-(%s)-(?:(\d+)-(\d+)-)?[a-z0-9_]{8}\Z" % "|".join(WORK_KINDS))  # mkdtemp's 8
+
+
+def make_work_dir(kind, parent=None):
+    """A private (0700) work dir for one CRIU run (runc's --work-path, criu's --work-dir) in the temp dir."""
+    pid = os.getpid()
+    return tempfile.mkdtemp(prefix="%s%s-%d-%d-" % (WORK_PREFIX, kind, pid, proc.start_time(pid) or 0), dir=parent)
+
+
+def parse_work_dir(name):
+    """(kind, maker pid or None, maker start or None) of a work dir's name; None when it is not one of ours."""
+    match = _WORK_NAME.match(name)
+    if not match:
+        return None
+    kind, pid, start = match.groups()
+    return kind, int(pid) if pid else None, int(start) if start else None
+
+
 def mounts_below(path, mountinfo=None):
     """Mount points at or below ``path`` (a killed CRIU restore can leave its cgroup yard mounted)."""
     prefix = path.rstrip("/") + "/"
