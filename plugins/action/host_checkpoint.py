@@ -26,8 +26,6 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core import fres
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 MODULE = "inferops.snapshot.host_checkpoint"
-# What only this plugin reads (the key, its ledger) or sets (the phases): never sent to the node as given.
-CONTROLLER_ONLY = ("signing_key", "signing_ledger", "controller_signing")
 
 
 def to_sign_problem(to_sign, identity, generation, expires):

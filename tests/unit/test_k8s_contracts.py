@@ -25,7 +25,6 @@ def test_the_annotation_schema_names_exactly_the_layout_names():
     names = set(schema.SCHEMAS["k8s-annotations"]["properties"])
     k8s = set(getattr(layout, key) for key in dir(layout) if key.startswith("K8S_") and isinstance(
         getattr(layout, key), str) and getattr(layout, key).startswith(layout.K8S_PREFIX) and key != "K8S_PREFIX")
-    k8s -= {layout.K8S_GATE_DEADLINE, layout.K8S_SNAPSHOT_NODE_LABEL_PREFIX}  # never written (dead, issue 29 item 3)
     request = {layout.ANNOTATION_RESTORE_FROM, layout.ANNOTATION_RESTORE_CHECKSUM, pods.RESTORE_DEVICE_ANNOTATION}
     assert names == k8s | request
 

@@ -27,8 +27,6 @@ from .clients import engine_http
 from .clock import utc_now
 from .errors import ParameterError
 
-COMPARES = ("exact", "status", "json:")
-
 
 def check_spec(spec, field="canary"):
     """The canary request as configured: url (http://), method, body, headers, compare. ParameterError naming the field."""

@@ -38,7 +38,7 @@ import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from . import keyscope, layout, paths, plaintext, signature
+from . import keyscope, layout, paths, signature
 from .errors import ParameterError, SnapshotError
 
 try:
@@ -51,7 +51,6 @@ except ImportError:
     HAS_CRYPTOGRAPHY = False
 
 ALGORITHM = "aes-256-gcm-chunked-v2"   # the manifest's encryption.algorithm: format 2, bound to identity and generation
-ALGORITHM_V1 = "aes-256-gcm-chunked"     # format 1 (bound to the path only): refused (encryption_format)
 MAGIC = b"IOSENC\x02\x00"
 MAGIC_V1 = b"IOSENC\x01\x00"
 HEADER = struct.Struct("<8s8sIQ")
@@ -455,27 +454,6 @@ def decrypt_bytes(keys, data, relpath, binding):
             raise DecryptError("decrypt_failed: chunk %d of %s does not authenticate (a wrong key, or the ciphertext "
                                "was changed)" % (index, relpath))
     return bytes(plain[:size])
-
-
-def read_small(snapshot_dir, relpath, recorded, keys):
-    """The plaintext bytes of a small file of a snapshot whose manifest is ``recorded`` (decrypted when it is
-    stored encrypted); for the container record a module needs before the node's runtime takes over."""
-    path = os.path.join(snapshot_dir, relpath)
-    described = (recorded or {}).get("encryption")
-    if not described or relpath not in described["files"]:
-        with open(path, "rb") as handle:
-            return handle.read()
-    if described["key_id"] not in keys:
-        raise ParameterError("encryption_keys: the snapshot is encrypted with key %s; give that key"
-                             % described["key_id"], field="encryption_keys")
-    scratch = plaintext.PrivateDir(layout.TMPFS)
-    try:
-        decrypt_file({described["key_id"]: keys[described["key_id"]]}, path, os.path.join(scratch.path, "f"), relpath,
-                     Binding.of(recorded))
-        with open(os.path.join(scratch.path, "f"), "rb") as handle:
-            return handle.read()
-    finally:
-        scratch.remove()
 
 
 def describe(key, relpaths, chunk_bytes=CHUNK_BYTES):

@@ -162,6 +162,10 @@ RESTORE_REQUEST_KEYS = (
     ("agent_socket_dir", "org.inferops.agent-socket-dir", ENV_AGENT_SOCKET_DIR),
 )
 RESTORE_POLICIES = ("once", "always")
+# Every annotation of a restore request starts with it (the runtime reads only those above; containerd passes a pod's
+# annotations through where its runtime entry allows "<prefix>*"), and the admission policy keeps it from the pods
+# of namespaces it does not list.
+RESTORE_ANNOTATION_PREFIX = "org.inferops."
 # Who asks, on a CRI node: the OCI annotations the container runtime itself sets from the pod's real metadata, which
 # a pod creator cannot set (docs/security.md says why, from containerd's and CRI-O's sources): (runtime, namespace,
 # pod, container, container type). A node without them (dockerd) has no tenants: whoever may run docker is root.
@@ -240,6 +244,9 @@ K8S_SERVICE_LABEL = "inferops.org/service"
 K8S_INSTANCE_LABEL = "inferops.org/instance"
 K8S_HOSTNAME_LABEL = "kubernetes.io/hostname"
 K8S_RESTORE_GATE = "inferops.org/snapshot-restore"
+# The ValidatingAdmissionPolicy, and its binding of the same name, that keeps the restore runtime's RuntimeClass and
+# the restore annotations and env to the namespaces an operator lists (module_utils/k8s/admission.py)
+K8S_ADMISSION_POLICY = "restore-requests.snapshot.inferops.org"
 K8S_PREFIX = "snapshot.inferops.org/"
 K8S_ENABLED = K8S_PREFIX + "enabled"
 K8S_IDENTITY = K8S_PREFIX + "identity"
@@ -259,8 +266,6 @@ K8S_METADATA = K8S_PREFIX + "metadata"          # the new pod's view of the meta
 # (the annotations' values: schemas/k8s-annotations.schema.json; one writer, module_utils/k8s/pods.py)
 K8S_RECORD_PREFIX = "inferops-snapshot-"        # ConfigMap inferops-snapshot-<service> (schemas/k8s-record.schema.json)
 K8S_POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"   # a StatefulSet pod's ordinal (Kubernetes >= 1.28)
-K8S_SNAPSHOT_NODE_LABEL_PREFIX = "snapshot.inferops.org/"  # node label <prefix><service>: this node holds snapshots of it
-K8S_GATE_DEADLINE = K8S_PREFIX + "gate-deadline"    # when a gated pod is released for a normal start (fleet.md)
 
 # -- the snapshot config (schemas/snapshot-config.schema.json) ---------------------------------------
 CONFIG_DEFAULTS = {"timeoutSeconds": 300, "minSizeBytes": 1024, "engine": "docker"}

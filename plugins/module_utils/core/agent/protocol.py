@@ -72,7 +72,6 @@ NONCE_HEX_DIGITS = 32
 STATE_RUNNING = "RUNNING"
 STATE_LOCKED = "LOCKED"
 STATE_BACKED_UP = "BACKED_UP"
-STATES = (STATE_RUNNING, STATE_LOCKED, STATE_BACKED_UP)
 
 # Error kinds carried in failed replies.
 KIND_ACL = "acl"                  # the ACL runtime returned an error code

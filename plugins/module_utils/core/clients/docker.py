@@ -100,10 +100,6 @@ class DockerCli:
         rc, out, err = self.run(["ps", "--quiet", "--no-trunc"])
         return out.split()
 
-    def all_ids(self):
-        rc, out, err = self.run(["ps", "--all", "--quiet", "--no-trunc"])
-        return out.split()
-
     def container_id(self, name):
         """Full id of a container, or None when there is none by that name."""
         rc, out, err = self.run(["container", "inspect", "--format", "{{.Id}}", "--", name], check=False)
