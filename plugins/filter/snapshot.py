@@ -1,11 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Controller-side filters of the snapshot roles: validate a snapshotConfig, plan an instance's pods, and the
-names of core/layout.py for the roles' tasks and templates.
+"""Controller-side filters of the snapshot roles: validate a snapshotConfig, plan an instance's pods, the
+names of core/layout.py for the roles' tasks and templates, and the admission policy the Kubernetes role applies.
 
 The first two run on the controller before anything touches a host, so a bad config or a bad inventory is
-rejected with the field that is wrong and how to fix it. Docs: snapshot_config.yml, snapshot_plan.yml, layout.yml.
+rejected with the field that is wrong and how to fix it. Docs: snapshot_config.yml, snapshot_plan.yml, layout.yml,
+admission_policy.yml.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,6 +22,7 @@ from ansible.module_utils.common.text.converters import to_native
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import config as core_config
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import admission
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
 POD_KEYS = ("name", "container", "host", "readiness_url", "readiness_file", "env")
@@ -208,10 +210,16 @@ def layout_value(name):
     return list(value) if isinstance(value, tuple) else value
 
 
+def admission_policy(namespaces, runtime_classes):
+    """The ValidatingAdmissionPolicy and its binding (module_utils/k8s/admission.py) for these namespaces."""
+    return admission.objects(_plain(namespaces), _plain(runtime_classes))
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "snapshot_config": _filter(snapshot_config),
             "snapshot_plan": _filter(snapshot_plan),
             "layout": _filter(layout_value),
+            "admission_policy": _filter(admission_policy),
         }
