@@ -24,7 +24,7 @@ venv_for() {   # $1: ansible-core version; makes build/ansible-core-$1 unless it
 venv_make() {
     local version=$1 dir stamp
     dir=$here/build/ansible-core-$version
-    stamp=$(cat "$constraints" "$here/requirements/runtime.txt" "$here/requirements/target.txt" |
+    stamp=$(cat "$constraints" "$here/requirements/runtime.txt" "$here/requirements/target.txt" "$here/scripts/ansible-versions.sh" |
         sha256sum | cut -d' ' -f1)-$($python -c 'import sys; print(sys.version.split()[0])')
     if [[ -x $dir/bin/ansible-playbook && "$(cat "$dir/.inferops-stamp" 2>/dev/null)" == "$stamp" ]]; then
         echo "$dir"
@@ -37,6 +37,15 @@ venv_make() {
     grep -v '^ansible-core==' "$constraints" >"$dir/constraints.txt"
     "$dir/bin/pip" install --quiet --disable-pip-version-check -c "$dir/constraints.txt" "ansible-core==$version" \
         -r "$here/requirements/runtime.txt" -r "$here/requirements/target.txt" pytest pytest-timeout >&2
+    # kubernetes.core, which the k8s modules import (galaxy.yml's dependency): an ansible-core venv comes without
+    # the collections the ansible package bundles, so the project venv's copy goes beside it, as ansible-galaxy
+    # would install it (Galaxy is not reachable).
+    local k8s_core site
+    k8s_core=$("$here/.venv/bin/python" -c 'import ansible_collections.kubernetes.core as c; print(list(c.__path__)[0])') ||
+        { echo "kubernetes.core is not in $here/.venv (the ansible package brings it): make venv" >&2; return 1; }
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mkdir -p "$site/ansible_collections/kubernetes"
+    cp -r "$k8s_core" "$site/ansible_collections/kubernetes/core"
     echo "$stamp" >"$dir/.inferops-stamp"
     echo "$dir"
 }

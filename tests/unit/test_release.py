@@ -4,14 +4,15 @@ its changelog, or a release without its bump, fails), and the docs name that ver
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from conftest import REPO
 
-ANTSIBULL = Path(sys.executable).parent / "antsibull-changelog"
+# The project venv's: the release tool is not one of the ansible-core versions' (scripts/ansible-versions.sh makes
+# those venvs with what the collection needs at run time, and runs this file there too).
+ANTSIBULL = REPO / ".venv" / "bin" / "antsibull-changelog"
 
 
 def version_key(version):
