@@ -205,7 +205,7 @@ def main_logic(module):
         done = []
         for op in operations:
             try:
-                with watch.stage(op):
+                with watch.timed(op):
                     reply = client.request(op, timeout, lease if op in LEASED else None)
             except SnapshotError as exc:
                 exc.result.update(previous_state=previous, actions=done, durations=watch.durations)

@@ -25,17 +25,18 @@ def utc_now():
 
 
 class Stopwatch:
-    """Per-stage durations on a monotonic clock, reported as ``durations`` in results and records."""
+    """Durations of a run's phases on a monotonic clock (``with watch.timed("checkpoint"):``), reported as
+    ``durations`` in results and records."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
         self.started = clock()
         self.durations = {}
 
-    def stage(self, name):
+    def timed(self, name):
         watch = self
 
-        class _Stage:
+        class _Timed:
             def __enter__(self):
                 self.started = watch.clock()
                 return self
@@ -44,7 +45,7 @@ class Stopwatch:
                 watch.durations[name] = round(watch.durations.get(name, 0.0) + watch.clock() - self.started, 6)
                 return False
 
-        return _Stage()
+        return _Timed()
 
     def elapsed(self):
         return self.clock() - self.started

@@ -119,13 +119,13 @@ def back_up(client, staging_dir, identity, lease, lock, timeout, check_mode=Fals
     done = []
     try:
         for op in operations:
-            with watch.stage(op):
+            with watch.timed(op):
                 if op == protocol.OP_BACKUP and device_memory not in (None, protocol.DEFAULT_DEVICE_MEMORY):
                     reply = client.request(op, timeout, lease, device_memory=device_memory)
                 else:
                     reply = client.request(op, timeout, lease)
             done.append(op)
-        with watch.stage("record"):
+        with watch.timed("record"):
             part = build_device_part(reply, identity, watch.durations)
             write_device_part(staging_dir, part)
     except SnapshotError as exc:

@@ -179,7 +179,7 @@ class Checkpointer:
         """device_backup: lock and back up the engine here, after the preflight checks and under the claim, so that
         its lock window is the backup, the checkpoint and the resume -- no module start, no task in between."""
         self.step = "device snapshot"
-        with self.watch.stage("device_backup"):  # the lease ends by the generation's timeout + LEASE_MARGIN
+        with self.watch.timed("device_backup"):  # the lease ends by the generation's timeout + LEASE_MARGIN
             lease = bounded_lease(self.backup_lease, self.deadline.remaining())
             result["device_backup"] = device.back_up(self.agent, self.staging_dir, self.identity, lease,
                                                      True, min(self.remaining("the device backup"), 90.0),
@@ -259,7 +259,7 @@ class Checkpointer:
             self.keeper.check("resuming the engine")
             self.keeper.stop()
             self.keeper = None
-        with self.watch.stage("resume"):
+        with self.watch.timed("resume"):
             try:
                 actions, reply = device.resume(self.agent, min(self.remaining("resuming the engine"), 60.0))
             except SnapshotError as exc:  # the snapshot is sound; the role's unlock step tries again
@@ -278,7 +278,7 @@ class Checkpointer:
         """The SHA-256 of every file the world records, now that the engine runs again (never in its lock window);
         from the node's cache for a file hashed before with the same identity."""
         self.remaining("recording the digests of the mounted files")
-        with self.watch.stage("world_digests"):
+        with self.watch.timed("world_digests"):
             try:
                 self.world["digests"] = world.add_digests(self.world["facts"], self.params["workers"])
             except world.WorldError as exc:
@@ -292,7 +292,7 @@ class Checkpointer:
         if os.path.isfile(canary):  # snapshot_canary left it in the clear: it holds a prompt and its answer
             os.rename(canary, os.path.join(self.plain_dir, layout.CANARY))
         relpaths = [rel for rel in manifest.list_files(self.plain_dir) if encryption.encrypts(rel)]
-        with self.watch.stage("encrypt"):  # the ciphertext is hashed as it is written, from memory: never read back
+        with self.watch.timed("encrypt"):  # the ciphertext is hashed as it is written, from memory: never read back
             self.written = encryption.encrypt_tree(
                 self.encryption_key, self.plain_dir, self.staging_dir, relpaths,
                 encryption.Binding(self.identity, self.generation_number), self.params["workers"],
@@ -376,7 +376,7 @@ class Checkpointer:
                                           remaining=self.deadline.remaining).start()
             self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
                                force=True)
-            with self.watch.stage("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
+            with self.watch.timed("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
             result["resumed"] = self.resume_engine()
             self.digest_world()
@@ -385,7 +385,7 @@ class Checkpointer:
                 self.encrypt()
             self.progress.note("checkpoint done in %.2f s; sealing" % self.watch.durations["checkpoint"], force=True)
             self.remaining("sealing")
-            with self.watch.stage("seal"):
+            with self.watch.timed("seal"):
                 known = self.follower.finish() if self.follower else self.written
                 self.follower = None
                 document, fingerprint, hashing = seal.seal(
@@ -396,7 +396,7 @@ class Checkpointer:
                 self.claim_keeper.check()
             if self.signing.get("phase") == SEAL:  # the controller signs it; publish() follows in a second run
                 return self.sealed_for_signature(result, document, fingerprint, hashing)
-            with self.watch.stage("publish"):
+            with self.watch.timed("publish"):
                 seal.publish(self.staging_dir, self.snapshot_dir)
             self.progress.final("published %d bytes" % document["total_bytes"])
         except Exception as exc:
@@ -455,7 +455,7 @@ class Checkpointer:
             if taken.get("took_over") or not os.path.isdir(self.staging_dir):
                 raise ParameterError("the sealed snapshot of generation %s is gone from %s (another run took the pod "
                                      "over, or it was removed): nothing to publish" % (self.generation, self.staging_dir))
-            with self.watch.stage("publish"):
+            with self.watch.timed("publish"):
                 try:
                     signed = signature.write(self.staging_dir, json.loads(self.signing.get("signature") or "null"))
                 except (ValueError, TypeError) as exc:
@@ -543,7 +543,7 @@ def host_checkpoint(params, check_mode=False, log=None):
         result["replaced_because"] = stale  # a snapshot of another world: a restore would refuse it anyway
     elif published:
         result["replaced_because"] = ["force" if params.get("force") else "if_exists=replace"]
-    with job.watch.stage("preflight"):
+    with job.watch.timed("preflight"):
         job.preflight()
     if check_mode:
         if params.get("device_backup"):

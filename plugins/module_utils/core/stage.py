@@ -355,9 +355,9 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
         fcntl.flock(lock, fcntl.LOCK_EX)  # retention leaves a partial copy alone while its stager lives
         content = layout.stage_content(partial)
         os.mkdir(content, paths.DIR_MODE)
-        with watch.stage("copy"):
+        with watch.timed("copy"):
             _copy_tree(snapshot_dir, content, relpaths, workers)
-        with watch.stage("verify"):
+        with watch.timed("verify"):
             valid, reasons, details = manifest.verify(content, min_size, None, workers, trusted=trusted)
         if valid and details["fingerprint"] != fingerprint:
             valid, reasons = False, ["checksum_mismatch: the snapshot changed while it was copied (%s, then %s)"

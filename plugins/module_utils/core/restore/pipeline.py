@@ -412,7 +412,7 @@ def run(driver, attempt):
         if attempt.started:
             driver.undo(attempt)
         attempt.failed = True  # until the cold start is done: nothing serves
-        with watch.stage("cold_start"):
+        with watch.timed("cold_start"):
             driver.cold_start(attempt)
         attempt.failed = False
     finally:
@@ -590,7 +590,7 @@ class Stage:
 
     def __call__(self, name):
         self.current = name
-        return self.watch.stage(name)
+        return self.watch.timed(name)
 
 
 def _reason(exc, stage):

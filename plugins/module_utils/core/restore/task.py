@@ -251,7 +251,7 @@ def _result(attempt, base, warn):
 
 def _wait_serving(params, attempt, gone=None):
     if params["health_url"]:
-        with attempt.watch.stage("health"):
+        with attempt.watch.timed("health"):
             health.wait_serving(params["health_url"], params["health_timeout"], gone=gone)
         attempt.watch.total()
 
