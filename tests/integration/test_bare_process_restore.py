@@ -19,7 +19,7 @@ import pytest
 from conftest import (WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, install_devices, posix_locks,
                       reset_device, run_module)
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
 MARK = "INFEROPS_TEST_MARK"
@@ -160,7 +160,7 @@ def test_checkpoint_of_a_bare_process_records_engine_and_pids(bare):
     assert manifest["engine"]["name"] == "criu" and manifest["image"] is None
     assert manifest["device"]["pid"] == b["pid"] and manifest["device"]["state"] == "BACKED_UP"
     assert not os.path.exists(os.path.join(snap, "host", "container.json"))
-    tree = criu.read_pstree(os.path.join(snap, "host", "criu"))  # the parser against CRIU's own image
+    tree = criu_images.read_pstree(os.path.join(snap, "host", "criu"))  # the parser against CRIU's own image
     assert tree[0][0] == b["pid"] and b["pid"] in tree[0][1] and len(tree[0][1]) > 1, tree
     # A snapshot of a bare process is no container snapshot: the docker engine says so and does not use it.
     docker_engine = run_module("snapshot_restore", {"snapshot_dir": snap, "identity": identity(b["pod"]),

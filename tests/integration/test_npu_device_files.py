@@ -25,7 +25,7 @@ from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_p
                       run_module)
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
 
 SIZES = dict(WORKLOAD_DEVICE_MB=16, WORKLOAD_HOST_MB=8, ACL_SIM_DEVICE_MEM_BYTES="64M", WORKLOAD_WARMUP_SECONDS=2)
 
@@ -92,7 +92,7 @@ def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dum
     done = warm["with_plugin"]
     assert done["status"] == "completed", (done.get("msg"), done.get("criu_log_tail"))
     images = os.path.join(warm["snapshot_dir"], "host", "criu")
-    recorded = criu.read_npu_devices(images)
+    recorded = criu_images.read_npu_devices(images)
     assert sorted(f["path"] for f in recorded["fds"]) == ["/dev/davinci0", "/dev/davinci_manager"], recorded
     chip = [f for f in recorded["fds"] if f["path"] == "/dev/davinci0"][0]
     nodes = json.loads((warm["device_dir"] / "nodes.json").read_text())

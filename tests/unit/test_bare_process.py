@@ -13,7 +13,7 @@ import pytest
 from conftest import criu_image, protobuf_varint as varint
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, proc as proc_facts, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import CommandError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import bare, verify
 
@@ -29,7 +29,7 @@ def pstree_entry(pid, ppid, threads, packed=False, extra=b""):
 
 
 def write_pstree(directory, entries, common=True):
-    return criu_image(directory, criu.PSTREE_IMAGE, criu.PSTREE_MAGIC, entries, common)
+    return criu_image(directory, criu_images.PSTREE_IMAGE, criu_images.PSTREE_MAGIC, entries, common)
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -37,25 +37,25 @@ def test_read_pstree_root_first_with_threads(tmp_path, packed):
     images = write_pstree(tmp_path / "host" / "criu", [
         pstree_entry(70001, 1, [70001, 70002, 300000], packed=packed, extra=b"\x35\x00\x00\x00\x00"),
         pstree_entry(70010, 70001, [70010])])
-    assert criu.read_pstree(str(images)) == [(70001, [70001, 70002, 300000]), (70010, [70010])]
+    assert criu_images.read_pstree(str(images)) == [(70001, [70001, 70002, 300000]), (70010, [70010])]
 
 
 def test_read_pstree_without_common_magic(tmp_path):
     images = write_pstree(tmp_path, [pstree_entry(5, 1, [5])], common=False)
-    assert criu.read_pstree(str(images)) == [(5, [5])]
+    assert criu_images.read_pstree(str(images)) == [(5, [5])]
 
 
 @pytest.mark.parametrize("data, message", [
     (b"\x19\x43\x56\x54", "too short"),
-    (struct.pack("<II", criu.IMG_COMMON_MAGIC, 0x12345678), "not CRIU's pstree magic"),
-    (struct.pack("<III", criu.IMG_COMMON_MAGIC, criu.PSTREE_MAGIC, 40) + b"\x08\x05", "truncated"),
-    (struct.pack("<II", criu.IMG_COMMON_MAGIC, criu.PSTREE_MAGIC), "holds no process"),
-    (struct.pack("<III", criu.IMG_COMMON_MAGIC, criu.PSTREE_MAGIC, 2) + b"\x10\x01", "without a pid"),
+    (struct.pack("<II", criu_images.IMG_COMMON_MAGIC, 0x12345678), "not CRIU's pstree magic"),
+    (struct.pack("<III", criu_images.IMG_COMMON_MAGIC, criu_images.PSTREE_MAGIC, 40) + b"\x08\x05", "truncated"),
+    (struct.pack("<II", criu_images.IMG_COMMON_MAGIC, criu_images.PSTREE_MAGIC), "holds no process"),
+    (struct.pack("<III", criu_images.IMG_COMMON_MAGIC, criu_images.PSTREE_MAGIC, 2) + b"\x10\x01", "without a pid"),
 ])
 def test_read_pstree_rejects_what_it_does_not_know(tmp_path, data, message):
-    (tmp_path / criu.PSTREE_IMAGE).write_bytes(data)
+    (tmp_path / criu_images.PSTREE_IMAGE).write_bytes(data)
     with pytest.raises(ValueError, match=message):
-        criu.read_pstree(str(tmp_path))
+        criu_images.read_pstree(str(tmp_path))
 
 
 def test_engine_reason_names_the_engine_to_use():

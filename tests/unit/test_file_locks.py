@@ -17,7 +17,7 @@ import pytest
 from conftest import criu_image, posix_locks, protobuf_varint
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import launcher, protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import file_locks
 
 DB_SHARED = 1073741826  # where the workload's read lock on cache.db starts (SQLite's SHARED range)
@@ -30,28 +30,28 @@ def _message(*fields):
 def checkpoint_images(directory, root, locks, flock=None):
     """pstree.img with ``root`` and filelocks.img with ``locks`` [(pid, fd, type, start, len)] (+ one flock)."""
     root_entry = _message((1, root), (2, 0), (3, root), (4, root), (5, root))
-    criu_image(directory, criu.PSTREE_IMAGE, criu.PSTREE_MAGIC, [root_entry])
-    entries = [_message((1, criu.FL_POSIX), (2, criu.F_RDLCK if kind == "read" else criu.F_WRLCK), (3, pid),
+    criu_image(directory, criu_images.PSTREE_IMAGE, criu_images.PSTREE_MAGIC, [root_entry])
+    entries = [_message((1, criu_images.FL_POSIX), (2, criu_images.F_RDLCK if kind == "read" else criu_images.F_WRLCK), (3, pid),
                         (4, fd), (5, start), (6, length)) for pid, fd, kind, start, length in locks]
     if flock:
-        entries.append(_message((1, 2), (2, criu.F_WRLCK), (3, root), (4, flock), (5, 0), (6, 0)))
-    criu_image(directory, criu.FILE_LOCKS_IMAGE, criu.FILE_LOCKS_MAGIC, entries)
+        entries.append(_message((1, 2), (2, criu_images.F_WRLCK), (3, root), (4, flock), (5, 0), (6, 0)))
+    criu_image(directory, criu_images.FILE_LOCKS_IMAGE, criu_images.FILE_LOCKS_MAGIC, entries)
     return str(directory)
 
 
 def test_the_lock_image_reader_keeps_posix_locks_only_and_knows_its_format(tmp_path):
     images = checkpoint_images(tmp_path, 7, [(7, 3, "read", DB_SHARED, 510), (7, 4, "write", 120, 0)], flock=5)
-    assert criu.read_posix_locks(images) == [
+    assert criu_images.read_posix_locks(images) == [
         {"pid": 7, "fd": 3, "type": "read", "start": DB_SHARED, "len": 510},
         {"pid": 7, "fd": 4, "type": "write", "start": 120, "len": 0}]
-    os.unlink(os.path.join(images, criu.FILE_LOCKS_IMAGE))
-    assert criu.read_posix_locks(images) == []  # CRIU writes none when nothing was locked
-    criu_image(tmp_path, criu.FILE_LOCKS_IMAGE, criu.PSTREE_MAGIC, [])
+    os.unlink(os.path.join(images, criu_images.FILE_LOCKS_IMAGE))
+    assert criu_images.read_posix_locks(images) == []  # CRIU writes none when nothing was locked
+    criu_image(tmp_path, criu_images.FILE_LOCKS_IMAGE, criu_images.PSTREE_MAGIC, [])
     with pytest.raises(ValueError, match="filelocks.img has magic 0x50273030, not CRIU's file locks magic"):
-        criu.read_posix_locks(images)
-    criu_image(tmp_path, criu.FILE_LOCKS_IMAGE, criu.FILE_LOCKS_MAGIC, [_message((1, 1), (2, 0), (3, 7))])
+        criu_images.read_posix_locks(images)
+    criu_image(tmp_path, criu_images.FILE_LOCKS_IMAGE, criu_images.FILE_LOCKS_MAGIC, [_message((1, 1), (2, 0), (3, 7))])
     with pytest.raises(ValueError, match="without all of flag, type, pid, fd, start and len"):
-        criu.read_posix_locks(images)
+        criu_images.read_posix_locks(images)
 
 
 @pytest.mark.parametrize("locks, error", [
@@ -95,7 +95,7 @@ def test_the_agent_takes_back_a_dropped_lock_and_the_check_sees_it(engine, tmp_p
     # the checkpoint held one more: a write lock on the database's first page, which the restore dropped
     images = checkpoint_images(tmp_path / "images", engine.pid, [(engine.pid, db, "read", DB_SHARED, 510),
                                                                  (engine.pid, db, "write", 0, 4096)])
-    assert [lock["start"] for lock in file_locks.missing(engine.pid, criu.read_posix_locks(images))] == [0]
+    assert [lock["start"] for lock in file_locks.missing(engine.pid, criu_images.read_posix_locks(images))] == [0]
     done = file_locks.hold_again(images, engine.pid, str(engine.socket_dir), 10)
     assert done == {"checkpointed": 2, "taken_back": 1}
     assert file_locks.held(engine.pid, db) == {("read", DB_SHARED, 510), ("write", 0, 4096)}

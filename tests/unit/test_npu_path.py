@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import device, layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images, device, layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu
 from conftest import criu_image, protobuf_varint
@@ -16,7 +16,7 @@ from conftest import criu_image, protobuf_varint
 
 def plugin_image(directory, lines):
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / layout.NPU_PLUGIN_IMAGE).write_text("\n".join([criu.NPU_IMAGE_HEADER] + lines) + "\n")
+    (directory / layout.NPU_PLUGIN_IMAGE).write_text("\n".join([criu_images.NPU_IMAGE_HEADER] + lines) + "\n")
     return directory
 
 
@@ -24,20 +24,20 @@ def test_the_plugin_image_is_read_back_with_escaped_paths(tmp_path):
     images = plugin_image(tmp_path / "img", ["vma b 7 1 /dev/davinci_manager",
                                              "fd 27 200000 c 120 64 /dev/dav%20inci0",
                                              "fd 28 8000 b 7 1 /dev/davinci_manager"])
-    found = criu.read_npu_devices(str(images))
+    found = criu_images.read_npu_devices(str(images))
     assert found["fds"][0] == {"id": 27, "flags": 0o10000000, "type": "c", "major": 120, "minor": 64,
                                "path": "/dev/dav inci0"}
     assert found["vmas"] == [{"type": "b", "major": 7, "minor": 1, "path": "/dev/davinci_manager"}]
-    assert criu.read_npu_devices(str(tmp_path)) is None, "no image: the process held no NPU device"
+    assert criu_images.read_npu_devices(str(tmp_path)) is None, "no image: the process held no NPU device"
 
 
 @pytest.mark.parametrize("lines", [["fd x 1 c 1 2 /dev/davinci0"], ["fd 1 1 z 1 2 /dev/davinci0"], ["what 1"]])
 def test_a_plugin_image_it_did_not_write_is_refused(tmp_path, lines):
     with pytest.raises(ValueError):
-        criu.read_npu_devices(str(plugin_image(tmp_path / "img", lines)))
+        criu_images.read_npu_devices(str(plugin_image(tmp_path / "img", lines)))
     (tmp_path / "img" / layout.NPU_PLUGIN_IMAGE).write_text("something else\n")
     with pytest.raises(ValueError):
-        criu.read_npu_devices(str(tmp_path / "img"))
+        criu_images.read_npu_devices(str(tmp_path / "img"))
 
 
 def test_the_plugins_error_line_is_named_as_the_cause():
@@ -158,7 +158,7 @@ def inet_entry(file_id, family, src, dst=b"", state=10, port=8000):
     for w in words(dst):
         sk += protobuf_varint(12 << 3) + protobuf_varint(w)
     sk += protobuf_varint(14 << 3 | 2) + protobuf_varint(2) + b"\x08\x01"  # opts: a submessage kept as it is
-    return (protobuf_varint(1 << 3) + protobuf_varint(criu.FD_TYPE_INETSK) + protobuf_varint(2 << 3)
+    return (protobuf_varint(1 << 3) + protobuf_varint(criu_images.FD_TYPE_INETSK) + protobuf_varint(2 << 3)
             + protobuf_varint(file_id) + protobuf_varint(4 << 3 | 2) + protobuf_varint(len(sk)) + sk)
 
 
@@ -169,33 +169,33 @@ def mapped(v4):
 def test_sockets_bound_to_the_old_pod_address_move_to_the_new_one(tmp_path):
     other = protobuf_varint(1 << 3) + protobuf_varint(1) + protobuf_varint(2 << 3) + protobuf_varint(5)  # a REG file
     entries = [other,
-               inet_entry(1, criu.AF_INET, socket.inet_aton("10.1.2.3")),
-               inet_entry(2, criu.AF_INET, socket.inet_aton("127.0.0.1")),
-               inet_entry(3, criu.AF_INET, socket.inet_aton("0.0.0.0")),
-               inet_entry(4, criu.AF_INET6, mapped("10.1.2.3")),
-               inet_entry(5, criu.AF_INET, socket.inet_aton("10.1.2.3"), socket.inet_aton("10.1.2.3"), state=7)]
-    criu_image(tmp_path, criu.FILES_IMAGE, criu.FILES_MAGIC, entries)
-    data = (tmp_path / criu.FILES_IMAGE).read_bytes()
-    new, old = criu.remap_inet_addresses(data, "10.9.9.200")
+               inet_entry(1, criu_images.AF_INET, socket.inet_aton("10.1.2.3")),
+               inet_entry(2, criu_images.AF_INET, socket.inet_aton("127.0.0.1")),
+               inet_entry(3, criu_images.AF_INET, socket.inet_aton("0.0.0.0")),
+               inet_entry(4, criu_images.AF_INET6, mapped("10.1.2.3")),
+               inet_entry(5, criu_images.AF_INET, socket.inet_aton("10.1.2.3"), socket.inet_aton("10.1.2.3"), state=7)]
+    criu_image(tmp_path, criu_images.FILES_IMAGE, criu_images.FILES_MAGIC, entries)
+    data = (tmp_path / criu_images.FILES_IMAGE).read_bytes()
+    new, old = criu_images.remap_inet_addresses(data, "10.9.9.200")
     assert old == ["10.1.2.3", "::ffff:10.1.2.3"]
-    again, seen = criu.remap_inet_addresses(new, "10.9.9.200")
+    again, seen = criu_images.remap_inet_addresses(new, "10.9.9.200")
     assert seen == ["10.9.9.200", "::ffff:10.9.9.200"] and again == new, "a second pass finds the new address only"
     expected = [other,
-                inet_entry(1, criu.AF_INET, socket.inet_aton("10.9.9.200")),
+                inet_entry(1, criu_images.AF_INET, socket.inet_aton("10.9.9.200")),
                 entries[2], entries[3],
-                inet_entry(4, criu.AF_INET6, mapped("10.9.9.200")),
-                inet_entry(5, criu.AF_INET, socket.inet_aton("10.9.9.200"), socket.inet_aton("10.9.9.200"), state=7)]
-    criu_image(tmp_path / "expected", criu.FILES_IMAGE, criu.FILES_MAGIC, expected)
-    assert new == (tmp_path / "expected" / criu.FILES_IMAGE).read_bytes()
+                inet_entry(4, criu_images.AF_INET6, mapped("10.9.9.200")),
+                inet_entry(5, criu_images.AF_INET, socket.inet_aton("10.9.9.200"), socket.inet_aton("10.9.9.200"), state=7)]
+    criu_image(tmp_path / "expected", criu_images.FILES_IMAGE, criu_images.FILES_MAGIC, expected)
+    assert new == (tmp_path / "expected" / criu_images.FILES_IMAGE).read_bytes()
 
 
 def test_nothing_is_rewritten_without_an_old_pod_address_and_other_images_are_refused(tmp_path):
-    criu_image(tmp_path, criu.FILES_IMAGE, criu.FILES_MAGIC,
-               [inet_entry(1, criu.AF_INET, socket.inet_aton("0.0.0.0"))])
-    data = (tmp_path / criu.FILES_IMAGE).read_bytes()
-    assert criu.remap_inet_addresses(data, "10.0.0.9") == (data, [])
+    criu_image(tmp_path, criu_images.FILES_IMAGE, criu_images.FILES_MAGIC,
+               [inet_entry(1, criu_images.AF_INET, socket.inet_aton("0.0.0.0"))])
+    data = (tmp_path / criu_images.FILES_IMAGE).read_bytes()
+    assert criu_images.remap_inet_addresses(data, "10.0.0.9") == (data, [])
     with pytest.raises(ValueError):
-        criu.remap_inet_addresses(data, "not-an-address")
-    criu_image(tmp_path, "pstree.img", criu.PSTREE_MAGIC, [])
+        criu_images.remap_inet_addresses(data, "not-an-address")
+    criu_image(tmp_path, "pstree.img", criu_images.PSTREE_MAGIC, [])
     with pytest.raises(ValueError):
-        criu.remap_inet_addresses((tmp_path / "pstree.img").read_bytes(), "10.0.0.9")
+        criu_images.remap_inet_addresses((tmp_path / "pstree.img").read_bytes(), "10.0.0.9")

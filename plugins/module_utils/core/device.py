@@ -16,9 +16,8 @@ import json
 import os
 import stat
 
-from . import layout, paths, proc, schema
+from . import criu_images, layout, paths, proc, schema
 from .agent import protocol
-from .clients import criu as criu_client
 from .clients.control import AgentSocketClient
 from .clock import Deadline, Stopwatch, utc_now
 from .errors import RuntimeRefusedError, SnapshotError
@@ -267,7 +266,7 @@ def devices_unavailable(images_dir, targets=None, plugin_dirs=None, proc_root="/
     constraint). davinci_manager is every NPU process's, never one process's device, and is not checked.
     """
     try:
-        recorded = criu_client.read_npu_devices(images_dir)
+        recorded = criu_images.read_npu_devices(images_dir)
     except ValueError as exc:
         return "npu_image_unreadable: %s" % exc
     if not recorded or not recorded["fds"] + recorded["vmas"]:

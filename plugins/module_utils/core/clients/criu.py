@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one client for the CRIU binary, CRIU's logs and the two CRIU images the collection reads.
-PRIVATE to the inferops.snapshot collection.
+"""The one client for the CRIU binary: its runs, its logs, its work dirs, the lazy-pages daemon.
+PRIVATE to the inferops.snapshot collection. The images CRIU writes are read by ``core/criu_images.py``.
 
 A failed CRIU run (directly, or through runc) keeps its log: ``keep_log`` copies it into
 ``layout.CRIU_LOG_DIR`` (0600, the newest KEEP_LOGS), and every error names the first CRIU
@@ -16,7 +16,6 @@ __metaclass__ = type
 import os
 import re
 import shutil
-import struct
 import subprocess
 import tempfile
 import threading
@@ -28,16 +27,6 @@ from ..errors import CommandError, ParameterError, SnapshotError
 from . import runner as runner_mod
 
 MINIMUM_VERSION = (4, 2)
-PSTREE_IMAGE = "pstree.img"
-# criu/include/magic.h: most images start with a common (or service) magic, then their own.
-IMG_COMMON_MAGIC = 0x54564319
-IMG_SERVICE_MAGIC = 0x55105940
-PSTREE_MAGIC = 0x50273030
-FILE_LOCKS_IMAGE = "filelocks.img"
-FILE_LOCKS_MAGIC = 0x54323616
-# criu/include/file-lock.h: the lock's style (flag) and, for POSIX locks, fcntl's F_RDLCK / F_WRLCK (type)
-FL_POSIX = 1
-F_RDLCK, F_WRLCK = 0, 1
 # CRIU error lines that are not the cause: a harmless early one, and the unwinding after the cause.
 NOT_THE_CAUSE = ("rlimit: Can't setup RLIMIT_NOFILE", "Restoring FAILED", "cgroupd: recv req error",
                  "Dumping FAILED", "handle_device_vma plugin failed")  # the next line says which mapping
@@ -330,253 +319,6 @@ class LazyPages:
             self.process.wait()
         if self.process is not None:
             self.status = self.process.returncode
-
-
-# -- the images we read: the process tree and the file locks ------------------------------------------
-
-def _varint(data, pos):
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint at byte %d" % pos)
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _signed(value):
-    """A protobuf int32/int64 read as a varint: negative values are two's complement on 64 bits."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _pb_fields(message):
-    """(field number, wire type, value) of a protobuf message; enough of the wire format for CRIU's entries."""
-    pos = 0
-    while pos < len(message):
-        key, pos = _varint(message, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(message, pos)
-        elif wire == 2:
-            length, pos = _varint(message, pos)
-            value, pos = message[pos:pos + length], pos + length
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, pos = message[pos:pos + size], pos + size
-        else:
-            raise ValueError("unsupported protobuf wire type %d" % wire)
-        if pos > len(message):
-            raise ValueError("truncated protobuf field %d" % number)
-        yield number, wire, value
-
-
-def _image_entries(images_dir, name, magic, what):
-    """The protobuf messages of one CRIU image (``what`` it holds): its magic, then (size, message) records."""
-    with open(os.path.join(images_dir, name), "rb") as handle:
-        data = handle.read()
-    if len(data) < 8:
-        raise ValueError("%s is too short to be a CRIU image" % name)
-    first, second = struct.unpack_from("<II", data, 0)
-    found, pos = (second, 8) if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else (first, 4)
-    if found != magic:
-        raise ValueError("%s has magic 0x%08x, not CRIU's %s magic" % (name, found, what))
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ValueError("%s is truncated" % name)
-        size = struct.unpack_from("<I", data, pos)[0]
-        message = data[pos + 4:pos + 4 + size]
-        if len(message) != size:
-            raise ValueError("%s is truncated" % name)
-        pos += 4 + size
-        yield message
-
-
-def read_pstree(images_dir):
-    """The checkpointed process tree from CRIU's ``pstree.img``: [(pid, [thread ids])], root first.
-
-    A bare process is restored with these very pids and thread ids, so they must be free. Raises
-    ValueError (IOError/OSError when the file cannot be read) for an image this parser does not know.
-    """
-    tree = []
-    for message in _image_entries(images_dir, PSTREE_IMAGE, PSTREE_MAGIC, "pstree"):
-        pid, threads = None, []
-        for number, wire, value in _pb_fields(message):
-            if number == 1 and wire == 0:  # pstree_entry.pid
-                pid = value
-            elif number == 5 and wire == 0:  # pstree_entry.threads, one by one
-                threads.append(value)
-            elif number == 5 and wire == 2:  # ... or packed
-                offset = 0
-                while offset < len(value):
-                    tid, offset = _varint(value, offset)
-                    threads.append(tid)
-        if not pid:
-            raise ValueError("%s has an entry without a pid" % PSTREE_IMAGE)
-        tree.append((pid, threads))
-    if not tree:
-        raise ValueError("%s holds no process" % PSTREE_IMAGE)
-    return tree
-
-
-def read_posix_locks(images_dir):
-    """The POSIX (fcntl) locks the checkpointed processes held, from CRIU's ``filelocks.img`` (written with
-    --file-locks): [{"pid" (in the checkpoint's pid namespace), "fd", "type" ("read"/"write"), "start",
-    "len" (0: to the end of the file)}]. An image without the file held none. flock, OFD locks and leases
-    belong to the open file, not the process, and are left out. ValueError for an image this parser does not
-    know."""
-    if not os.path.exists(os.path.join(images_dir, FILE_LOCKS_IMAGE)):
-        return []
-    locks = []
-    for message in _image_entries(images_dir, FILE_LOCKS_IMAGE, FILE_LOCKS_MAGIC, "file locks"):
-        entry = dict((number, value) for number, wire, value in _pb_fields(message) if wire == 0)
-        if not {1, 2, 3, 4, 5, 6} <= set(entry):
-            raise ValueError("%s has an entry without all of flag, type, pid, fd, start and len" % FILE_LOCKS_IMAGE)
-        if not entry[1] & FL_POSIX:
-            continue
-        if entry[2] not in (F_RDLCK, F_WRLCK):
-            raise ValueError("%s has a POSIX lock of unknown type %d" % (FILE_LOCKS_IMAGE, entry[2]))
-        locks.append({"pid": _signed(entry[3]), "fd": _signed(entry[4]), "type": "read" if entry[2] == F_RDLCK
-                      else "write", "start": _signed(entry[5]), "len": _signed(entry[6])})
-    return locks
-
-
-NPU_IMAGE_HEADER = "inferops-npu-plugin v1"
-
-
-def read_npu_devices(images_dir):
-    """What the NPU plugin recorded (layout.NPU_PLUGIN_IMAGE): {"fds": [{"id", "flags", "type" ("c"/"b"), "major",
-    "minor", "path"}], "vmas": [{"type", "major", "minor", "path"}]}, or None when the process held no NPU device.
-    ValueError for an image the plugin did not write."""
-    try:
-        with open(os.path.join(images_dir, layout.NPU_PLUGIN_IMAGE), "rb") as handle:
-            text = handle.read().decode("utf-8")
-    except (IOError, OSError):
-        return None
-    lines = text.splitlines()
-    if not lines or lines[0] != NPU_IMAGE_HEADER:
-        raise ValueError("%s is not an image of the NPU plugin (its first line is not %r)"
-                         % (layout.NPU_PLUGIN_IMAGE, NPU_IMAGE_HEADER))
-    found = {"fds": [], "vmas": []}
-    for line in lines[1:]:
-        words = line.split(" ")
-        try:
-            if words[0] == "fd" and len(words) == 7 and words[3] in ("c", "b"):
-                found["fds"].append({"id": int(words[1]), "flags": int(words[2], 16), "type": words[3],
-                                     "major": int(words[4]), "minor": int(words[5]), "path": _unquote(words[6])})
-                continue
-            if words[0] == "vma" and len(words) == 5 and words[1] in ("c", "b"):
-                found["vmas"].append({"type": words[1], "major": int(words[2]), "minor": int(words[3]),
-                                      "path": _unquote(words[4])})
-                continue
-        except ValueError:
-            pass
-        raise ValueError("%s has a malformed record: %r" % (layout.NPU_PLUGIN_IMAGE, line[:200]))
-    return found
-
-
-def _unquote(word):
-    """The plugin writes a path with every byte outside [A-Za-z0-9/._+-] as %XX."""
-    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), word)
-
-
-# -- the inet sockets' local address: a pod that comes back with a new IP ------------------------------
-FILES_IMAGE = "files.img"
-FILES_MAGIC = 0x56303138
-FD_TYPE_INETSK = 4          # fdinfo.proto fd_types
-AF_INET, AF_INET6 = 2, 10
-
-
-def _pb_varint(value):
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _pb_encode(fields):
-    """(number, wire type, value) back into a protobuf message (the inverse of _pb_fields)."""
-    out = bytearray()
-    for number, wire, value in fields:
-        out += _pb_varint(number << 3 | wire)
-        if wire == 0:
-            out += _pb_varint(value)
-        elif wire == 2:
-            out += _pb_varint(len(value)) + value
-        else:
-            out += value
-    return bytes(out)
-
-
-def _words_ip(words):
-    """An inet_sk_entry address (repeated uint32, network-order bytes read little-endian) as text."""
-    raw = b"".join(struct.pack("<I", w) for w in words)
-    if len(raw) == 4:
-        return ".".join(str(b) for b in raw)
-    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
-        return "::ffff:" + ".".join(str(b) for b in raw[12:])
-    return None
-
-
-def _is_local_only(text):
-    """Addresses no pod owns: the wildcard and the loopback range (IPv4, or mapped into IPv6)."""
-    plain = text[7:] if text.startswith("::ffff:") else text
-    return plain == "0.0.0.0" or plain.startswith("127.")
-
-
-def remap_inet_addresses(data, new_ipv4):
-    """CRIU's files.img (its bytes) with every inet socket's local address that belonged to the old pod -- neither
-    the wildcard nor loopback -- replaced by ``new_ipv4`` (IPv4, or IPv4 mapped into IPv6), and the peer address of
-    a socket connected to its own pod with it: what MindCluster's patched CRIU does with INETSK_LOCAL_IPV4_KEY, which
-    upstream CRIU 4.2.1 has no option for (its restore binds each socket to the recorded address). Returns (new bytes,
-    sorted old addresses); the bytes are ``data`` itself when nothing is bound to an old pod address. ValueError for
-    an image this parser does not know."""
-    if len(data) < 8:
-        raise ValueError("%s is too short to be a CRIU image" % FILES_IMAGE)
-    first, second = struct.unpack_from("<II", data, 0)
-    head = 8 if first in (IMG_COMMON_MAGIC, IMG_SERVICE_MAGIC) else 4
-    if (second if head == 8 else first) != FILES_MAGIC:
-        raise ValueError("%s is not CRIU's files image" % FILES_IMAGE)
-    octets = [int(part) for part in new_ipv4.split(".")]
-    if len(octets) != 4 or not all(0 <= o <= 255 for o in octets):
-        raise ValueError("%r is not an IPv4 address" % new_ipv4)
-    v4 = [struct.unpack("<I", bytes(octets))[0]]
-    mapped = [0, 0, struct.unpack("<I", b"\0\0\xff\xff")[0]] + v4
-    out, old, pos, changed = bytearray(data[:head]), set(), head, False
-    while pos < len(data):
-        size = struct.unpack_from("<I", data, pos)[0]
-        message = data[pos + 4:pos + 4 + size]
-        if len(message) != size:
-            raise ValueError("%s is truncated" % FILES_IMAGE)
-        pos += 4 + size
-        entry = list(_pb_fields(message))
-        kind = [v for n, w, v in entry if n == 1 and w == 0]
-        if kind != [FD_TYPE_INETSK]:
-            out += struct.pack("<I", size) + message
-            continue
-        sk = [list(f) for f in next(_pb_fields(v) for n, w, v in entry if n == 4 and w == 2)] if any(
-            n == 4 for n, _w, _v in entry) else []
-        family = [v for n, w, v in sk if n == 3 and w == 0]
-        src = [v for n, w, v in sk if n == 11 and w == 0]
-        dst = [v for n, w, v in sk if n == 12 and w == 0]
-        text = _words_ip(src) if family in ([AF_INET], [AF_INET6]) and src else None
-        if text is None or _is_local_only(text):
-            out += struct.pack("<I", size) + message
-            continue
-        old.add(text)
-        new = v4 if len(src) == 1 else mapped
-        kept = [f for f in sk if f[0] not in (11, 12)]
-        fields = kept + [[11, 0, w] for w in new] + [[12, 0, w] for w in (new if dst == src else dst)]
-        fields.sort(key=lambda f: f[0])  # stable: repeated fields keep their order
-        body = _pb_encode(fields)
-        message = _pb_encode([(n, w, body if n == 4 else v) for n, w, v in entry])
-        out += struct.pack("<I", len(message)) + message
-        changed = True
-    return (bytes(out) if changed else data), sorted(old)
 
 
 # -- work directories ------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import subprocess
 
 from .. import metadata, paths, proc, status
 from ..clients import runner as runner_mod
-from ..clients.criu import CriuCli, read_pstree
+from ..clients.criu import CriuCli
+from ..criu_images import read_pstree
 from ..errors import CommandError, ParameterError
 from .pipeline import Driver, Fallback
 

@@ -25,9 +25,8 @@ __metaclass__ = type
 
 import os
 
-from .. import proc
+from .. import criu_images, proc
 from ..agent import protocol
-from ..clients import criu
 from ..clients.control import AgentSocketClient
 from ..errors import SnapshotError
 
@@ -58,7 +57,7 @@ def held(pid, fd, proc_root="/proc"):
 
 
 def missing(pid, locks, proc_root="/proc"):
-    """Those of ``locks`` (criu.read_posix_locks entries) that process ``pid`` does not hold."""
+    """Those of ``locks`` (criu_images.read_posix_locks entries) that process ``pid`` does not hold."""
     by_fd = dict((fd, held(pid, fd, proc_root)) for fd in set(lock["fd"] for lock in locks))
     return [lock for lock in locks if (lock["type"], lock["start"], lock["len"]) not in by_fd[lock["fd"]]]
 
@@ -82,13 +81,13 @@ def hold_again(images_dir, root_pid, socket_dir, timeout, gone=None):
     (``images_dir``: its CRIU images); the root's agent takes back what the restore dropped. Returns None
     when the checkpoint held none, else {"checkpointed", "taken_back"}; raises LocksLost."""
     try:
-        locks = criu.read_posix_locks(images_dir)
+        locks = criu_images.read_posix_locks(images_dir)
     except ValueError as exc:
         raise LocksLost("cannot read the checkpoint's file locks: %s" % exc)
     if not locks:
         return None
     tree = host_pids(root_pid)
-    root = criu.read_pstree(images_dir)[0][0]
+    root = criu_images.read_pstree(images_dir)[0][0]
     lost = {}
     for pid, mine in _by_pid(locks).items():
         host = tree.get(pid)

@@ -19,7 +19,7 @@ import hashlib
 import os
 import shutil
 
-from .. import device, fleet, layout, metadata, netns, paths, proc, world
+from .. import criu_images, device, fleet, layout, metadata, netns, paths, proc, world
 from ..clients import criu as criu_client
 from ..clients.runc import StoppedRestore
 from ..clients.docker import DockerCli, env_dict
@@ -265,19 +265,19 @@ class OnCreate(Driver):
     def remapped_images(self, attempt, state):
         """The images to restore: ``attempt.images_dir``, or -- when the process's inet sockets were bound to its old
         pod address and the pod has a new one -- a private directory of links to them with CRIU's files.img
-        rewritten to the new address (clients/criu.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it)."""
+        rewritten to the new address (criu_images.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it)."""
         address = self.new_address()
         source = attempt.images_dir
         if not address:
             return source
-        with open(os.path.join(source, criu_client.FILES_IMAGE), "rb") as handle:
+        with open(os.path.join(source, criu_images.FILES_IMAGE), "rb") as handle:
             data = handle.read()
         listed = dict((item["path"], item["sha256"]) for item in attempt.manifest["files"])
-        name = layout.IMAGES_DIR + "/" + criu_client.FILES_IMAGE
+        name = layout.IMAGES_DIR + "/" + criu_images.FILES_IMAGE
         if not attempt.plain and hashlib.sha256(data).hexdigest() != listed.get(name):  # only bytes verified in this read
             raise Fallback("checksum_mismatch: %s is no longer the file that was verified" % name)
         try:
-            data_new, old = criu_client.remap_inet_addresses(data, address)
+            data_new, old = criu_images.remap_inet_addresses(data, address)
         except ValueError as exc:
             raise Fallback("host_images_unreadable: %s" % exc)
         if data_new is data:
@@ -293,8 +293,8 @@ class OnCreate(Driver):
             attempt.held.place(layout.IMAGES_DIR, target)
         else:
             shutil.copytree(source, target, dirs_exist_ok=True)
-        os.unlink(os.path.join(target, criu_client.FILES_IMAGE))
-        paths.write_file_atomic(os.path.join(target, criu_client.FILES_IMAGE), data_new)
+        os.unlink(os.path.join(target, criu_images.FILES_IMAGE))
+        paths.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}
         self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
                             % (", ".join(old), address))
