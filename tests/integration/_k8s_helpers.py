@@ -4,7 +4,8 @@ the kubelet of one node played on the local dockerd, and a way to run the collec
 The API runs over real HTTP and the collection talks to it through the real kubernetes client
 (and kubernetes.core). The emulator (kmock) keeps objects in memory and applies patches as plain
 JSON merges; the few things a real API server always does and kmock does not (server-set uid and
-creationTimestamp, labelSelector filtering, the kind of a list) are added in ``Emulator`` below.
+creationTimestamp, labelSelector filtering, the kind of a list, a dry run that stores nothing) are added in
+``Emulator`` below. It enforces no admission policy.
 
 Nothing here runs a controller: the tests create, delete and recreate pods themselves, as a
 StatefulSet would.
@@ -23,6 +24,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import aiohttp.web
 import kmock
 import kubernetes
 
@@ -46,6 +48,8 @@ class Emulator(kmock.KubernetesEmulator):
     async def _handle(self, request):
         if self.seen is not None:
             self.seen.append((request.headers.get("Authorization"),) + rbac_verb(request))
+        if request.params.get("dryRun") == "All" and request.action in (kmock.action.CREATE, kmock.action.UPDATE):
+            return aiohttp.web.json_response(self._dry_run(request))
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta["uid"] = str(uuid.uuid4())
@@ -60,6 +64,20 @@ class Emulator(kmock.KubernetesEmulator):
                         "Precondition failed: UID in precondition: %s, UID in object meta: %s" % (uid, current)))
         return await super()._handle(request)
 
+    def _dry_run(self, request):
+        """What a dry run (kubernetes.core's check mode) is answered, stored nowhere: the created object, or the
+        patched one (a JSON merge, as kmock patches)."""
+        key = (request.resource, request.namespace or (request.data.get("metadata") or {}).get("namespace"),
+               request.name or (request.data.get("metadata") or {}).get("name"))
+        current = self.objects[key] if key in self.objects and not self.objects[key].deleted else None
+        if request.action == kmock.action.CREATE:
+            if current is not None:
+                raise kmock.KubernetesError(status=409, reason="AlreadyExists", message="%s already exists" % key[2])
+            return request.data
+        if current is None:
+            raise kmock.KubernetesError(status=404, reason="NotFound", message="%s not found" % key[2])
+        return merge_patch(current.raw, request.data)
+
     async def _serve_list(self, request):
         listing = await super()._serve_list(request)
         selector = request.params.get("labelSelector")
@@ -69,6 +87,19 @@ class Emulator(kmock.KubernetesEmulator):
                                 if all(((item.get("metadata") or {}).get("labels") or {}).get(key) == value
                                        for key, value in wanted.items())]
         return dict(listing, apiVersion="v1", kind=LIST_KINDS.get(request.resource.plural, "List"))
+
+
+def merge_patch(target, patch):
+    """RFC 7386: ``patch`` merged into a copy of ``target`` (None removes a key)."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
 
 
 def rbac_verb(request):

@@ -4,10 +4,13 @@ pod's CREATE or UPDATE -- a pod of an unlisted namespace with any forbidden fiel
 the field, its value, the namespace and the fix; a listed namespace, or a pod without them, is admitted."""
 
 import copy
+import re
 
 import celpy
 import pytest
 from ansible.errors import AnsibleFilterError
+
+from conftest import REPO
 
 from ansible_collections.inferops.snapshot.plugins.filter.snapshot import FilterModule
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
@@ -170,3 +173,11 @@ def test_the_filter_gives_the_same_objects_and_fails_as_a_filter():
     assert take(["team-a", "inference", "team-a"], [RUNTIME_CLASS]) == [POLICY, BINDING]
     with pytest.raises(AnsibleFilterError, match=r"namespaces\[0\]: 'A' is not a namespace name"):
         take(["A"], [RUNTIME_CLASS])
+
+
+def test_the_docs_list_exactly_the_env_the_policy_denies():
+    text = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    section = text.split("## Which namespaces may restore: the admission policy")[1].split("\n## ")[0]
+    named = set(re.findall(r"`(INFEROPS_[A-Z_]+)`", section.split("The message names")[0]))
+    assert named == set(admission.RESTORE_ENV) | {layout.ENV_METADATA_FILE}, named
+    assert layout.K8S_ADMISSION_POLICY in section and layout.RESTORE_ANNOTATION_PREFIX + "*" in section
