@@ -56,7 +56,7 @@ SLOW_FILES_FIRST = (
     "test_prereqs_debian.py", "test_awx_ee.py", "test_doc_examples.py",
     "test_fleet_k8s.py", "test_lease_kill.py", "test_demo.py", "test_llama_engine.py", "test_shared_storage.py",
     "test_lazy_pages.py", "test_fleet_clone.py", "test_encryption.py", "test_prereqs.py", "test_multihost.py",
-    "test_staged_restore.py",
+    "test_staged_restore.py", "test_tenants.py", "test_trust_by_default.py",
 )
 
 
