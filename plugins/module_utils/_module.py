@@ -47,11 +47,6 @@ IDENTITY_OPTIONS = dict(
 )
 
 
-def _kubernetes():
-    from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client
-    return client.HAS_KUBERNETES, client.KUBERNETES_IMPORT_ERROR
-
-
 # Matches plugins/doc_fragments/generation.py.
 GENERATION_ARGS = dict(generation_id=dict(type="str"), generation_lease=dict(type="float", default=180.0))
 

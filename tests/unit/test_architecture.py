@@ -360,3 +360,51 @@ def test_every_schema_is_the_contract_of_a_document_the_code_writes(tmp_path):
     assert schema.errors("manifest", written) == []
     with pytest.raises(ParameterError, match="snapshotUnknown"):  # the operator's config: read through its schema
         config.normalize({"enabled": True, "npuSnapshotPath": "/n", "hostSnapshotPath": "/h", "snapshotUnknown": 1})
+
+
+def _module_utils_imports(path):
+    """The collection's module_utils a file imports, anywhere in it (Ansible's payload builder finds imports inside
+    functions too), as paths below plugins/module_utils."""
+    found = set()
+    prefix = "ansible_collections.inferops.snapshot.plugins.module_utils"
+    package = ".".join(path.relative_to(REPO / "plugins" / "module_utils").with_suffix("").parts[:-1]) \
+        if "module_utils" in path.parts else ""
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative, inside module_utils
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if package else []
+                module = ".".join([part for part in base if part] + ([node.module] if node.module else []))
+            elif (node.module or "").startswith(prefix):
+                module = node.module[len(prefix):].lstrip(".")
+            else:
+                if (node.module or "").startswith("ansible_collections.kubernetes"):
+                    found.add("kubernetes.core")
+                continue
+            names = [module + "." + alias.name if module else alias.name for alias in node.names] + [module]
+        for name in names:
+            for candidate in (name, name.rpartition(".")[0]):
+                file = REPO / "plugins" / "module_utils" / (candidate.replace(".", "/") + ".py")
+                if candidate and file.is_file():
+                    found.add(file)
+    return found
+
+
+def test_modules_outside_kubernetes_need_no_kubernetes_core():
+    """kubernetes.core is needed where the k8s modules run; a Docker host's controller with ansible-core alone
+    (and the become test's venv) must run every other module. Ansible bundles every module_util a module's
+    code imports, even inside a function, so one stray import makes kubernetes.core a requirement of them all."""
+    offenders = {}
+    for module in sorted((REPO / "plugins" / "modules").glob("*.py")):
+        if module.name.startswith("k8s_"):
+            continue
+        seen, todo = set(), [module]
+        while todo:
+            path = todo.pop()
+            for dep in _module_utils_imports(path):
+                if dep == "kubernetes.core" or (isinstance(dep, Path) and "k8s" in dep.parts):
+                    offenders.setdefault(module.name, set()).add(str(path.relative_to(REPO)))
+                elif dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+    assert not offenders, offenders
