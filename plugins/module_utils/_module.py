@@ -89,7 +89,9 @@ def dict_option_error(argument_spec, params):
 
 
 # Libraries a module may need on the target: name -> () -> (importable?, import traceback).
-LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMPORT_ERROR), "kubernetes": _kubernetes}
+# The libraries a module may need, by name. The Kubernetes client is not here: a module that needs it names it as
+# (name, available, error) from module_utils/k8s/client.py, so that only the k8s modules' payload holds that client.
+LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMPORT_ERROR)}
 
 
 def positive(params, *names):
@@ -123,14 +125,15 @@ def controller_only(module):
 
 def run(argument_spec, logic, requires=("jsonschema",), diff=None, **module_options):
     """The whole ``main()`` of a module: ``logic(module)`` returns the result dict of a successful run; with --diff,
-    ``diff(params, result)`` (plugins/module_utils/_diff.py) says what changed."""
+    ``diff(params, result)`` (plugins/module_utils/_diff.py) says what changed. ``requires``: names of LIBRARIES, or
+    ``(name, available, import error)`` tuples."""
     options = dict(supports_check_mode=True)
     options.update(module_options)
     module = _Module(argument_spec=argument_spec, **options)
     module._inferops_ready = True
     invocation = _quiet_no_log(module)
-    for name in requires:
-        available, error = LIBRARIES[name]()
+    for need in requires:
+        name, available, error = need if isinstance(need, tuple) else (need,) + LIBRARIES[need]()
         if not available:
             module.fail_json(msg=missing_required_lib(name), exception=error, invocation=invocation)
     try:

@@ -155,7 +155,7 @@ ARGUMENT_SPEC.update(
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, runner.pods_logic, requires=("kubernetes", "jsonschema"))
+    _module.run(ARGUMENT_SPEC, runner.pods_logic, requires=(client.LIBRARY, "jsonschema"))
 
 
 if __name__ == "__main__":

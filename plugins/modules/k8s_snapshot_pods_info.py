@@ -191,7 +191,7 @@ ARGUMENT_SPEC.update(
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, runner.info_logic, requires=("kubernetes", "jsonschema"))
+    _module.run(ARGUMENT_SPEC, runner.info_logic, requires=(client.LIBRARY, "jsonschema"))
 
 
 if __name__ == "__main__":

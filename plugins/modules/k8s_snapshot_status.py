@@ -152,7 +152,7 @@ ARGUMENT_SPEC.update(
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, runner.status_logic, requires=("kubernetes", "jsonschema"),
+    _module.run(ARGUMENT_SPEC, runner.status_logic, requires=(client.LIBRARY, "jsonschema"),
                 mutually_exclusive=[("status", "restore")], required_one_of=[("status", "restore")])
 
 

@@ -101,7 +101,9 @@ def required_libraries(name):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run":
             for keyword in node.keywords:
                 if keyword.arg == "requires":
-                    return [element.value for element in keyword.value.elts]
+                    # a name of _module.LIBRARIES, or k8s client.LIBRARY: the kubernetes library
+                    return [element.value if isinstance(element, ast.Constant) else "kubernetes"
+                            for element in keyword.value.elts]
             return ["jsonschema"]
     raise AssertionError("%s calls no _module.run" % name)
 

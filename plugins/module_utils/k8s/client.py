@@ -28,7 +28,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors impo
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
 
-try:  # kubernetes.core's client needs the kubernetes library: its absence is a clear error (_module.LIBRARIES)
+try:  # kubernetes.core's client needs the kubernetes library: its absence is a clear error (LIBRARY, below)
     from kubernetes.client import Configuration
     from kubernetes.dynamic.exceptions import DynamicApiError
     HAS_KUBERNETES = True
@@ -39,6 +39,10 @@ except ImportError:
 
     class DynamicApiError(Exception):
         pass
+
+
+# What the k8s modules give _module.run as ``requires``: the library, whether it imported, and why not.
+LIBRARY = ("kubernetes", HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR)
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 30
