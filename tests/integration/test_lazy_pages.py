@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from _runtime_helpers import PROMPTS, WarmSnapshot, installed_runtime
+from test_restore_on_create import identity_env
 from test_restore_on_create import WARMUP, assert_cold, corrupt_copy, flip_byte  # assert_cold checks that warmup
 
 DEVICE_MB = int(os.environ.get("INFEROPS_LAZY_DEVICE_MB", "256"))
@@ -114,8 +115,8 @@ def test_a_lazy_pages_daemon_killed_mid_copy_ends_in_a_cold_start_never_zeros(no
 
 
 def test_a_tampered_page_image_restored_lazily_never_runs(node, warm):
-    snap = corrupt_copy(node, as_dict(warm), "corrupt", flip_byte)
-    c = warm.recreate(INFEROPS_RESTORE_FROM=snap)
+    snap = corrupt_copy(node, as_dict(warm), "corrupt", flip_byte)  # below another namespace: the identity is asked for
+    c = warm.recreate(INFEROPS_RESTORE_FROM=snap, **identity_env(as_dict(warm)))
     try:
         c.run()
         record, _info = assert_cold(node, c, as_dict(warm), "checksum_mismatch: host/criu/pages-")

@@ -46,11 +46,14 @@ def test_lock_and_backup_modules_take_a_lease_and_a_second_lock_renews_it(engine
     assert renewed["changed"] is False and renewed["actions"] == ["renew"] and renewed["lease"]["seconds"] == 90
     snapshot_dir = tmp_path / "snap" / "t" / "s" / "p0" / "pod-l"
     identity = {"namespace": "t", "service": "s", "instance": "p0", "pod": "pod-l"}
-    backup = run_module("npu_snapshot_backup", dict(target, snapshot_dir=str(snapshot_dir), identity=identity, lease=3))
-    assert backup["changed"] and backup["state"] == "BACKED_UP" and backup["lease"]["seconds"] == 3, backup
-    again = run_module("npu_snapshot_backup", dict(target, snapshot_dir=str(snapshot_dir), identity=identity, lease=3))
-    assert again["changed"] is False and again["lease"]["remaining_s"] > 2, again
-    running_again(engine, 10)  # nobody unlocks: the agent does
+    # Leases long enough that none runs out between two module runs on a loaded machine; the last one is short.
+    backup = run_module("npu_snapshot_backup", dict(target, snapshot_dir=str(snapshot_dir), identity=identity, lease=60))
+    assert backup["changed"] and backup["state"] == "BACKED_UP" and backup["lease"]["seconds"] == 60, backup
+    again = run_module("npu_snapshot_backup", dict(target, snapshot_dir=str(snapshot_dir), identity=identity, lease=90))
+    assert again["changed"] is False and again["lease"]["seconds"] == 90 and again["lease"]["remaining_s"] > 60, again
+    short = run_module("npu_snapshot_backup", dict(target, snapshot_dir=str(snapshot_dir), identity=identity, lease=1))
+    assert short["changed"] is False and short["lease"]["seconds"] == 1, short  # a renewal may shorten the lease
+    running_again(engine, 30)  # nobody unlocks: the agent does, when the lease runs out
     info = run_module("npu_snapshot_lock", dict(target, state="unlocked"))
     assert info["changed"] is False and info["abandoned"]["actions"] == ["restore", "unlock"], info
     assert [engine.generate(p) for p in PROMPTS] == engine.expected
