@@ -118,8 +118,10 @@ def test_a_rerun_after_the_controller_was_killed_takes_the_claim_over_at_once_an
     seconds = time.monotonic() - started
     took = [line for line in rerun.lines if "took over the claim of generation %s" % dead["id"] in line]
     assert took and "the run that held it is gone" in took[0], rerun.output()
-    assert "removed its staging dir %s" % pod.staging in took[0] and "removed its CRIU work dir %s" % work in took[0], \
-        took[0]
+    assert "removed its staging dir %s" % pod.staging in took[0], took[0]
+    # Its CRIU work dir is removed by the take-over -- or was already, by any run on this host that swept the work
+    # dirs whose maker is gone (make test runs other generations beside this one): gone either way, checked below.
+    assert "removed its CRIU work dir %s" % work in took[0] or not os.path.lexists(work), took[0]
     record = status.read(str(pod.snapshot_dir))
     assert record["status"] == "completed" and record["generation_id"] != dead["id"], record
     assert not os.path.exists(work), "the dead run's runc work dir is still there: %s" % work
