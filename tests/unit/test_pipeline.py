@@ -11,7 +11,7 @@ import pytest
 
 from test_stage import IDENTITY, PAGES, fields, make
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, layout, seal, stage, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import clock, encryption
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import clock, encryption, manifest
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import held as held_files
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import file_locks, pipeline
@@ -214,10 +214,16 @@ def test_check_mode_verifies_and_checks_only_and_writes_nothing(tmp_path, no_loc
 class Delegating(Broken):
     """A driver whose host restore is another run of the pipeline (the hand-over to the node runtime)."""
     delegates = True
+    can_leave_stopped = False  # as Handover: nothing is deferred to a page check that never comes
 
 
-def test_a_delegated_restore_hashes_only_what_it_acts_on_and_runs_no_stage_of_its_delegate(tmp_path, no_locks):
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_a_delegated_restore_hashes_only_what_it_acts_on_and_runs_no_stage_of_its_delegate(tmp_path, no_locks,
+                                                                                           monkeypatch, chunked):
+    if chunked:  # the page image gets per-chunk digests in the chunk index, as every image above 64 MiB does
+        monkeypatch.setattr(manifest, "CHUNK_BYTES", 256)
     snap = snapshot(tmp_path)
+    assert os.path.exists(os.path.join(snap, layout.CHUNK_INDEX)) is chunked
     driver = Delegating()
     attempt = run(snap, driver)
     assert attempt.restored
@@ -226,6 +232,8 @@ def test_a_delegated_restore_hashes_only_what_it_acts_on_and_runs_no_stage_of_it
     images = sum(os.lstat(os.path.join(snap, layout.IMAGES_DIR, name)).st_size
                  for name in os.listdir(os.path.join(snap, layout.IMAGES_DIR)))
     assert attempt.verdict["hashed_bytes"] < images, "the images are the delegate's to hash"
+    assert attempt.verdict["hashed_bytes"] == sum(len(data) for data in attempt.documents.values()), \
+        "only the documents are read, chunk-planned images included"
     assert layout.MANIFEST in attempt.documents and layout.DEVICE_PART in attempt.documents
 
 

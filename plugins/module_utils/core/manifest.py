@@ -359,7 +359,7 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
         plan, chunk_bytes = _chunk_plan(documents[CHUNK_INDEX], listed)
     chunked = {}
     for rel, entry in plan.items():
-        if rel not in to_hash:
+        if rel not in to_hash or rel in hashes:  # absent, or taken as listed: not read
             continue
         size = size_of(rel)
         if size != entry["size"]:

@@ -289,8 +289,10 @@ def run(driver, attempt):
             # Hashing the page images while CRIU reads them needs both to read the same bytes: the same leased inodes
             defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
                 and not attempt.staged and (attempt.held is None or attempt.held.mode == held_files.LEASED) else None
-            # A delegate hashes the images right before it restores them; this run hashes what it acts on itself.
-            unhashed = _is_image if (driver.delegates or not driver.reads_images) and not attempt.check_mode else None
+            # A delegate hashes the images and the device state right before it restores them, and a run that restores
+            # neither does not need them: this run hashes what it acts on itself, the documents.
+            unhashed = _not_a_document if (driver.delegates or not driver.reads_images) and not attempt.check_mode \
+                else None
             attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
                                                  attempt.workers, attempt.hash_files and not attempt.staged,
                                                  trusted=attempt.trusted, world_now=driver.world_now, defer=defer,
@@ -437,8 +439,8 @@ def _swapped(attempt):
             for rel in broken]
 
 
-def _is_image(relpath):
-    return relpath.startswith(layout.IMAGES_DIR + "/")
+def _not_a_document(relpath):
+    return relpath not in manifest.DOCUMENTS
 
 
 def _check_memory(attempt):
