@@ -193,8 +193,6 @@ class FirstAnswer(threading.Thread):
         return self.seconds, self.answer
 
 
-
-
 def control_mounts_below(path):
     prefix = path.rstrip("/") + "/"
     with open("/proc/self/mountinfo") as handle:

@@ -32,7 +32,7 @@ class Served(LlamaEngine):
 
 
 def test_two_copies_of_one_llama_snapshot_sample_from_seeds_of_their_own(llama_node, llama_image, llama_model,
-                                                                        tmp_path):
+                                                                         tmp_path):
     serve = tmp_path / "serve"
     serve.mkdir()
     (serve / "llama_serve.py").write_text(doc_blocks.block("docs/engines.md", "llama-reseed-serve"))

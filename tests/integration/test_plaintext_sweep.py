@@ -96,7 +96,7 @@ def test_a_restore_killed_mid_way_leaves_no_plaintext_after_the_boot_sweep(node,
         left = []
         while not left:  # the restore's plaintext appears (the runtime is decrypting): kill it there
             assert run.poll() is None and time.monotonic() < deadline, ("the restore ended before it was killed",
-                                                                         run.communicate())
+                                                                        run.communicate())
             left = plaintext_in(node.decrypt_dir)
         held = os.path.join(node.decrypt_dir, left[0])
         holder = None

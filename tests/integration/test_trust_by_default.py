@@ -196,7 +196,7 @@ def test_an_older_generations_page_image_spliced_into_a_newer_one_does_not_decry
     staging = layout.staging_dir(t["spliced"])
     shutil.copytree(t["spliced"], staging)
     shutil.copyfile(os.path.join(t["spliced_aside"], layout.IMAGES_DIR, pages), os.path.join(staging, layout.IMAGES_DIR,
-                                                                                              pages))
+                                                                                             pages))
     seal.seal(staging, {k: v for k, v in recorded.items() if k not in ("files", "total_bytes", "schema_version")})
     seal.publish(staging, t["spliced"])
     status.update(t["spliced"], "completed", checksum=manifest.fingerprint(t["spliced"]))

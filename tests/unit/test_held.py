@@ -144,7 +144,7 @@ def test_the_shared_parent_of_views_and_copies_is_never_changed(snap, tmp_path, 
 
 
 def test_the_view_is_hard_links_beside_the_snapshot_or_copies_read_through_the_held_descriptors(snap, tmp_path,
-                                                                                              monkeypatch):
+                                                                                                monkeypatch):
     h = held.Held.open(snap, str(tmp_path / "shm"))
     try:
         view = h.make_view()

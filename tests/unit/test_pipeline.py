@@ -134,7 +134,7 @@ def test_a_restore_that_nothing_breaks_runs_every_stage_in_order_and_says_restor
 @pytest.mark.parametrize("error", [RuntimeError, SnapshotError, pipeline.Fallback])
 @pytest.mark.parametrize("step", sorted(STAGES))
 def test_a_failure_at_any_stage_is_a_cold_start_with_that_stages_reason_and_nothing_left(tmp_path, no_locks, step,
-                                                                                           error):
+                                                                                         error):
     snap = snapshot(tmp_path)
     driver = Broken(fail=step, error=error)
     attempt = run(snap, driver)

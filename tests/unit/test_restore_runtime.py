@@ -303,7 +303,7 @@ def test_the_requester_is_who_the_container_runtime_says_it_is(annotations, expe
     ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-b/svc/p0/pod-b", "INFEROPS_RESTORE_SOURCE": "tenant-a/svc/p1/pod-c",
       "INFEROPS_RESTORE_IDENTITY": "tenant-b/svc/p0/pod-b"}, "the clone's source is of namespace tenant-a"),
     ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-b/svc/p0"}, "bad_request: restore-from: tenant-b/svc/p0 is not "
-                                                          "<namespace>/<service>/<instance>/<pod> below"),
+     "<namespace>/<service>/<instance>/<pod> below"),
 ])
 def test_a_pod_never_restores_another_namespaces_snapshot_whatever_it_asks(fake_node, asks, reason):
     env = dict((key, value.format(roots=fake_node["roots"])) for key, value in asks.items())

@@ -40,7 +40,7 @@ def snapshot(root, key):
     ([], [], (True, True), (True, True)),
 ])
 def test_any_key_configured_requires_a_signature_and_an_encryption_key_requires_encryption(trusted, keys, asked,
-                                                                                            wanted):
+                                                                                           wanted):
     assert verify.requirements(trusted, keys, *asked) == wanted
 
 
@@ -71,7 +71,7 @@ def test_what_a_host_refuses_of_a_verified_manifest():
 
 def test_an_unauthenticated_restore_warns_only_where_nothing_is_required():
     assert verify.unauthenticated_warning({"authenticated": False}, False).startswith("unauthenticated: this host "
-                                                                                     "trusts no signing key")
+                                                                                      "trusts no signing key")
     assert verify.unauthenticated_warning({"authenticated": True}, False) is None
     assert verify.unauthenticated_warning({"authenticated": False}, True) is None  # refused, not restored
 
@@ -86,7 +86,7 @@ def test_a_module_restore_nothing_authenticated_says_so_in_its_warnings():
 
 
 def test_a_trusted_key_signs_only_the_identities_the_node_allows_it_refused_before_the_images_are_read(tmp_path,
-                                                                                                        monkeypatch):
+                                                                                                       monkeypatch):
     team = Ed25519PrivateKey.generate()
     snap = snapshot(tmp_path, team)
     allowed = signature.load_public_keys([{"key": signature.public_pem(team), "identities": ["tenant-a/qwen"]}])

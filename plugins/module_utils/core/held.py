@@ -134,7 +134,7 @@ class Held:
         if paths.is_tmpfs(self.copy_parent) and have is not None and need > have:
             raise HoldError("insufficient_memory: the snapshot's files cannot be leased here (%s), and their copy on "
                             "tmpfs needs %d MiB; this host has %d MiB available" % (self.why_copied, need >> 20,
-                                                                                   have >> 20))
+                                                                                    have >> 20))
 
     # -- for the verification (manifest.verify's ``files``) --------------------------------------------
     def fd(self, rel):

@@ -320,7 +320,7 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     if files is not None and layout.SIGNATURE in files.fds:
         signed = read_document(os.path.join(directory, layout.SIGNATURE), 64 * 1024, *held(layout.SIGNATURE))
     details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw,
-                                                                         document=signed)
+                                                                           document=signed)
     if refused:
         return False, [refused], details
     reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))

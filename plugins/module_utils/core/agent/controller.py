@@ -39,7 +39,6 @@ class Controller(Leases, Restored):
     restore path's nonce, which is the one in the metadata file.
     """
 
-
     def __init__(self, runtime=None, runtime_error=None, clock=time.monotonic, wall=time.time,
                  incarnation=incarnation):
         self.runtime = runtime

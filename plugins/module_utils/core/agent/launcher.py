@@ -121,14 +121,14 @@ def _listen(socket_path, controller):
     """The agent's server, or None: an agent that cannot listen leaves the engine serving, not snapshottable."""
     if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
         log("agent socket path %s is %d bytes, over the %d a unix socket allows; this engine cannot be "
-             "snapshotted: set $%s (or --socket) to a shorter directory"
-             % (socket_path, len(os.fsencode(socket_path)), MAX_SOCKET_PATH, SOCKET_DIR_ENV))
+            "snapshotted: set $%s (or --socket) to a shorter directory"
+            % (socket_path, len(os.fsencode(socket_path)), MAX_SOCKET_PATH, SOCKET_DIR_ENV))
         return None
     try:
         server = AgentServer(socket_path, controller)
     except OSError as exc:
         log("agent socket %s: %s; this engine cannot be snapshotted: set $%s (or --socket) to a directory "
-             "the engine's user can create and write" % (socket_path, exc.strerror or exc, SOCKET_DIR_ENV))
+            "the engine's user can create and write" % (socket_path, exc.strerror or exc, SOCKET_DIR_ENV))
         return None
     server.start()
     log("listening on %s" % server.socket_path)

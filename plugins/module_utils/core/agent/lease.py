@@ -81,7 +81,7 @@ class Leases:
             lease = self._lease
             if lease is not None and (lease["incarnation"] != self._incarnation() or self._clock() < lease["taken"]):
                 log("dropped a lease taken before this process was restored from a checkpoint (the restore "
-                     "brings the device state back itself)")
+                    "brings the device state back itself)")
                 self._lease = None
                 self._disarm()
                 return None
@@ -181,8 +181,8 @@ class Leases:
                 "lease_by": lease["by"], "expired_at": utc(self._wall() - overdue),
                 "overdue_s": round(overdue, 3), "actions": [], "errors": [], "state": self.state}
             log("the lease of %.1f s (taken by %s at %s, last renewed at %s) ran out %.1f s ago with the process %s: "
-                 "bringing the engine back" % (lease["seconds"], lease["by"], lease["granted_at"],
-                                               lease["renewed_at"], overdue, self.state))
+                "bringing the engine back" % (lease["seconds"], lease["by"], lease["granted_at"],
+                                              lease["renewed_at"], overdue, self.state))
         steps = {protocol.STATE_BACKED_UP: protocol.OP_RESTORE, protocol.STATE_LOCKED: protocol.OP_UNLOCK}
         while self.state in steps:
             op = steps[self.state]
@@ -198,7 +198,7 @@ class Leases:
                     del record["errors"][:-10]
                     record["state"] = self.state
                 log("lease watchdog: %s failed (%s); retrying in %.0f s"
-                     % (op, reply["error"]["message"], self.LEASE_RETRY_SECONDS))
+                    % (op, reply["error"]["message"], self.LEASE_RETRY_SECONDS))
                 self._arm(self.BUSY_RETRY_SECONDS if reply["error"]["kind"] == protocol.KIND_TIMEOUT
                           else self.LEASE_RETRY_SECONDS)
                 return

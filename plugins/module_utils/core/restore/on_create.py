@@ -365,7 +365,7 @@ class OnCreate(Driver):
         hidden = under_mount(self.spec, inner)
         if hidden:
             self.node.log.event("metadata", container=self.container_id,
-                                   action="not written: %s is below the mount %s" % (inner, hidden))
+                                action="not written: %s is below the mount %s" % (inner, hidden))
             return
         try:
             self.write_metadata(attempt, self.rootfs, False, inner)
@@ -425,4 +425,3 @@ class OnCreate(Driver):
     def keep_log(self, work):
         return criu_client.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
                                     self.node.config["criu_log_dir"])
-

@@ -173,8 +173,9 @@ class Driver:
     engine = "docker"
     can_leave_stopped = False  # host_restore honours attempt.leave_stopped, and release() lets the tasks run
     can_use_staged = True      # host_restore only reads the images (a link to them would change the copy's ctime)
-    delegates = False          # host_restore hands the snapshot to another run of this pipeline (the node's runtime),
-                               # which hashes the images, decrypts, restores and resumes: the stages after it are its
+    # delegates: host_restore hands the snapshot to another run of this pipeline (the node's runtime), which hashes
+    # the images, decrypts, restores and resumes: the stages after host_restore are that run's, not this one's
+    delegates = False
     reads_images = True        # False: this run will not restore the images (it knows it starts cold): not hashed
 
     def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
