@@ -117,7 +117,7 @@ def _loop_control():
 def _bind_loop(image, tries=5):
     """A free loop device bound to ``image``: its node made where the kernel did not make it (no devtmpfs); another
     process taking the same free device first is tried again."""
-    for _ in range(tries):
+    for _attempt in range(tries):
         control = os.open(_loop_control(), os.O_RDWR | os.O_CLOEXEC)
         try:
             number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)

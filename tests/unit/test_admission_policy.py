@@ -48,9 +48,10 @@ def evaluate(expression, activation):
     return CEL.program(CEL.compile(expression)).evaluate(activation)
 
 
-def admit(obj, operation="CREATE", old=None, policy=POLICY):
+def admit(obj, operation="CREATE", old=None, policy=None):
     """(admitted, messages): the policy's variables in order, then each validation, then the message of each one
     that failed -- what the API server does with a ValidatingAdmissionPolicy whose binding denies."""
+    policy = policy or POLICY
     activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
                   "request": celpy.json_to_cel({"namespace": obj["metadata"]["namespace"], "operation": operation})}
     variables = {}

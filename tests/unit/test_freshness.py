@@ -14,8 +14,8 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core import fres
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 
 
-def manifest(generation=None, identity=IDENTITY, **extra):
-    recorded = dict(extra, identity=identity)
+def manifest(generation=None, identity=None, **extra):
+    recorded = dict(extra, identity=identity or IDENTITY)
     if generation is not None:
         recorded["generation"] = generation
     return recorded

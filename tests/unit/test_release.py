@@ -4,7 +4,6 @@ its changelog, or a release without its bump, fails), and the docs name that ver
 
 import re
 import subprocess
-from pathlib import Path
 
 import yaml
 

@@ -81,7 +81,8 @@ def test_no_request_without_the_marker():
 def test_request_from_env_with_node_defaults():
     request = rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/snap/p"}), CONFIG)
     assert request == {"snapshot": "/snap/p", "timeout": 60.0, "policy": "once", "identity": None, "device": True,
-                       "strict": False, "requester": None, "runtime_version": None, "image_id": None, "checksum": None, "metadata_file": "/run/inferops-snapshot/metadata.json",
+                       "strict": False, "requester": None, "runtime_version": None, "image_id": None, "checksum": None,
+                       "metadata_file": "/run/inferops-snapshot/metadata.json",
                        "agent_socket_dir": "/run/inferops-snapshot", "problems": [], "annotated": []}
 
 
