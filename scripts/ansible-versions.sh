@@ -33,10 +33,11 @@ venv_make() {
     echo "[ansible-versions] making $dir" >&2
     rm -rf "$dir"
     "$python" -m venv "$dir"
-    # The project's pins, except its own ansible-core.
+    # The project's pins, except its own ansible-core; pytest and cel-python for the unit tests (the admission
+    # policy's CEL is evaluated there).
     grep -v '^ansible-core==' "$constraints" >"$dir/constraints.txt"
     "$dir/bin/pip" install --quiet --disable-pip-version-check -c "$dir/constraints.txt" "ansible-core==$version" \
-        -r "$here/requirements/runtime.txt" -r "$here/requirements/target.txt" pytest pytest-timeout >&2
+        -r "$here/requirements/runtime.txt" -r "$here/requirements/target.txt" pytest pytest-timeout cel-python >&2
     # kubernetes.core, which the k8s modules import (galaxy.yml's dependency): an ansible-core venv comes without
     # the collections the ansible package bundles, so the project venv's copy goes beside it, as ansible-galaxy
     # would install it (Galaxy is not reachable).
