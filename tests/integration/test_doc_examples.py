@@ -30,7 +30,13 @@ def reader_env(home):
     return env
 
 
+# What make test's own make passes down (make -C prints "Entering/Leaving directory" under a MAKELEVEL): the
+# docs' commands run as an operator types them, in a shell of their own.
+MAKE_VARIABLES = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
+
+
 def bash(script, cwd, env, timeout=900):
+    env = {name: value for name, value in env.items() if name not in MAKE_VARIABLES}
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=str(cwd), env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, "%s\n--- stdout\n%s\n--- stderr\n%s" % (script, proc.stdout[-5000:], proc.stderr[-3000:])
