@@ -42,7 +42,7 @@ PROMPTS = ["what is an NPU?", "lease me", "数据"]
 class Playbook:
     """ansible-playbook in its own process group, its output read line by line as it streams."""
 
-    def __init__(self, tmp_path, extra_vars, playbook=PLAYBOOK, host_vars=None):
+    def __init__(self, tmp_path, extra_vars, playbook=PLAYBOOK, host_vars=None, extra_env=None):
         ensure_collection_link()
         number = len(list(tmp_path.glob("inventory-*.json")))
         inventory = tmp_path / ("inventory-%d.json" % number)
@@ -50,7 +50,7 @@ class Playbook:
         env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_LOCALHOST_WARNING="False",
                    ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable,
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1", **(extra_env or {}))
         command = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), "-e", json.dumps(extra_vars)]
         self.lines = []
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -153,12 +153,20 @@ HOST_CHECKPOINT = """
 """
 
 
+def private_temp(pod):
+    """TMPDIR of the runs of the sweep test: make test runs other generations beside it, and each sweeps the work
+    dirs whose maker is gone in the temp dir it uses -- the killed run's too, before this test's own sweep."""
+    path = pod.tmp / "temp"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return {"TMPDIR": str(path)}
+
+
 def host_checkpoint(pod, generation, result_file):
     playbook = pod.tmp / "host_checkpoint.yml"
     playbook.write_text(HOST_CHECKPOINT)
     variables = {"generation": generation, "result_file": str(result_file),
                  "pod": {"container": pod.name, "snapshot_dir": str(pod.snapshot_dir), "identity": pod.identity}}
-    return Playbook(pod.tmp, variables, playbook=playbook)
+    return Playbook(pod.tmp, variables, playbook=playbook, extra_env=private_temp(pod))
 
 
 def kill_mid_checkpoint(pod, generation):
@@ -176,10 +184,12 @@ def test_a_killed_checkpoints_work_dir_is_swept_by_snapshot_cleanup_and_by_the_n
     pod.forget()
     first = kill_mid_checkpoint(pod, "killed-1")
     assert re.match(r"\Ainferops-dump-\d+-\d+-[a-z0-9_]{8}\Z", os.path.basename(first)), first
+    assert os.path.dirname(first) == private_temp(pod)["TMPDIR"], first
     preview = run_module("snapshot_cleanup", {"root": str(pod.root), "remove": ["failed"], "check_images": False},
-                         check=True)
+                         check=True, extra_env=private_temp(pod))
     assert first in preview["work_dirs_removed"] and os.path.isdir(first), preview
-    cleaned = run_module("snapshot_cleanup", {"root": str(pod.root), "remove": ["failed"], "check_images": False})
+    cleaned = run_module("snapshot_cleanup", {"root": str(pod.root), "remove": ["failed"], "check_images": False},
+                         extra_env=private_temp(pod))
     assert cleaned["failed"] is False and first in cleaned["work_dirs_removed"], cleaned
     assert not os.path.exists(first)
 
