@@ -43,9 +43,17 @@ def node_wide():
     daemon.json, then SIGHUP): make test's pytest workers run in parallel, and two of these at once would lose
     one runtime. Everything else a test makes is its own (names, ports, directories)."""
     BUILD.mkdir(parents=True, exist_ok=True)
+    asked = time.monotonic()
     with open(BUILD / ".node-wide.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        held = time.monotonic()
+        try:
+            yield
+        finally:
+            # What each holder cost the others (build/node-wide.log): a worker waiting here does nothing else.
+            with open(BUILD / "node-wide.log", "a") as log:
+                log.write("%s waited %.0f s, held %.0f s\n" % (os.environ.get("PYTEST_CURRENT_TEST", "?"),
+                                                               held - asked, time.monotonic() - held))
 
 
 # make test runs two pytest workers, each taking a whole test file at a time (--dist loadfile), in the order
