@@ -36,6 +36,12 @@ def cleanup(params, result):
     return _diff(before, [], "%s before the cleanup" % params["root"], "%s after the cleanup" % params["root"])
 
 
+def node_files(params, result):
+    """One line per file written or removed (in check mode: that would be)."""
+    return _diff(["%s  (differs)" % rel for rel in result["written"]] + ["%s  (removed)" % rel for rel in result["removed"]],
+                 result["written"], "%s before" % params["dest"], "%s after" % params["dest"])
+
+
 def restore(params, result):
     """The container (or process) as it was and as the restore left it: recreated or not, restored from the snapshot
     or started cold with the reason, and the metadata file it wrote into it."""

@@ -1,0 +1,95 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A tree of files installed on a node in one module run (snapshot_node_files). PRIVATE to inferops.snapshot.
+
+The action plugin reads the tree on the controller (``read_tree``) and sends it in the module's arguments;
+``install`` writes, on the node, each file whose bytes, mode or owner differ (through a temporary file and a
+rename), and removes the files an earlier run installed there that are no longer in the tree -- only those: the
+list of what it installed is kept beside them (``INSTALLED``), so a mistaken ``dest`` never loses other files.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import hashlib
+import json
+import os
+import stat
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+
+INSTALLED = ".inferops-installed.json"
+SKIPPED_DIRS = ("__pycache__",)
+SKIPPED_SUFFIXES = (".pyc", ".pyo")
+
+
+def read_tree(source):
+    """{relative path: base64 of its bytes} of the regular files below ``source`` (no byte code, no links)."""
+    files = {}
+    for directory, dirnames, filenames in os.walk(source):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+        for name in sorted(filenames):
+            path = os.path.join(directory, name)
+            if name.endswith(SKIPPED_SUFFIXES) or not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            with open(path, "rb") as handle:
+                files[os.path.relpath(path, source)] = base64.b64encode(handle.read()).decode("ascii")
+    return files
+
+
+def _checked(files):
+    decoded = {}
+    for rel, data in sorted(files.items()):
+        parts = rel.split("/")
+        if rel.startswith("/") or any(part in ("", ".", "..") for part in parts) or rel == INSTALLED:
+            raise ParameterError("files: %r is not a relative path below dest; give paths like 'pkg/module.py'" % rel,
+                                 field="files")
+        try:
+            decoded[rel] = base64.b64decode(data.encode("ascii"), validate=True)
+        except (ValueError, TypeError, AttributeError):
+            raise ParameterError("files: the content of %r is not base64; the action plugin sends it from src" % rel,
+                                 field="files")
+    return decoded
+
+
+def _differs(path, data, mode):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True
+    if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != mode or (st.st_uid, st.st_gid) != (
+            os.geteuid(), os.getegid()) or st.st_size != len(data):
+        return True
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).digest() != hashlib.sha256(data).digest()
+
+
+def _previously_installed(dest):
+    listed = (paths.read_json(os.path.join(dest, INSTALLED)) or {}).get("files")
+    return set(rel for rel in listed if isinstance(rel, str)) if isinstance(listed, list) else set()
+
+
+def install(dest, files, mode=0o644, directory_mode=0o755, check_mode=False):
+    """Make ``dest`` hold ``files`` ({rel: base64}); returns {written, removed, files}: what changed (or would)."""
+    wanted = _checked(files)
+    written = [rel for rel, data in sorted(wanted.items()) if _differs(os.path.join(dest, rel), data, mode)]
+    removed = sorted(rel for rel in _previously_installed(dest) - set(wanted)
+                     if os.path.lexists(os.path.join(dest, rel)))
+    if not check_mode and (written or removed or sorted(_previously_installed(dest)) != sorted(wanted)):
+        for rel in written:
+            path = os.path.join(dest, rel)
+            directory = os.path.dirname(path)
+            if not os.path.isdir(directory):
+                os.makedirs(directory, mode=directory_mode)
+                os.chmod(directory, directory_mode)  # makedirs' mode is masked by the umask
+            paths.write_file_atomic(path, wanted[rel], mode)
+            os.chmod(path, mode)
+        for rel in removed:
+            os.unlink(os.path.join(dest, rel))
+        paths.write_file_atomic(os.path.join(dest, INSTALLED),
+                                json.dumps({"files": sorted(wanted)}, indent=0).encode("utf-8"), 0o644)
+    return {"written": written, "removed": removed, "files": len(wanted)}
