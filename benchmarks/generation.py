@@ -91,15 +91,24 @@ class Generation:
 
     def encrypted_generate(self, w, rep):
         """The same engine's generation with host_checkpoint's encryption_key, into its own snapshot directory."""
-        other = dict(w, snapshot_dir=w["snapshot_dir"] + "-enc", identity=dict(w["identity"]))
+        return self.other_generate(w, rep, "enc", "host_checkpoint_runc_encrypted",
+                                   bench_encryption_key=self.encryption["key_file"])
+
+    def unsigned_generate(self, w, rep):
+        """The same engine's generation without a signature, into its own snapshot directory: what the node restores
+        unauthenticated (no keys) -- the fast path the secure default is compared with."""
+        return self.other_generate(w, rep, "unsigned", "host_checkpoint_runc_unsigned", bench_unsigned=True)
+
+    def other_generate(self, w, rep, suffix, variant, **extra):
+        other = dict(w, snapshot_dir=w["snapshot_dir"] + "-" + suffix, identity=dict(w["identity"]))
         other["identity"]["pod"] = os.path.basename(other["snapshot_dir"])
         self.settle()
         try:
-            gen = self.playbook("generate", [other], bench_encryption_key=self.encryption["key_file"], **self.resume_var(True))
+            gen = self.playbook("generate", [other], **dict(self.resume_var(True), **extra))
         except RuntimeError as exc:
-            self.record("checkpoint", "host_checkpoint_runc_encrypted", w["size_mb"], rep, None, error=str(exc)[:2000])
+            self.record("checkpoint", variant, w["size_mb"], rep, None, error=str(exc)[:2000])
             return None
-        self.record_generate(gen, w, rep, "host_checkpoint_runc_encrypted")
+        self.record_generate(gen, w, rep, variant)
         return other
 
     def checkpoint_variants(self, w, cid, rep, docker_paths=True, tmpfs=True):

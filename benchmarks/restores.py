@@ -30,6 +30,13 @@ class Restores:
         if self.runtime_installed:
             self.runtime_run_restore(enc, rep, tag="_encrypted")
 
+    def unauthenticated_restore(self, w, unsigned, rep):
+        """docker run --runtime of the unsigned snapshot on a node that trusts no key and requires no signature: the
+        unauthenticated fast path, side by side with the secure default (docker_run_runtime: signed, the node
+        requiring it). Both read only bytes hashed in the same read; the difference is the signature's check."""
+        with self.runtime_settings(trusted_keys=[], require_signature=False):
+            self.runtime_run_restore(dict(unsigned, record=w["record"]), rep, tag="_unauthenticated")
+
     def module_restore(self, w, rep, method, cold_cache=False, tag="", warm=None, **extra):
         """snapshot_restore through ansible-playbook; the snapshot in the page cache (just taken) or not (restored later).
         ``warm``: what the page cache holds instead of the snapshot (the staged copy a staged restore reads)."""

@@ -61,7 +61,7 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
         docker_paths = size_mb <= args.docker_paths_max_mb and not focus  # Docker's own checkpoint path: up to this size
         self.device_copy(size_mb, rep)  # first, while the machine's memory is free
         w = self.new_workload(size_mb, "w")
-        encrypted = None
+        encrypted = unsigned = None
         try:
             self.settle()
             self.cold_start(w, rep, args.warmup)
@@ -88,6 +88,8 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
             if self.encryption and size_mb == self.encryption_size_mb():
                 self.encryption_floor(size_mb, sample["total_bytes"], rep)
                 encrypted = self.encrypted_generate(w, rep)
+            if self.runtime_installed and size_mb == self.encryption_size_mb():
+                unsigned = self.unsigned_generate(w, rep)
             if not focus:
                 self.verify_variants(w, rep)
             self.checkpoint_variants(w, cid, rep, docker_paths, tmpfs=not focus)
@@ -109,13 +111,16 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
                     self.runtime_run_restore(w, rep, cold_cache=True)
             if encrypted:
                 self.encrypted_restores(w, encrypted, rep)
+            if unsigned:
+                self.unauthenticated_restore(w, unsigned, rep)
             if docker_paths:
                 self.raw_docker_restore(w, rep)
         finally:
             self.remove(w)
             shutil.rmtree(w["snapshot_dir"], ignore_errors=True)
-            if encrypted:
-                shutil.rmtree(encrypted["snapshot_dir"], ignore_errors=True)
+            for other in (encrypted, unsigned):
+                if other:
+                    shutil.rmtree(other["snapshot_dir"], ignore_errors=True)
             shutil.rmtree(w["device_dir"], ignore_errors=True)
         if not focus:
             self.bare_process(size_mb, rep)

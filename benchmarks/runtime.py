@@ -87,7 +87,9 @@ class Runtime:
         os.makedirs(os.path.join(self.workdir, "snapshots"), mode=0o700, exist_ok=True)
         extra = dict(self.node_vars(), snapshot_node_state=state)
         if self.encryption:
-            extra["snapshot_node_encryption_keys"] = [self.encryption["key_file"]]
+            # one node restores both the plain and the encrypted snapshots of the run: with an encryption key the
+            # runtime would otherwise require encryption (the secure default) and start the plain ones cold
+            extra.update(snapshot_node_encryption_keys=[self.encryption["key_file"]], snapshot_node_require_encryption=False)
         if state == "absent":
             extra["snapshot_node_force_remove"] = True
         vars_file = os.path.join(self.workdir, "node-vars-%s.json" % state)
