@@ -7,7 +7,7 @@ values and see-also links. The modules' own docs stay the one source: run
     .venv/bin/python scripts/gen_module_docs.py          # rewrite docs/modules.md
     .venv/bin/python scripts/gen_module_docs.py --check  # exit non-zero when it is stale
 
-after changing a module's docs or adding a module (tests/unit/test_docs.py fails when the two
+after changing a module's docs or adding a module (tests/unit/project/test_docs.py fails when the two
 disagree). Needs PyYAML (in the project's venv).
 """
 import argparse

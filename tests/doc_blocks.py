@@ -4,7 +4,7 @@ sh, yaml, json, dockerfile, ...) is marked on the line before it, either
     <!-- doctest: NAME -->          a test runs it: the test names NAME (tests/integration/test_doc_examples.py)
     <!-- not run: REASON -->        CI cannot run it (needs an NPU, a Kubernetes cluster, an AWX), and why
 
-Blocks without a language are output samples. tests/unit/test_docs.py holds every block of DOCS to a marker."""
+Blocks without a language are output samples. tests/unit/project/test_docs.py holds every block of DOCS to a marker."""
 
 import re
 from collections import namedtuple

@@ -3,7 +3,7 @@ kubernetes.core.k8s (ansible-playbook, real HTTP, the Kubernetes API emulator): 
 run creates both objects as the admission_policy filter builds them, a second run changes nothing, a bad namespace
 name fails naming the field before anything is written, and every request the role made is granted by the
 ClusterRole in docs/kubernetes.md. The emulator stores the policy but enforces nothing (only an API server does:
-tests/unit/test_admission_policy.py evaluates its CEL)."""
+tests/unit/k8s/test_admission.py evaluates its CEL)."""
 
 import re
 import uuid

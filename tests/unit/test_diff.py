@@ -7,7 +7,7 @@ from conftest import REPO
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
 
-from test_docs import gen
+from unit.project.test_docs import gen
 
 SNAP = "/var/lib/inferops/snapshots/default/qwen/p0/qwen-p0-0"
 

@@ -9,7 +9,7 @@ file releases every POSIX lock the process holds on that file (POSIX semantics).
 file it locks -- SQLite's ``-shm`` index, which llama.cpp's disk cache uses -- comes back believing it
 holds locks it no longer has, and another writer is not kept out. Seen with CRIU 4.2.1 on these nodes,
 bare and in containers; ``docker start --checkpoint`` restores no POSIX lock at all (Docker does not ask
-CRIU to). Tested in tests/unit/test_file_locks.py and, with the real CRIU, test_bare_process_restore.py,
+CRIU to). Tested in tests/unit/core/restore/test_file_locks.py and, with the real CRIU, test_bare_process_restore.py,
 test_host_snapshot.py and test_llama_engine.py.
 
 Only the process itself can take a POSIX lock again: its agent does (protocol.OP_RELOCK), before the

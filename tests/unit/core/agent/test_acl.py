@@ -3,12 +3,13 @@ import importlib.util
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location("inferops_acl_under_test", ROOT / "plugins" / "module_utils" / "core" / "agent" / "acl.py")
+from conftest import MODULE_UTILS
+
+ACL_PY = MODULE_UTILS / "core" / "agent" / "acl.py"
+_SPEC = importlib.util.spec_from_file_location("inferops_acl_under_test", ACL_PY)
 acl = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = acl
 _SPEC.loader.exec_module(acl)
@@ -72,7 +73,7 @@ def test_enums():
 
 
 def test_module_has_no_ansible_dependency():
-    source = (ROOT / "plugins" / "module_utils" / "core" / "agent" / "acl.py").read_text()
+    source = ACL_PY.read_text()
     assert "import ansible" not in source and "from ansible" not in source
     header = source.split('"""', 1)[0]
     assert "PRIVATE to the inferops.snapshot collection" in header

@@ -10,7 +10,7 @@ import textwrap
 import yaml
 
 from conftest import REPO
-from test_docs import gen
+from unit.project.test_docs import gen
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 

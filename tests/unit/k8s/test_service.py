@@ -1,5 +1,5 @@
 """The Kubernetes side's pure logic (module_utils/k8s/service.py and pods.py): instances, identities, env as the
-kubelet resolves it, restore decisions, recreation manifests. The contracts and the client: test_k8s_contracts.py."""
+kubelet resolves it, restore decisions, recreation manifests. The contracts and the client: test_contracts.py."""
 
 import json
 

@@ -8,7 +8,7 @@ from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption, layout, manifest
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
 
-from test_stage import PAGES, Fake, keys, make
+from unit.core.test_stage import PAGES, Fake, keys, make
 
 
 class Stopping(Fake):

@@ -17,8 +17,8 @@ import types
 import pytest
 
 import conftest
-import test_pipeline
-from test_pipeline import no_locks  # noqa: F401  # pylint: disable=unused-import  # the fixture
+from unit.core.restore import test_pipeline
+from unit.core.restore.test_pipeline import no_locks  # noqa: F401  # pylint: disable=unused-import  # the fixture
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import launcher, protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import reseed as agent_reseed

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from test_stage import IDENTITY, PAGES, fields, make
+from unit.core.test_stage import IDENTITY, PAGES, fields, make
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, layout, seal, stage, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import clock, encryption, manifest
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import held as held_files

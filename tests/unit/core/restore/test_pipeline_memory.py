@@ -5,7 +5,7 @@ import os
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption, paths, proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
 
-from test_stage import Fake, make
+from unit.core.test_stage import Fake, make
 
 
 def meminfo(tmp_path, available_kb):

@@ -287,12 +287,25 @@ def test_modules_are_docs_argspec_and_a_hand_over():
         assert main and len(main[0].body) <= 2, "%s: main() is the module factory's one call" % path.name
 
 
-def test_no_two_test_modules_share_a_basename():
-    """`pytest tests` (the README's command) imports test modules by basename: two of one name stop it at collection."""
+def module_name(path):
+    """The name pytest (its default import mode) imports a test file by: dotted from the first folder up without an
+    __init__.py -- unit.core.restore.test_pipeline in the package tests/unit, the basename in tests/integration."""
+    names = [path.stem]
+    while (path.parent / "__init__.py").is_file():
+        path = path.parent
+        names.insert(0, path.name)
+    return ".".join(names)
+
+
+def test_no_two_test_modules_share_a_module_name():
+    """`pytest tests` (the README's command) imports each test module by its module name: two of one name stop it at
+    collection."""
     seen = {}
     for path in sorted((REPO / "tests").rglob("test_*.py")):
-        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+        seen.setdefault(module_name(path), []).append(str(path.relative_to(REPO)))
     assert not [paths for paths in seen.values() if len(paths) > 1]
+    assert module_name(REPO / "tests" / "unit" / "core" / "restore" / "test_pipeline.py") == \
+        "unit.core.restore.test_pipeline"
 
 
 def test_every_process_is_started_by_the_runner():
@@ -344,7 +357,7 @@ def test_one_renewal_timer():
 
 def test_every_schema_is_the_contract_of_a_document_the_code_writes(tmp_path):
     """All the schemas are used: each validates what its one writer makes (the manifest here; the metadata file and
-    the status record above; the Kubernetes record and annotations in test_k8s_contracts) or the operator's input
+    the status record above; the Kubernetes record and annotations in k8s/test_contracts) or the operator's input
     (the snapshot config)."""
     from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
     names = sorted(p.name.split(".")[0] for p in (REPO / "schemas").glob("*.schema.json"))
