@@ -24,7 +24,7 @@ class Generation:
         checkpoint = tasks["host_checkpoint"]
         durations = checkpoint["result"]["durations"]
         module_totals = {name: task["result"]["durations"].get("total", sum(task["result"]["durations"].values()))
-                         for name, task in tasks.items()}
+                         for name, task in tasks.items() if "durations" in task["result"]}  # not the signing key's
         # host_checkpoint's start on the wall clock the engine's log is dated with (the callback times are monotonic)
         started = gen["wall_t0"] + (checkpoint["start"] - gen["t0"])
         window = self.lock_window(w["name"], gen["wall_t0"], started) if not w.get("pid") else None

@@ -61,7 +61,7 @@ class Restores:
             self.reset_device(w)
             return
         seconds, answer = poll.result(60)
-        task = result["records"][0]
+        task = [r for r in result["records"] if r["action"].endswith("snapshot_restore")][0]  # after the key's task
         restored = task["result"].get("restored") is True and self.was_restored(w, wall_t0)
         correct = self.check_answers(w, answer) and restored
         durations = task["result"]["durations"]
