@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 
-from common import FirstAnswer, OPENER, docker  # pylint: disable=import-error
+from common import FirstAnswer, OPENER, docker, log, run  # pylint: disable=import-error
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import container
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import status as status_record
@@ -91,7 +91,11 @@ class Restores:
         poll.start()
         docker(*argv)
         run_s = time.monotonic() - t0
-        seconds, answer = poll.result(120)
+        try:
+            seconds, answer = poll.result(120)
+        except RuntimeError:
+            self.why_no_answer(w)
+            raise
         restored = self.was_restored(w, wall_t0)
         last = (status_record.read(snap) or {}).get("last_restore") or {}
         self.record("ttfa", variant, w["size_mb"], rep, seconds, restored=restored, correct=self.check_answers(w, answer) and restored,
@@ -99,6 +103,15 @@ class Restores:
                     stages={"host_restore": round(run_s, 3)})
         self.remove(w)
         self.reset_device(w)
+
+    def why_no_answer(self, w):
+        """What to read when a restored container never answers (the run's work dir goes at its end): the
+        container's state and log, and the node runtime's last record."""
+        state = docker("inspect", "--format", "{{.State.Status}} exit={{.State.ExitCode}} {{.State.Error}}", w["name"],
+                       check=False)
+        logs = run(["docker", "logs", "--tail", "20", w["name"]], check=False)
+        log("no answer from %s: container %s; its log:\n%s%s\nthe runtime's last record: %s"
+            % (w["name"], state, logs.stdout, logs.stderr, json.dumps((self.runtime_log() or [None])[-1])[:4000]))
 
     def recreate_args(self, w, verb, env_overrides=None):
         record = container.read_container_record(w["snapshot_dir"])
