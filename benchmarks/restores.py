@@ -14,6 +14,7 @@ import time
 
 from common import FirstAnswer, OPENER, docker, log, run  # pylint: disable=import-error
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import container
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import docker as docker_client
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import status as status_record
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import checkpoint
@@ -83,7 +84,8 @@ class Restores:
         snap = w["snapshot_dir"]
         identity = "/".join(w["identity"][k] for k in ("namespace", "service", "instance", "pod"))
         env = {layout.ENV_RESTORE_FROM: snap, "INFEROPS_RESTORE_IDENTITY": identity}
-        argv = ["run", "--detach", "--runtime", self.prefix] + container.create_args(w["record"], w["name"], env)
+        argv = ["run", "--detach", "--runtime", self.prefix] + self.with_env_file(
+            container.create_args(w["record"], w["name"], env))
         self.settle(warm=() if cold_cache else (warm or [snap]))
         wall_t0 = time.time()
         t0 = time.monotonic()
@@ -104,6 +106,14 @@ class Restores:
         self.remove(w)
         self.reset_device(w)
 
+    def with_env_file(self, create):
+        """A CreateArgs as docker's arguments: its environment (the restore request included) in an --env-file, 0600,
+        as DockerCli.create hands it over -- a CreateArgs used as a plain list has no environment at all."""
+        path, by_name = docker_client.write_env_file(tempfile.mkdtemp(dir=self.workdir), create.env)
+        if by_name:
+            raise RuntimeError("the bench's workloads have no multi-line environment values: %s" % sorted(by_name))
+        return ["--env-file", path] + list(create)
+
     def why_no_answer(self, w):
         """What to read when a restored container never answers (the run's work dir goes at its end): the
         container's state and log, and the node runtime's last record."""
@@ -115,7 +125,7 @@ class Restores:
 
     def recreate_args(self, w, verb, env_overrides=None):
         record = container.read_container_record(w["snapshot_dir"])
-        args = ["create"] + container.create_args(record, w["name"], env_overrides)
+        args = ["create"] + self.with_env_file(container.create_args(record, w["name"], env_overrides))
         return [verb] + args[1:]
 
     def write_metadata(self, name):
