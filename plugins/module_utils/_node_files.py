@@ -14,7 +14,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import base64
-import hashlib
 import json
 import os
 import stat
@@ -65,7 +64,7 @@ def _differs(path, data, mode):
             os.geteuid(), os.getegid()) or st.st_size != len(data):
         return True
     with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).digest() != hashlib.sha256(data).digest()
+        return handle.read() != data
 
 
 def _previously_installed(dest):
@@ -76,10 +75,10 @@ def _previously_installed(dest):
 def install(dest, files, mode=0o644, directory_mode=0o755, check_mode=False):
     """Make ``dest`` hold ``files`` ({rel: base64}); returns {written, removed, files}: what changed (or would)."""
     wanted = _checked(files)
+    previous = _previously_installed(dest)
     written = [rel for rel, data in sorted(wanted.items()) if _differs(os.path.join(dest, rel), data, mode)]
-    removed = sorted(rel for rel in _previously_installed(dest) - set(wanted)
-                     if os.path.lexists(os.path.join(dest, rel)))
-    if not check_mode and (written or removed or sorted(_previously_installed(dest)) != sorted(wanted)):
+    removed = sorted(rel for rel in previous - set(wanted) if os.path.lexists(os.path.join(dest, rel)))
+    if not check_mode and (written or removed or previous != set(wanted)):
         for rel in written:
             path = os.path.join(dest, rel)
             directory = os.path.dirname(path)
