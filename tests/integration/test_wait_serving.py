@@ -38,20 +38,12 @@ def progress_lines(run):
     return [line for line in run.stdout.splitlines() if "wait_serving:" in line and "not ready after" in line]
 
 
-class Ready(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def one_run(tmp_path):
     """(elapsed, took) of a wait that ends at its first probe: what one module run and one playbook cost on this
     machine now. The deadline is the controller's; a wait may overrun it by the start of the module run that
     passes it, which a loaded 2-core machine stretches to seconds -- so the bounds below are measured, not guessed."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    Warming.warmup, Warming.ready_at = 0.0, None  # 200 from the first probe
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Warming)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         result, _run, took = wait_task(tmp_path, url="http://127.0.0.1:%d/health" % server.server_port, timeout=60)
