@@ -131,6 +131,34 @@ def test_the_runtime_with_the_key_restores_it_and_removes_the_plaintext(encrypte
         (node.lib_dir / "runtime.json").write_text(json.dumps(config))
 
 
+def test_snapshot_restore_method_runtime_hands_the_encrypted_snapshot_to_the_runtime_which_restores_it(
+        encrypted, node):
+    """The module's hand-over neither decrypts nor reads the images (the runtime does both): it once read the NPU
+    plugin's image -- ciphertext here -- before the hand-over, and every encrypted restore through snapshot_restore
+    method=runtime started cold with npu_image_unreadable (the bench's encrypted playbook restore, 2026-12-05)."""
+    e = encrypted
+    config = json.loads((node.lib_dir / "runtime.json").read_text())
+    (node.lib_dir / "runtime.json").write_text(json.dumps(dict(config, encryption_keys=[str(e["key"])],
+                                                               require_signature=False)))
+    name = e["pod"] + "-module"
+    snap = e["snaps"]["encrypted"]
+    reset_device(e["device_dir"])
+    try:
+        result = run_module("snapshot_restore", {  # the container is made from the snapshot's (encrypted) record
+            "snapshot_dir": snap, "identity": identity(os.path.basename(snap)), "container": name,
+            "method": "runtime", "runtime_name": node.name, "encryption_keys": [str(e["key"])],
+            "require_signature": False, "health_url": "http://127.0.0.1:%d/health" % e["port"]})
+        assert result["restored"] is True and result["method"] == "runtime", result
+        assert result["runtime_record"]["outcome"] == "restored" and "decrypt" in result["runtime_record"]["durations"]
+        c = WorkloadContainer(name, e["image"], e["device_dir"], e["port"])
+        assert [c.generate(p) for p in PROMPTS] == e["expected"]
+        assert e["key"].read_bytes().hex() not in json.dumps(result)
+        assert plaintext_left() == []
+    finally:
+        docker("rm", "-f", name, check=False)
+        (node.lib_dir / "runtime.json").write_text(json.dumps(config))
+
+
 @pytest.mark.parametrize("case, reason", [("wrong key", "encrypted:"), ("changed ciphertext", "decrypt_failed:"),
                                           ("docker path", "encrypted:")])
 def test_without_the_key_or_with_a_changed_ciphertext_it_starts_cold(encrypted, node, case, reason):

@@ -335,8 +335,11 @@ def run(driver, attempt):
                 decrypt(attempt)
         with stage("check"):
             driver.check(attempt)
-            unavailable = device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt))  # issue 24
-            if unavailable:  # before CRIU runs: its NPU plugin, and devices no other process holds
+            # Before CRIU runs: its NPU plugin, and devices no other process holds (issue 24). Where CRIU runs: a
+            # delegate's own run checks them; here its images are unverified (and still ciphertext when encrypted).
+            unavailable = None if driver.delegates else \
+                device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt))
+            if unavailable:
                 raise Fallback(unavailable)
         if attempt.check_mode:
             attempt.restored = True

@@ -96,13 +96,17 @@ DEVICE = {"schema_version": 1, "pid": 1, "state": "BACKED_UP", "devices": [0],
           "runtime": {"name": "ascend-acl", "version": "9.1.0"}, "created_at": "2026-11-29T12:00:00Z"}
 
 
-def snapshot(tmp_path, encrypted=False):
-    """A published snapshot with a device part, so that the device stage runs."""
+def snapshot(tmp_path, encrypted=False, npu_image=None):
+    """A published snapshot with a device part, so that the device stage runs; ``npu_image``: the bytes of the NPU
+    plugin's image among the CRIU images (as they are in the store: ciphertext of an encrypted snapshot)."""
     snap = make(tmp_path, encryption_key=KEY if encrypted else None)
     staging = layout.staging_dir(snap)
     os.rename(snap, staging)
     for name in (layout.MANIFEST, layout.CHECKSUMS):
         os.unlink(os.path.join(staging, name))
+    if npu_image is not None:
+        with open(os.path.join(staging, layout.IMAGES_DIR, layout.NPU_PLUGIN_IMAGE), "wb") as handle:
+            handle.write(npu_image)
     os.mkdir(os.path.join(staging, layout.DEVICE_DIR))
     with open(os.path.join(staging, layout.DEVICE_PART), "w") as handle:
         json.dump(DEVICE, handle)
@@ -235,6 +239,19 @@ def test_a_delegated_restore_hashes_only_what_it_acts_on_and_runs_no_stage_of_it
     assert attempt.verdict["hashed_bytes"] == sum(len(data) for data in attempt.documents.values()), \
         "only the documents are read, chunk-planned images included"
     assert layout.MANIFEST in attempt.documents and layout.DEVICE_PART in attempt.documents
+
+
+def test_the_device_check_is_the_delegates_where_the_images_are_unverified_or_still_ciphertext(tmp_path, no_locks):
+    """The hand-over verifies no image (its delegate does) and does not decrypt: reading the NPU plugin's image here
+    read bytes nobody hashed -- ciphertext of an encrypted snapshot, which made every encrypted restore through
+    snapshot_restore method=runtime a cold start (npu_image_unreadable). Where CRIU runs, the check stands."""
+    garbage = b"\xaa\x01 ciphertext, or anything but the plugin's image\n"
+    attempt = run(snapshot(tmp_path / "handover", npu_image=garbage), Delegating())
+    assert attempt.restored, attempt.reason
+    driver = Broken()
+    attempt = run(snapshot(tmp_path / "criu", npu_image=garbage), driver)
+    assert not attempt.restored and attempt.reason.startswith("npu_image_unreadable:"), attempt.reason
+    assert "host_restore" not in driver.calls, "refused before CRIU runs"
 
 
 def swap(path, data):
