@@ -340,7 +340,7 @@ progress:
 durations:
   description:
     - Seconds per stage (C(preflight), C(device_backup), C(checkpoint), C(resume), C(encrypt), C(seal), C(publish))
-      and C(total).
+      and C(total); C(dump) is the runc, Docker or CRIU call alone, part of C(checkpoint).
   returned: always
   type: dict
   sample: {checkpoint: 0.29, seal: 0.1, total: 0.6}

@@ -224,21 +224,17 @@ class Checkpointer:
             self.work = make_work_dir("dump")
             self.note_work()
         if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: hashed as encryption writes it
-            self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
+            self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"],
+                                          writeback=True).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
         capture = threading.Thread(target=self._capture_world, name="inferops-world")
         capture.start()
         try:
+            with self.watch.timed("dump"):  # the runc / docker / CRIU call alone, inside "checkpoint"
+                self._dump(image_dir, seconds)
             if params["engine"] == "docker":
-                if params["method"] == "runc":
-                    self.runc.checkpoint(self.info["Id"], image_dir, params["leave_running"], seconds, work=self.work)
-                else:
-                    self.docker.checkpoint_create(self.info["Id"], os.path.dirname(image_dir),
-                                                  os.path.basename(image_dir), params["leave_running"], seconds)
                 container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
-            else:
-                self.criu.dump(self.pid, image_dir, params["leave_running"], seconds, work=self.work)
         except Exception:
             if self.follower:
                 self.follower.abort()
@@ -248,6 +244,17 @@ class Checkpointer:
             capture.join()
         if "error" in self.world:
             raise ParameterError("the world of the process could not be recorded: %s" % self.world["error"])
+
+    def _dump(self, image_dir, seconds):
+        params = self.params
+        if params["engine"] == "docker":
+            if params["method"] == "runc":
+                self.runc.checkpoint(self.info["Id"], image_dir, params["leave_running"], seconds, work=self.work)
+            else:
+                self.docker.checkpoint_create(self.info["Id"], os.path.dirname(image_dir),
+                                              os.path.basename(image_dir), params["leave_running"], seconds)
+        else:
+            self.criu.dump(self.pid, image_dir, params["leave_running"], seconds, work=self.work)
 
     def resume_engine(self):
         """Serve again as soon as both parts are taken: the device part (the backup, in the engine's host memory

@@ -78,22 +78,57 @@ class Follower(object):
     after the writer has exited: the followers read on to the end of each file and the results are
     returned as {relpath: (size, sha256, [chunk sha256, ...])}. Anything that went wrong with a file
     (it shrank, vanished, could not be read) just leaves it out: sealing then hashes it as usual.
+
+    While the writer runs, the hashing threads run at the lowest CPU priority: on a small node they
+    would otherwise take cores from CRIU and lengthen the engine's lock window; ``finish()`` puts them
+    back at the process's priority to catch up. ``writeback``: each chunk read is also handed to the
+    disk (paths.start_writeback), so the seal's fsync waits for what is left, not for the whole snapshot.
     """
 
-    def __init__(self, root, prefix="", min_size=None, chunk_bytes=None, workers=None, poll=0.02):
-        self.root, self.prefix, self.poll = root, prefix, poll
+    def __init__(self, root, prefix="", min_size=None, chunk_bytes=None, workers=None, poll=0.02, writeback=False):
+        self.root, self.prefix, self.poll, self.writeback = root, prefix, poll, writeback
         self.chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
         self.min_size = min_size or 4 * CHUNK
         self.done = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=workers or max(1, (os.cpu_count() or 1) - 1))
-        self.files = {}
+        self.threads = []   # native ids of the hashing threads, lowered while the writer runs
+        self.priority = _priority(0)
         self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers or max(1, (os.cpu_count() or 1) - 1),
+                                       initializer=self._yield_to_writer)
+        self.files = {}
         self.scanner = threading.Thread(target=self._scan, name="inferops-follow-scan")
         self.scanner.daemon = True
 
     def start(self):
         self.scanner.start()
         return self
+
+    def _yield_to_writer(self):
+        """Run this thread at the lowest priority until finish(); returns its native id (None: left as it is). A
+        thread started once the writer is done runs at the process's priority (a new thread inherits its maker's)."""
+        native = getattr(threading, "get_native_id", None)
+        if native is None or self.priority is None:
+            return None
+        thread = native()
+        with self.lock:
+            if self.done.is_set():
+                _set_priority(thread, self.priority)
+                return None
+            self.threads.append(thread)
+            _set_priority(thread, 19)
+        return thread
+
+    def _forget(self, thread):
+        """A thread that ends leaves the list: its id may name another thread of the system later."""
+        with self.lock:
+            if thread in self.threads:
+                self.threads.remove(thread)
+
+    def _catch_up(self):
+        with self.lock:
+            for thread in self.threads:
+                _set_priority(thread, self.priority)
+            del self.threads[:]
 
     def _scan(self):
         while True:
@@ -119,6 +154,7 @@ class Follower(object):
 
     def _follow(self, path):
         entry = self.files[path]
+        thread = self._yield_to_writer()
         try:
             digest = hashlib.sha256()
             chunks = []
@@ -142,6 +178,8 @@ class Follower(object):
                         pos += n
                         if pos % self.chunk_bytes == 0:
                             chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
+                            if self.writeback:
+                                paths.start_writeback(fd, pos - self.chunk_bytes, self.chunk_bytes)
                     if writer_done and pos >= os.fstat(fd).st_size:
                         break
                     if pos == start and not writer_done:
@@ -153,10 +191,14 @@ class Follower(object):
             entry["result"] = (pos, digest.hexdigest(), chunks)
         except (OSError, ValueError) as exc:
             entry["error"] = str(exc)
+        finally:
+            self._forget(thread)
 
     def finish(self, timeout=None):
         """The writer has exited: finish every followed file and return their digests."""
-        self.done.set()
+        with self.lock:
+            self.done.set()
+        self._catch_up()
         self.scanner.join(timeout)
         results = {}
         with self.lock:
@@ -179,11 +221,29 @@ class Follower(object):
 
     def abort(self):
         """The writer failed: stop following, discard everything."""
-        self.done.set()
+        with self.lock:
+            self.done.set()
+        self._catch_up()
         self.scanner.join()
         for entry in list(self.files.values()):
             entry["thread"].join()
         self.pool.shutdown(wait=True)
+
+
+def _priority(thread):
+    """The nice value of a thread (0: this one), or None where it cannot be read."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, thread)
+    except (AttributeError, OSError):
+        return None
+
+
+def _set_priority(thread, value):
+    """Best effort: without the right to raise a priority back, the thread only catches up more slowly."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, value)
+    except (AttributeError, OSError):
+        pass
 
 
 class WrittenDigest(object):
