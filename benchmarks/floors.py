@@ -19,7 +19,7 @@ import time
 import uuid
 
 from common import HERE, IMAGE, MB, MIB, SIM_LIBRARY, docker, run, sizes_of  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import world
 import report  # pylint: disable=import-error
 
@@ -32,24 +32,10 @@ class Floors:
         memory, faulting fresh memory in. Measured at the start of every run and at the end, because
         the load others put on the machine changes; the report gives the best and the median."""
         buf = os.urandom(256 * MIB)
-        view = memoryview(buf)
-
-        def hash_all():
-            digest = hashlib.sha256()
-            for offset in range(0, len(buf), 4 * MIB):
-                digest.update(view[offset:offset + 4 * MIB])
-
         for _attempt in range(tries):
-            t0 = time.monotonic()
-            hash_all()
-            one = time.monotonic() - t0
-            threads = [threading.Thread(target=hash_all) for _index in range(os.cpu_count() or 1)]
-            t0 = time.monotonic()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            every = time.monotonic() - t0
+            one = self.sha256_seconds(buf, 1)
+            cores = os.cpu_count() or 1
+            every = self.sha256_seconds(buf, cores)
             t0 = time.monotonic()
             copy = bytearray(buf)
             memcpy = time.monotonic() - t0
@@ -67,10 +53,37 @@ class Floors:
             target.release()
             del faulted
             criu_copy = self.criu_copy_limit(buf)
-            for key, seconds, nbytes in (("sha256_one_core", one, len(buf)), ("sha256_all_cores", every, len(buf) * len(threads)),
+            for key, seconds, nbytes in (("sha256_one_core", one, len(buf)), ("sha256_all_cores", every, len(buf) * cores),
                                          ("memcpy", memcpy, len(buf)), ("fault_in_fresh_memory", fault, len(buf)),
                                          ("memcpy_faulted", memcpy_faulted, len(buf)), ("criu_copy", criu_copy, len(buf))):
                 self.record("limits", key, None, rep, seconds, mb_s=round(nbytes / MB / seconds, 1))
+
+    @staticmethod
+    def sha256_seconds(buf, threads):
+        """Seconds for ``threads`` threads to hash ``buf`` each (from memory, 4 MiB updates; hashlib drops the GIL)."""
+        view = memoryview(buf)
+
+        def hash_all():
+            digest = hashlib.sha256()
+            for offset in range(0, len(buf), 4 * MIB):
+                digest.update(view[offset:offset + 4 * MIB])
+
+        workers = [threading.Thread(target=hash_all) for _index in range(threads)]
+        t0 = time.monotonic()
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        return time.monotonic() - t0
+
+    def sha256_beside(self, size_mb, rep, tries=3):
+        """SHA-256 on all cores, right beside the verification it judges (floors measured at the start and the end
+        of a run drift with the load of the run)."""
+        buf = os.urandom(256 * MIB)
+        cores = os.cpu_count() or 1
+        for _attempt in range(tries):
+            seconds = self.sha256_seconds(buf, cores)
+            self.record("floor", "sha256_all_cores", size_mb, rep, seconds, mb_s=round(len(buf) * cores / MB / seconds, 1))
 
     def criu_copy_limit(self, buf):
         """CRIU's page restore at its floor: one preadv() of a pages image that is in the page cache into fresh
@@ -188,7 +201,8 @@ class Floors:
 
     def fsync_write(self, size_mb, nbytes, rep):
         """Writing the snapshot's bytes durably, the floor of a generation with durability: write + fsync of one file
-        of the same size, on the same filesystem, from memory (64 MiB blocks)."""
+        of the same size, on the same filesystem, from memory (64 MiB blocks), each block handed to the disk as soon
+        as it is written (sync_file_range, as the generation does) so that the disk works while the writer does."""
         path = os.path.join(self.workdir, "fsync-%s.img" % uuid.uuid4().hex[:6])
         block = os.urandom(64 * MIB)
         self.settle()
@@ -197,7 +211,9 @@ class Floors:
         try:
             left = nbytes
             while left > 0:
-                left -= os.write(fd, block[:min(left, len(block))])
+                written = os.write(fd, block[:min(left, len(block))])
+                paths.start_writeback(fd, nbytes - left, written)
+                left -= written
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -111,30 +111,41 @@ class Generation:
         self.record_generate(gen, w, rep, variant)
         return other
 
-    def checkpoint_variants(self, w, cid, rep, docker_paths=True, tmpfs=True):
-        """Raw runc checkpoint (disk and tmpfs), plain docker checkpoint create, and host_checkpoint method=docker."""
+    def raw_runc_checkpoint(self, w, cid, rep, beside, variant="raw_runc_checkpoint", parent=None):
+        """The generation's floor: a raw ``runc checkpoint --leave-running`` of the engine, backed up first as a
+        generation leaves it, into ``parent`` (the bench's work dir, on the store's filesystem). Measured right before
+        and right after the generation it judges (``beside``), so that the floor and the generation share the load."""
         pid = int(docker("inspect", "--format", "{{.State.Pid}}", w["name"]))
+        parent = parent or self.workdir
+        target = os.path.join(parent, "runc-%s" % uuid.uuid4().hex[:6])
+        work = os.path.join(parent, "runc-work-%s" % uuid.uuid4().hex[:6])
         self.backup(pid)
+        try:
+            os.makedirs(target, mode=0o700)
+            os.makedirs(work, mode=0o700)
+            self.settle()
+            t0 = time.monotonic()
+            run(["runc", "--root", layout.DOCKER_RUNC_ROOT, "checkpoint", "--leave-running", "--image-path", target,
+                 "--work-path", work, cid])
+            seconds = time.monotonic() - t0
+            self.record("checkpoint", variant, w["size_mb"], rep, seconds, total_bytes=self.snapshot_bytes(target),
+                        beside=beside)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+            self.resume(pid)
+
+    def checkpoint_variants(self, w, cid, rep, docker_paths=True, tmpfs=True):
+        """Raw runc checkpoint into tmpfs, plain docker checkpoint create, and host_checkpoint method=docker (the raw
+        runc checkpoint on disk is measured beside the generation: raw_runc_checkpoint)."""
         # The tmpfs variant holds the images in RAM beside the engine and its device: only where they fit easily.
         with open("/proc/meminfo") as handle:
             mem_mb = int(handle.readline().split()[1]) / 1024.0
-        targets = [("raw_runc_checkpoint", self.workdir)]
         if tmpfs and w["size_mb"] * (2 + DEVICE_SHARE) < 0.6 * mem_mb:
-            targets.append(("raw_runc_checkpoint_tmpfs", self.shmdir))
+            self.raw_runc_checkpoint(w, cid, rep, None, "raw_runc_checkpoint_tmpfs", self.shmdir)
+        pid = int(docker("inspect", "--format", "{{.State.Pid}}", w["name"]))
+        self.backup(pid)
         try:
-            for variant, parent in targets:
-                target = os.path.join(parent, "runc-%s" % uuid.uuid4().hex[:6])
-                work = os.path.join(parent, "runc-work-%s" % uuid.uuid4().hex[:6])
-                os.makedirs(target, mode=0o700)
-                os.makedirs(work, mode=0o700)
-                self.settle()
-                t0 = time.monotonic()
-                run(["runc", "--root", layout.DOCKER_RUNC_ROOT, "checkpoint", "--leave-running", "--image-path", target,
-                     "--work-path", work, cid])
-                seconds = time.monotonic() - t0
-                self.record("checkpoint", variant, w["size_mb"], rep, seconds, total_bytes=self.snapshot_bytes(target))
-                shutil.rmtree(target)
-                shutil.rmtree(work)
             if not self.args.skip_docker_checkpoint and docker_paths:
                 target = os.path.join(self.workdir, "docker-cp")
                 store_before = self.content_store_mb()
