@@ -736,39 +736,59 @@ def chart(result, path):
     ax.grid(axis="y", alpha=0.3)
 
     ck_sizes = sizes(samples, "checkpoint")
-    ck = [(v, l) for v, l in CHECKPOINT if pick(samples, "checkpoint", v) and v != "host_checkpoint_criu"]
-    ck_short = {"host_checkpoint_runc_hash_after": "host_checkpoint runc, hash after", "host_checkpoint_runc": "host_checkpoint runc",
-                "host_checkpoint_docker": "host_checkpoint docker", "raw_runc_checkpoint_tmpfs": "raw runc checkpoint, tmpfs"}
-    values = {ck_short.get(v, label): [med(samples, "checkpoint", v, s) for s in ck_sizes] for v, label in ck}
+
+    def generation(key, s_mb):
+        def gen(k):
+            return med(samples, "checkpoint", "host_checkpoint_runc", s_mb, k)
+        window = med(samples, "lock_window", "host_checkpoint_runc", s_mb)
+        backup = med(samples, "lock_window", "host_checkpoint_runc", s_mb, "backup_s")
+        runc = med(samples, "checkpoint", "raw_runc_checkpoint", s_mb)
+        return {"runc": runc, "fsync": med(samples, "floor", "fsync_write", s_mb),
+                "host": gen("seconds") - (gen("stages.device_backup") or 0.0) if gen("seconds") is not None else None,
+                "total": gen("seconds"), "window": window,
+                "floor": backup + runc if backup is not None and runc is not None else None}[key]
+    gen_series = [("runc", "raw runc checkpoint (floor)"), ("fsync", "fsync'd write of the same bytes (floor)"),
+                  ("host", "host_checkpoint without the device backup"), ("total", "host_checkpoint"),
+                  ("floor", "device backup + raw runc (lock window floor)"), ("window", "the engine's lock window")]
+    values = dict((label, [generation(key, s) for s in ck_sizes]) for key, label in gen_series)
     bars(axes[1][0], [gb(s) for s in ck_sizes], list(values), values, "seconds (log scale)",
-         "Host checkpoint (device already backed up)", log=True)
+         "Generation against its floors, measured beside it", log=True)
 
     ax = axes[1][1]
     v_sizes = sizes(samples, "verify")
     largest = max(v_sizes) if v_sizes else None
-    shown = [(v, label) for v, label in VERIFY if v != "read_only"]
-    labels = [label for _v, label in shown]
-    for i, cache in enumerate(("warm", "cold")):
-        ys = [med(samples, "verify", "%s_%s" % (v, cache), largest, "mb_s") or 0 for v, _l in shown]
-        xs = [x + (i - 0.5) * 0.38 for x in range(len(shown))]
-        drawn = ax.bar(xs, ys, 0.38, label="%s page cache" % cache)
-        for x, y, rect in zip(xs, ys, drawn):
-            ax.annotate("%.0f" % y, (x, rect.get_height()), ha="center", va="bottom", fontsize=7)
-    limits = result.get("limits") or {}
-    for key, style, label in (("sha256_one_core", "r--", "SHA-256 limit, 1 core"), ("sha256_all_cores", "m:", "SHA-256 limit, all cores")):
-        if limit(limits, key):
-            ax.axhline(limit(limits, key), color=style[0], linestyle=style[1:], label="%s (best %.0f MB/s)" % (label, limit(limits, key)))
-    cold_read = med(samples, "verify", "read_only_cold", largest, "mb_s")
-    if cold_read:
-        ax.axhline(cold_read, color="g", linestyle="-.", label="storage read, cold cache, no hashing (%.0f MB/s)" % cold_read)
-    ax.set_xticks(range(len(shown)))
-    ax.set_xticklabels([label.replace(" (", "\n(").replace(", one", ",\none").replace(" in-", "\nin-").replace(", 1", ",\n1")
-                        for label in labels], fontsize=7)
-    ax.set_ylabel("MB/s")
-    ax.set_title("Verification throughput, %s snapshot" % (gb(largest) if largest else "?"), fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
-    ax.grid(axis="y", alpha=0.3)
-    ax.margins(y=0.15)
+    if not any(s["section"] == "verify" and s["variant"] != "snapshot_verify_module_warm" for s in samples):
+        # --focus: only the module's own rate, and SHA-256 on all cores measured right after it
+        values = {"snapshot_verify (the module's own rate, page cache)":
+                  [med(samples, "verify", "snapshot_verify_module_warm", x, "module_mb_s") for x in v_sizes],
+                  "SHA-256, all cores, beside it (median)": [med(samples, "floor", "sha256_all_cores", x, "mb_s")
+                                                             for x in v_sizes]}
+        bars(ax, [gb(x) for x in v_sizes], list(values), values, "MB/s", "Verification against SHA-256 on all cores",
+             fmt_value="%.0f")
+    else:
+        shown = [(v, label) for v, label in VERIFY if v != "read_only"]
+        labels = [label for _v, label in shown]
+        for i, cache in enumerate(("warm", "cold")):
+            ys = [med(samples, "verify", "%s_%s" % (v, cache), largest, "mb_s") or 0 for v, _l in shown]
+            xs = [x + (i - 0.5) * 0.38 for x in range(len(shown))]
+            drawn = ax.bar(xs, ys, 0.38, label="%s page cache" % cache)
+            for x, y, rect in zip(xs, ys, drawn):
+                ax.annotate("%.0f" % y, (x, rect.get_height()), ha="center", va="bottom", fontsize=7)
+        limits = result.get("limits") or {}
+        for key, style, label in (("sha256_one_core", "r--", "SHA-256 limit, 1 core"), ("sha256_all_cores", "m:", "SHA-256 limit, all cores")):
+            if limit(limits, key):
+                ax.axhline(limit(limits, key), color=style[0], linestyle=style[1:], label="%s (best %.0f MB/s)" % (label, limit(limits, key)))
+        cold_read = med(samples, "verify", "read_only_cold", largest, "mb_s")
+        if cold_read:
+            ax.axhline(cold_read, color="g", linestyle="-.", label="storage read, cold cache, no hashing (%.0f MB/s)" % cold_read)
+        ax.set_xticks(range(len(shown)))
+        ax.set_xticklabels([label.replace(" (", "\n(").replace(", one", ",\none").replace(" in-", "\nin-").replace(", 1", ",\n1")
+                            for label in labels], fontsize=7)
+        ax.set_ylabel("MB/s")
+        ax.set_title("Verification throughput, %s snapshot" % (gb(largest) if largest else "?"), fontsize=10)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.15)
 
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=110)

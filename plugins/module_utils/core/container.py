@@ -37,9 +37,11 @@ def container_record(info):
 
 
 def write_container_record(staging_dir, info):
+    """The record, into a snapshot's staging directory; not fsync'd here: the seal flushes the whole directory."""
     paths.ensure_dir(os.path.join(staging_dir, layout.HOST_DIR))
     target = os.path.join(staging_dir, layout.CONTAINER_RECORD)
-    paths.write_file_atomic(target, (json.dumps(container_record(info), indent=2, sort_keys=True) + "\n").encode())
+    paths.write_file_atomic(target, (json.dumps(container_record(info), indent=2, sort_keys=True) + "\n").encode(),
+                            durable=False)
     return target
 
 

@@ -233,8 +233,6 @@ class Checkpointer:
         try:
             with self.watch.timed("dump"):  # the runc / docker / CRIU call alone, inside "checkpoint"
                 self._dump(image_dir, seconds)
-            if params["engine"] == "docker":
-                container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
         except Exception:
             if self.follower:
                 self.follower.abort()
@@ -386,6 +384,8 @@ class Checkpointer:
             with self.watch.timed("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
             result["resumed"] = self.resume_engine()
+            if params["engine"] == "docker":  # after the resume: nothing the engine waits for
+                container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
             self.digest_world()
             result["world_digests"] = self.world["digests"]
             if self.encryption_key is not None:

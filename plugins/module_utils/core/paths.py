@@ -169,8 +169,10 @@ def ensure_dir(path, mode=DIR_MODE):
     return path
 
 
-def write_file_atomic(path, data, mode=FILE_MODE):
-    """Write bytes to ``path`` through a temporary file and a rename, never following symlinks."""
+def write_file_atomic(path, data, mode=FILE_MODE, durable=True):
+    """Write bytes to ``path`` through a temporary file and a rename, never following symlinks. ``durable=False``:
+    no fsync, for a file whose directory is flushed as a whole later (a snapshot's staging directory, by its seal):
+    on ext4 an fsync commits the journal, which first writes out every other file's newly allocated blocks."""
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, ".%s.tmp.%d" % (name, os.getpid()))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
@@ -178,7 +180,8 @@ def write_file_atomic(path, data, mode=FILE_MODE):
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.rename(tmp, path)
     except BaseException:
         try:

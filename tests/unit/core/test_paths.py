@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import container, layout, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import UnsafePathError
 
 
@@ -144,3 +144,17 @@ def test_a_store_that_refuses_writes_is_named_with_its_cause_and_its_fix(tmp_pat
     assert full.startswith("cannot write %s: No space left on device -- the storage it is on is full; " % target) \
         and "snapshot_cleanup" in full
     assert paths.store_error(OSError(errno.EACCES, "Permission denied", target)) is None
+
+
+def test_a_file_the_seal_flushes_is_written_without_its_own_fsync(tmp_path, monkeypatch):
+    """The container record is written in the staging directory right after the dump; its own fsync would commit
+    ext4's journal, which first writes out the page images just written -- inside the engine's lock window. The seal
+    flushes every file of the directory instead."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    paths.write_file_atomic(str(tmp_path / "durable"), b"x")
+    assert len(synced) == 1
+    container.write_container_record(str(tmp_path / "staging"), {"Id": "c" * 64, "Name": "/w", "Image": "sha256:" + "i" * 64})
+    assert len(synced) == 1, "the container record is not fsync'd on its own"
+    assert (tmp_path / "staging" / "host" / "container.json").read_bytes().startswith(b"{")
