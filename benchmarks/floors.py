@@ -6,6 +6,7 @@
 from __future__ import absolute_import, division, print_function
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import mmap
@@ -19,7 +20,7 @@ import time
 import uuid
 
 from common import HERE, IMAGE, MB, MIB, SIM_LIBRARY, docker, run, sizes_of  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import world
 import report  # pylint: disable=import-error
 
@@ -199,10 +200,19 @@ class Floors:
                     self.kill_bare(pid)
             shutil.rmtree(target, ignore_errors=True)
 
+    @staticmethod
+    def start_writeback(fd, offset, length):
+        """sync_file_range(SYNC_FILE_RANGE_WRITE): the range to the disk now, without waiting (best effort)."""
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.sync_file_range(ctypes.c_int(fd), ctypes.c_int64(offset), ctypes.c_int64(length), ctypes.c_uint(2))
+        except (AttributeError, OSError):
+            pass
+
     def fsync_write(self, size_mb, nbytes, rep):
         """Writing the snapshot's bytes durably, the floor of a generation with durability: write + fsync of one file
         of the same size, on the same filesystem, from memory (64 MiB blocks), each block handed to the disk as soon
-        as it is written (sync_file_range, as the generation does) so that the disk works while the writer does."""
+        as it is written (sync_file_range) so that the disk works while the writer does: the fastest durable write."""
         path = os.path.join(self.workdir, "fsync-%s.img" % uuid.uuid4().hex[:6])
         block = os.urandom(64 * MIB)
         self.settle()
@@ -212,7 +222,7 @@ class Floors:
             left = nbytes
             while left > 0:
                 written = os.write(fd, block[:min(left, len(block))])
-                paths.start_writeback(fd, nbytes - left, written)
+                self.start_writeback(fd, nbytes - left, written)
                 left -= written
             os.fsync(fd)
         finally:

@@ -224,8 +224,7 @@ class Checkpointer:
             self.work = make_work_dir("dump")
             self.note_work()
         if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: hashed as encryption writes it
-            self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"],
-                                          writeback=True).start()
+            self.follower = seal.Follower(image_dir, prefix=layout.IMAGES_DIR, workers=params["workers"]).start()
         # The world it runs in, fingerprinted while CRIU writes the images (mostly I/O of other files).
         self.world = {}
         capture = threading.Thread(target=self._capture_world, name="inferops-world")
@@ -384,6 +383,8 @@ class Checkpointer:
             with self.watch.timed("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
             result["resumed"] = self.resume_engine()
+            if self.follower:  # the images to the disk while their hashing catches up (not beside CRIU's writes)
+                self.follower.flush()
             if params["engine"] == "docker":  # after the resume: nothing the engine waits for
                 container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
             self.digest_world()

@@ -289,21 +289,6 @@ def fsync_dir(path):
         os.close(fd)
 
 
-SYNC_FILE_RANGE_WRITE = 2   # linux/fs.h: start writeback of the range's dirty pages, do not wait for it
-
-
-def start_writeback(fd, offset, length):
-    """Start writing ``length`` bytes of ``fd`` from ``offset`` to storage, without waiting (sync_file_range
-    SYNC_FILE_RANGE_WRITE): a later fsync then waits only for what is still in flight. No durability promise of its
-    own, so where the call is missing this does nothing and the fsync does it all."""
-    try:
-        result = _libc().sync_file_range(ctypes.c_int(fd), ctypes.c_int64(offset), ctypes.c_int64(length),
-                                         ctypes.c_uint(SYNC_FILE_RANGE_WRITE))
-    except (AttributeError, OSError):
-        return False
-    return result == 0
-
-
 def tree_bytes(root):
     """The bytes of the regular files below ``root`` by their sizes (nothing read; links not followed); 0 when missing."""
     total = 0

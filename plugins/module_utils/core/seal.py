@@ -81,12 +81,14 @@ class Follower(object):
 
     While the writer runs, the hashing threads run at the lowest CPU priority: on a small node they
     would otherwise take cores from CRIU and lengthen the engine's lock window; ``finish()`` puts them
-    back at the process's priority to catch up. ``writeback``: each chunk read is also handed to the
-    disk (paths.start_writeback), so the seal's fsync waits for what is left, not for the whole snapshot.
+    back at the process's priority to catch up. ``flush()``, once the writer is done, starts writing the
+    followed files out to the disk while their hashing catches up -- never while the writer runs: writeback
+    beside CRIU's own writes made the dump 2-3x slower on ext4 (docs/benchmarks.md, 2026-12-05).
     """
 
-    def __init__(self, root, prefix="", min_size=None, chunk_bytes=None, workers=None, poll=0.02, writeback=False):
-        self.root, self.prefix, self.poll, self.writeback = root, prefix, poll, writeback
+    def __init__(self, root, prefix="", min_size=None, chunk_bytes=None, workers=None, poll=0.02):
+        self.root, self.prefix, self.poll = root, prefix, poll
+        self.flusher = None
         self.chunk_bytes = chunk_bytes or manifest.CHUNK_BYTES
         self.min_size = min_size or 4 * CHUNK
         self.done = threading.Event()
@@ -178,8 +180,6 @@ class Follower(object):
                         pos += n
                         if pos % self.chunk_bytes == 0:
                             chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
-                            if self.writeback:
-                                paths.start_writeback(fd, pos - self.chunk_bytes, self.chunk_bytes)
                     if writer_done and pos >= os.fstat(fd).st_size:
                         break
                     if pos == start and not writer_done:
@@ -193,6 +193,14 @@ class Follower(object):
             entry["error"] = str(exc)
         finally:
             self._forget(thread)
+
+    def flush(self):
+        """The writer has exited: fsync the followed files in the background (the seal's Flusher then waits only
+        for what is still in flight); finish() waits for it."""
+        with self.lock:
+            relpaths = [os.path.relpath(path, self.root) for path in self.files]
+        self.flusher = Flusher(self.root, relpaths)
+        self.flusher.start()
 
     def finish(self, timeout=None):
         """The writer has exited: finish every followed file and return their digests."""
@@ -217,6 +225,8 @@ class Follower(object):
             rel = os.path.join(self.prefix, os.path.relpath(path, self.root))
             results[rel] = (size, digest, [d for _length, d in parts])
         self.pool.shutdown(wait=True)
+        if self.flusher is not None:
+            self.flusher.join(timeout)  # an error is the seal's to report: its Flusher fsyncs every file again
         return results
 
     def abort(self):
@@ -225,6 +235,8 @@ class Follower(object):
             self.done.set()
         self._catch_up()
         self.scanner.join()
+        if self.flusher is not None:
+            self.flusher.join()
         for entry in list(self.files.values()):
             entry["thread"].join()
         self.pool.shutdown(wait=True)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths, seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
 from unit.core.agent.test_lease import wait_until
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
@@ -215,13 +215,15 @@ def test_follower_abort_stops_everything(tmp_path):
 
 def test_follower_yields_the_cpu_to_the_writer_and_catches_up_at_its_own_priority(tmp_path, small_chunks, monkeypatch):
     """While CRIU writes, the hashing threads run at nice 19 (on a 2-core node they would take a core from CRIU and
-    lengthen the engine's lock window); finish() puts them back at the process's priority, and each chunk read is
-    handed to the disk (writeback) so the seal's fsync waits only for the rest."""
-    handed = []
-    monkeypatch.setattr(seal.paths, "start_writeback", lambda fd, offset, length: handed.append((offset, length)))
+    lengthen the engine's lock window) and nothing is flushed (writeback beside CRIU's writes made the dump 2-3x
+    slower); finish() puts them back at the process's priority, and flush() -- once the writer is done -- writes the
+    followed files out while their hashing catches up."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink("/proc/self/fd/%d" % fd)) or real(fd))
     images = tmp_path / "criu"
     images.mkdir()
-    follower = seal.Follower(str(images), min_size=CHUNK // 2, writeback=True, poll=0.01).start()
+    follower = seal.Follower(str(images), min_size=CHUNK // 2, poll=0.01).start()
     own = os.getpriority(os.PRIO_PROCESS, 0)
     path = images / "pages-1.img"
     with open(path, "wb") as handle:
@@ -229,31 +231,16 @@ def test_follower_yields_the_cpu_to_the_writer_and_catches_up_at_its_own_priorit
         handle.flush()
         lowered, _waited = wait_until(lambda: list(follower.threads), 30, "the hashing threads")  # niced
         assert all(os.getpriority(os.PRIO_PROCESS, thread) == 19 for thread in lowered)
-        wait_until(lambda: len(handed) == 2, 30, "both chunks handed to the disk")  # both whole chunks read
-        assert handed == [(0, CHUNK), (CHUNK, CHUNK)]
         live = list(follower.threads)
         follower._catch_up()  # what finish() does first, observed while the threads still run
         restored = own if os.geteuid() == 0 else 19  # raising a priority back needs CAP_SYS_NICE
         assert all(os.getpriority(os.PRIO_PROCESS, thread) == restored for thread in live)
         assert follower.threads == []
         handle.write(b"tail")
+    assert synced == [], "nothing is flushed while the writer runs"
+    follower.flush()
     known = follower.finish()
+    assert synced == [str(path)], "the followed file is flushed once the writer is done"
     data = path.read_bytes()
     assert known["pages-1.img"][:2] == (len(data), hashlib.sha256(data).hexdigest())
     assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the caller's own thread never changed
-
-
-def test_start_writeback_hands_a_range_to_the_disk_and_is_a_no_op_where_it_cannot(tmp_path):
-    path = tmp_path / "pages.img"
-    path.write_bytes(os.urandom(CHUNK))
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        assert paths.start_writeback(fd, 0, CHUNK) is True
-    finally:
-        os.close(fd)
-    reader, writer = os.pipe()
-    try:
-        assert paths.start_writeback(reader, 0, 1) is False  # ESPIPE: nothing to write back, nothing raised
-    finally:
-        os.close(reader)
-        os.close(writer)
