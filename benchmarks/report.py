@@ -494,7 +494,7 @@ def render(result):
             for key, label in labels]
     rows += [["storage read, cold page cache, %s snapshot (no hashing)" % gb(s), fmt(max(pick(samples, "verify", "read_only_cold", s, "mb_s") or [0])),
               fmt(med(samples, "verify", "read_only_cold", s, "mb_s")), n_of(samples, "verify", "read_only_cold", s)]
-             for s in sizes(samples, "verify")]
+             for s in sizes(samples, "verify") if pick(samples, "verify", "read_only_cold", s, "mb_s")]
     out.append(table(["limit", "best MB/s", "median MB/s", "n"], rows))
 
     out.append("\n## Time to first correct answer (seconds)\n")
