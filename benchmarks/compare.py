@@ -47,8 +47,7 @@ def stage_dicts(value, path=()):
             if present and all(number(v) for v in present):
                 yield path + (key,), sub
             else:
-                for found in stage_dicts(sub, path + (key,)):
-                    yield found
+                yield from stage_dicts(sub, path + (key,))
 
 
 def rows(result):
@@ -127,8 +126,8 @@ def compare(before, after, names, min_noise=0.10, min_seconds=0.05, only_common=
     out.append(table(["", "before", "after"], header))
     out.append("\nMedians of each run's samples (n, min–max). Noise: the larger (max − min) / median of the two sides "
                "(one run: 0), at least %d %%; slower / faster: beyond the noise and by more than %s s. Section %s: the "
-               "machine's MB/s (higher is better), not a verdict on the code.\n\n" % (round(min_noise * 100), fmt(min_seconds),
-                                                                                 MACHINE))
+               "machine's MB/s (higher is better), not a verdict on the code.\n\n"
+               % (round(min_noise * 100), fmt(min_seconds), MACHINE))
     body, slower = [], 0
     for key in [k for k in old if k in new]:
         b, a = old[key], new[key]

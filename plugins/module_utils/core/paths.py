@@ -375,7 +375,7 @@ def _openat2(dir_fd, path, flags, resolve):
         raise OSError(errno.ENOSYS, "openat2 is not known on %s" % platform.machine())
     how = _OpenHow(flags, 0, resolve)
     fd = _libc().syscall(ctypes.c_long(number), ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(path)),
-                          ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+                         ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)
