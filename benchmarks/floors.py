@@ -69,7 +69,11 @@ class Floors:
             for offset in range(0, len(buf), 4 * MIB):
                 digest.update(view[offset:offset + 4 * MIB])
 
-        workers = [threading.Thread(target=hash_all) for _index in range(threads)]
+        return Floors.threads_seconds([threading.Thread(target=hash_all) for _index in range(threads)])
+
+    @staticmethod
+    def threads_seconds(workers):
+        """Seconds from starting ``workers`` (threads) until the last has ended."""
         t0 = time.monotonic()
         for thread in workers:
             thread.start()
@@ -200,21 +204,13 @@ class Floors:
                     self.kill_bare(pid)
             shutil.rmtree(target, ignore_errors=True)
 
-    @staticmethod
-    def start_writeback(fd, offset, length):
-        """sync_file_range(SYNC_FILE_RANGE_WRITE): the range to the disk now, without waiting (best effort)."""
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.sync_file_range(ctypes.c_int(fd), ctypes.c_int64(offset), ctypes.c_int64(length), ctypes.c_uint(2))
-        except (AttributeError, OSError):
-            pass
-
     def fsync_write(self, size_mb, nbytes, rep):
         """Writing the snapshot's bytes durably, the floor of a generation with durability: write + fsync of one file
         of the same size, on the same filesystem, from memory (64 MiB blocks), each block handed to the disk as soon
         as it is written (sync_file_range) so that the disk works while the writer does: the fastest durable write."""
         path = os.path.join(self.workdir, "fsync-%s.img" % uuid.uuid4().hex[:6])
         block = os.urandom(64 * MIB)
+        sync_file_range = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)  # loaded before the clock
         self.settle()
         t0 = time.monotonic()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -222,7 +218,9 @@ class Floors:
             left = nbytes
             while left > 0:
                 written = os.write(fd, block[:min(left, len(block))])
-                self.start_writeback(fd, nbytes - left, written)
+                if sync_file_range is not None:  # SYNC_FILE_RANGE_WRITE (2): start writing it out, do not wait
+                    sync_file_range(ctypes.c_int(fd), ctypes.c_int64(nbytes - left), ctypes.c_int64(written),
+                                    ctypes.c_uint(2))
                 left -= written
             os.fsync(fd)
         finally:
@@ -280,13 +278,7 @@ class Floors:
                 encryptor.update_into(memoryview(source)[:min(chunk, share - offset)], out)
                 encryptor.finalize()
 
-        workers = [threading.Thread(target=encrypt, args=(share,)) for share in shares]
-        t0 = time.monotonic()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        return time.monotonic() - t0
+        return Floors.threads_seconds([threading.Thread(target=encrypt, args=(share,)) for share in shares])
 
     def device_copy(self, size_mb, rep):
         """The device copy as its own line: the simulated NPU's backup and restore of this size's device memory, alone

@@ -194,6 +194,25 @@ def floors(result, size):
     return out
 
 
+def generation_floors(samples, size, variant="host_checkpoint_runc"):
+    """A generation at ``size`` and the floors measured beside it (medians; seconds; None where not measured): its
+    host_checkpoint ``total`` and ``host`` part (without the device backup, the simulator's copy), raw ``runc`` (and
+    ``runc_best``), the ``fsync`` write of the same bytes, the ``durable`` floor (the larger of the two), its lock
+    ``window`` and that window's floor, this generation's backup + raw runc (``window_floor``, ``window_floor_best``)."""
+    total = med(samples, "checkpoint", variant, size)
+    runc = med(samples, "checkpoint", "raw_runc_checkpoint", size)
+    runc_best = best(samples, "checkpoint", "raw_runc_checkpoint", size)
+    fsync = med(samples, "floor", "fsync_write", size)
+    backup = med(samples, "lock_window", variant, size, "backup_s")
+    return {"total": total, "runc": runc, "runc_best": runc_best, "fsync": fsync,
+            "host": total - (med(samples, "checkpoint", variant, size, "stages.device_backup") or 0.0)
+            if total is not None else None,
+            "durable": max(runc, fsync) if runc is not None and fsync is not None else None,
+            "window": med(samples, "lock_window", variant, size),
+            "window_floor": backup + runc if backup is not None and runc is not None else None,
+            "window_floor_best": backup + runc_best if backup is not None and runc_best is not None else None}
+
+
 def slope(points):
     """Least-squares seconds per GiB through (size MiB, seconds) points; None with fewer than two sizes."""
     points = [(x / GIB, y) for x, y in points if y is not None]
@@ -279,30 +298,27 @@ def render_floors(result):
                     "host_checkpoint_runc_hash_after",
                     "host_checkpoint_runc_encrypted", "host_checkpoint_docker"):
         for size in sizes(samples, "lock_window"):
-            window = med(samples, "lock_window", variant, size)
-            if window is None:
+            g = generation_floors(samples, size, variant)
+            if g["window"] is None:
                 continue
-            backup = med(samples, "lock_window", variant, size, "backup_s")
-            runc = med(samples, "checkpoint", "raw_runc_checkpoint", size)
-            runc_best = best(samples, "checkpoint", "raw_runc_checkpoint", size)
-            floor = backup + runc if backup is not None and runc is not None else None
-            floor_best = backup + runc_best if backup is not None and runc_best is not None else None
-            rows.append([variant, gb(size), fmt(window), spread(samples, "lock_window", variant, size),
-                         fmt(med(samples, "lock_window", variant, size, "lock_s")), fmt(backup),
+            rows.append([variant, gb(size), fmt(g["window"]), spread(samples, "lock_window", variant, size),
+                         fmt(med(samples, "lock_window", variant, size, "lock_s")),
+                         fmt(med(samples, "lock_window", variant, size, "backup_s")),
                          fmt(med(samples, "lock_window", variant, size, "between_s")),
                          fmt(med(samples, "lock_window", variant, size, "to_checkpoint_s")),
                          fmt(med(samples, "lock_window", variant, size, "restore_s")),
-                         fmt(med(samples, "lock_window", variant, size, "unlock_s")), fmt(runc),
-                         spread(samples, "checkpoint", "raw_runc_checkpoint", size), fmt(floor), ratio(window, floor),
-                         ratio(window, floor_best), n_of(samples, "lock_window", variant, size)])
+                         fmt(med(samples, "lock_window", variant, size, "unlock_s")), fmt(g["runc"]),
+                         spread(samples, "checkpoint", "raw_runc_checkpoint", size), fmt(g["window_floor"]),
+                         ratio(g["window"], g["window_floor"]), ratio(g["window"], g["window_floor_best"]),
+                         n_of(samples, "lock_window", variant, size)])
     out.append(table(["generation", "state", "lock window", "its spread", "lock", "backup", "between",
                       "of which before host_checkpoint's task", "restore", "unlock",
                       "raw runc checkpoint (median)", "its spread", "floor: backup + runc", "÷ floor",
                       "÷ floor with runc's best", "n"], rows))
 
     out.append("\n### Generation with durability (seconds)\n\n")
-    out.append("`host_checkpoint` (the device backup, the CRIU checkpoint with the images hashed and handed to the disk "
-               "as CRIU writes them, the resume, the seal with every file fsync'd, the publish, which removes the "
+    out.append("`host_checkpoint` (the device backup, the CRIU checkpoint with the images hashed as CRIU writes them, "
+               "the resume, the images written out from there on, the seal with every file fsync'd, the publish, which removes the "
                "previous snapshot) against its floors from the same run: raw `runc checkpoint` into page cache (medians "
                "of the samples taken right before and after each generation) and the same bytes written to one file on "
                "the same filesystem and fsync'd (a durable write cannot be faster than the disk). The host part is "
@@ -311,25 +327,20 @@ def render_floors(result):
                "host_checkpoint ≤ %.1f× the fsync'd write (issue 11).\n\n" % (GOALS["host_checkpoint"], GOALS["durability"]))
     rows = []
     for size in sizes(samples, "checkpoint"):
-        total = med(samples, "checkpoint", "host_checkpoint_runc", size)
-        floor = med(samples, "floor", "fsync_write", size)
-        if total is None:
+        g = generation_floors(samples, size)
+        if g["total"] is None:
             continue
 
         def stage(name, size=size):
             return med(samples, "checkpoint", "host_checkpoint_runc", size, "stages." + name)
-        backup = stage("device_backup") or 0.0
-        host = total - backup
-        runc = med(samples, "checkpoint", "raw_runc_checkpoint", size)
-        durable = max(runc, floor) if runc is not None and floor is not None else None
-        rows.append([gb(size), fmt((med(samples, "checkpoint", "host_checkpoint_runc", size, "total_bytes") or 0) / 1e6, 0), fmt(total),
-                     spread(samples, "checkpoint", "host_checkpoint_runc", size), fmt(backup), fmt(stage("checkpoint")),
-                     fmt(stage("dump")),
+        rows.append([gb(size), fmt((med(samples, "checkpoint", "host_checkpoint_runc", size, "total_bytes") or 0) / 1e6, 0),
+                     fmt(g["total"]), spread(samples, "checkpoint", "host_checkpoint_runc", size),
+                     fmt(stage("device_backup") or 0.0), fmt(stage("checkpoint")), fmt(stage("dump")),
                      fmt(stage("seal")), fmt(med(samples, "checkpoint", "host_checkpoint_runc", size, "hashing.fsync_seconds")),
-                     fmt(stage("publish")), fmt(host), fmt(runc), ratio(host, runc),
-                     ratio(host, best(samples, "checkpoint", "raw_runc_checkpoint", size)),
-                     fmt(floor), fmt(med(samples, "floor", "fsync_write", size, "mb_s"), 0), ratio(total, floor),
-                     ratio(host, durable), fmt(med(samples, "generate", "host_checkpoint_runc", size))])
+                     fmt(stage("publish")), fmt(g["host"]), fmt(g["runc"]), ratio(g["host"], g["runc"]),
+                     ratio(g["host"], g["runc_best"]), fmt(g["fsync"]),
+                     fmt(med(samples, "floor", "fsync_write", size, "mb_s"), 0), ratio(g["total"], g["fsync"]),
+                     ratio(g["host"], g["durable"]), fmt(med(samples, "generate", "host_checkpoint_runc", size))])
     out.append(table(["state", "snapshot MB", "host_checkpoint", "its spread", "device backup", "checkpoint",
                       "of which the runc call", "seal",
                       "fsync (overlapped with hashing)", "publish", "host part", "raw runc", "host part ÷ raw runc",
@@ -736,21 +747,11 @@ def chart(result, path):
     ax.grid(axis="y", alpha=0.3)
 
     ck_sizes = sizes(samples, "checkpoint")
-
-    def generation(key, s_mb):
-        def gen(k):
-            return med(samples, "checkpoint", "host_checkpoint_runc", s_mb, k)
-        window = med(samples, "lock_window", "host_checkpoint_runc", s_mb)
-        backup = med(samples, "lock_window", "host_checkpoint_runc", s_mb, "backup_s")
-        runc = med(samples, "checkpoint", "raw_runc_checkpoint", s_mb)
-        return {"runc": runc, "fsync": med(samples, "floor", "fsync_write", s_mb),
-                "host": gen("seconds") - (gen("stages.device_backup") or 0.0) if gen("seconds") is not None else None,
-                "total": gen("seconds"), "window": window,
-                "floor": backup + runc if backup is not None and runc is not None else None}[key]
     gen_series = [("runc", "raw runc checkpoint (floor)"), ("fsync", "fsync'd write of the same bytes (floor)"),
                   ("host", "host_checkpoint without the device backup"), ("total", "host_checkpoint"),
-                  ("floor", "device backup + raw runc (lock window floor)"), ("window", "the engine's lock window")]
-    values = dict((label, [generation(key, s) for s in ck_sizes]) for key, label in gen_series)
+                  ("window_floor", "device backup + raw runc (lock window floor)"), ("window", "the engine's lock window")]
+    generations = [generation_floors(samples, s) for s in ck_sizes]
+    values = dict((label, [g[key] for g in generations]) for key, label in gen_series)
     bars(axes[1][0], [gb(s) for s in ck_sizes], list(values), values, "seconds (log scale)",
          "Generation against its floors, measured beside it", log=True)
 
