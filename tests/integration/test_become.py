@@ -10,32 +10,70 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from pathlib import Path
 
 import hashlib
 
 import pytest
 
-from conftest import BUILD, COLLECTIONS, REPO, ensure_collection_link, free_port, reset_device
+from conftest import REPO, free_port, reset_device
 
 USER = "inferops-become"
 SUDOERS = "/etc/sudoers.d/inferops-become-test"
 PROMPTS = ["what is an NPU?", "数据"]
 
 
+# make test may run under umask 077 (CI does) from a checkout under a folder other users cannot search: what the test
+# user runs -- a venv and a copy of the collection -- lies outside the checkout, with modes set here, not by the umask.
+USER_VENV = Path("/var/cache/inferops/become-venv")
+COLLECTION_PARTS = ("galaxy.yml", "meta", "plugins", "roles", "playbooks", "schemas", "extensions")
+
+
 @pytest.fixture(scope="module")
 def user_venv():
     """A venv of the system's python3 with the pinned ansible-core: a normal user can run it (the project's
     .venv may sit on an interpreter below /root). Made once, reused while the requirements are unchanged."""
-    venv = BUILD / "become-venv"
+    venv = USER_VENV
     reqs = [REPO / "requirements" / name for name in ("constraints.txt", "target.txt")]
     stamp = hashlib.sha256(b"".join(path.read_bytes() for path in reqs)).hexdigest()
-    if not (venv / "bin" / "ansible-playbook").exists() or (venv / ".stamp").read_text() != stamp:
-        shutil.rmtree(venv, ignore_errors=True)
+    stamp_file = venv / ".stamp"
+    if not (venv / "bin" / "ansible-playbook").exists() or not stamp_file.exists() or stamp_file.read_text() != stamp:
+        shutil.rmtree(str(venv), ignore_errors=True)
         subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "-c", str(reqs[0]), "ansible-core",
                         "-r", str(reqs[1])], check=True, capture_output=True)
-        (venv / ".stamp").write_text(stamp)
+        stamp_file.write_text(stamp)
+    readable_by_everyone(venv)
     return venv / "bin"
+
+
+@pytest.fixture(scope="module")
+def user_collection():
+    """A copy of the collection where the test user can read it: ANSIBLE_COLLECTIONS_PATH and the playbooks."""
+    base = Path(tempfile.mkdtemp(prefix="inferops-become-collection-", dir="/tmp"))
+    tree = base / "ansible_collections" / "inferops" / "snapshot"
+    tree.mkdir(parents=True)
+    for part in COLLECTION_PARTS:
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(str(source), str(tree / part), ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(str(source), str(tree / part))
+    readable_by_everyone(base)
+    yield base
+    shutil.rmtree(str(base), ignore_errors=True)
+
+
+def readable_by_everyone(path):
+    """go+rX on the tree at ``path`` and go+x on the folders above it (made by pytest or by the system)."""
+    for top, dirs, files in os.walk(str(path)):
+        for entry in [top] + [os.path.join(top, name) for name in dirs + files]:
+            if not os.path.islink(entry):
+                mode = os.stat(entry).st_mode
+                os.chmod(entry, mode | 0o044 | (0o011 if mode & 0o100 else 0))
+    for folder in Path(path).parents:
+        if not os.stat(str(folder)).st_mode & 0o001:
+            os.chmod(str(folder), os.stat(str(folder)).st_mode | 0o011)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +95,8 @@ def normal_user():
 
 
 class AsUser:
-    def __init__(self, user, bin_dir, inventory):
-        ensure_collection_link()
-        self.user, self.bin = user, bin_dir
+    def __init__(self, user, bin_dir, collections, inventory):
+        self.user, self.bin, self.collections = user, bin_dir, collections
         self.dir = tempfile.mkdtemp(prefix="inferops-become-")
         shutil.chown(self.dir, user)
         self.inventory = os.path.join(self.dir, "inventory.json")
@@ -68,10 +105,11 @@ class AsUser:
         shutil.chown(self.inventory, user)
 
     def play(self, playbook, become, check=False):
+        playbooks = self.collections / "ansible_collections" / "inferops" / "snapshot" / "playbooks"
         command = ["runuser", "-u", self.user, "--", "env", "HOME=%s" % pwd.getpwnam(self.user).pw_dir,
-                   "ANSIBLE_COLLECTIONS_PATH=%s" % COLLECTIONS, "ANSIBLE_NOCOLOR=1", "ANSIBLE_LOCALHOST_WARNING=False",
-                   "PATH=%s:/usr/local/bin:/usr/bin:/bin" % self.bin,
-                   str(self.bin / "ansible-playbook"), "-i", self.inventory, str(REPO / "playbooks" / playbook)]
+                   "ANSIBLE_COLLECTIONS_PATH=%s" % self.collections, "ANSIBLE_NOCOLOR=1",
+                   "ANSIBLE_LOCALHOST_WARNING=False", "PATH=%s:/usr/local/bin:/usr/bin:/bin" % self.bin,
+                   str(self.bin / "ansible-playbook"), "-i", self.inventory, str(playbooks / playbook)]
         command += (["--become"] if become else []) + (["--check"] if check else [])
         return subprocess.run(command, cwd=self.dir, capture_output=True, text=True, timeout=600, check=False)
 
@@ -80,7 +118,7 @@ class AsUser:
 
 
 def test_without_become_each_role_names_root_and_with_become_the_playbooks_work(
-        normal_user, user_venv, tmp_path, containers, docker_env):
+        normal_user, user_venv, user_collection, tmp_path, containers, docker_env):
     name = "become-%s" % uuid.uuid4().hex[:6]
     device_dir = tmp_path / "npu"
     device_dir.mkdir(mode=0o700)
@@ -93,7 +131,7 @@ def test_without_become_each_role_names_root_and_with_become_the_playbooks_work(
         "snapshot_config": {"enabled": True, "hostSnapshotPath": str(root / "host"), "npuSnapshotPath": str(root / "npu")},
         "snapshot_service": {"namespace": "b", "name": "svc"},
         "snapshot_instances": [{"name": "p0", "pods": [{"name": name, "readiness_url": pod.url + "/health"}]}]}}}}
-    user = AsUser(normal_user, user_venv, inventory)
+    user = AsUser(normal_user, user_venv, user_collection, inventory)
     try:
         for playbook, role in (("generate.yml", "snapshot_generate"), ("verify.yml", "snapshot_verify"),
                                ("restore.yml", "snapshot_restore"), ("cleanup.yml", "snapshot_cleanup"),
