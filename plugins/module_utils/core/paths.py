@@ -155,12 +155,20 @@ def check_identity(identity, snapshot_dir):
 
 
 def ensure_dir(path, mode=DIR_MODE):
-    """Create ``path`` and missing parents with ``mode``; verify the leaf is a real directory."""
-    old_umask = os.umask(0o077)
-    try:
-        os.makedirs(path, mode=mode, exist_ok=True)
-    finally:
-        os.umask(old_umask)
+    """Create ``path`` with ``mode`` and its missing parents with 0700; verify the leaf is a real directory.
+
+    The umask is left alone: it is the whole process's, and a thread that sets and restores it races the others --
+    two such threads can leave it at 0077 for good, and a file any thread creates meanwhile gets the wrong mode."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.lexists(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode if directory == missing[0] else 0o700)
+        except FileExistsError:
+            pass  # made by another thread or process meanwhile; the leaf is checked below
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError("%r is not a directory" % path, path=path)

@@ -1,5 +1,6 @@
 import os
 import stat
+import threading
 
 import pytest
 
@@ -158,3 +159,26 @@ def test_a_file_the_seal_flushes_is_written_without_its_own_fsync(tmp_path, monk
     container.write_container_record(str(tmp_path / "staging"), {"Id": "c" * 64, "Name": "/w", "Image": "sha256:" + "i" * 64})
     assert len(synced) == 1, "the container record is not fsync'd on its own"
     assert (tmp_path / "staging" / "host" / "container.json").read_bytes().startswith(b"{")
+
+
+def test_ensure_dir_from_many_threads_leaves_the_process_umask_as_it_was(tmp_path):
+    """The umask is the whole process's: a helper that set and restored it raced the other threads (two of them
+    could leave it at 0077 for good, and every file made meanwhile got its mode from it). The folders are still
+    0700, parents included, whatever the umask."""
+    def make(worker):
+        for index in range(40):
+            paths.ensure_dir(str(tmp_path / str(worker) / str(index) / "leaf"))
+
+    saved = os.umask(0o002)
+    try:
+        threads = [threading.Thread(target=make, args=(worker,)) for worker in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert os.umask(0o002) == 0o002, "ensure_dir changed the process umask"
+    finally:
+        os.umask(saved)
+    modes = set(stat.S_IMODE(os.stat(os.path.join(top, name)).st_mode)
+                for top, dirs, _files in os.walk(str(tmp_path)) for name in dirs)
+    assert modes == {0o700}, [oct(mode) for mode in modes]

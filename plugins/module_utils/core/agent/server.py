@@ -69,11 +69,11 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         os.makedirs(directory, mode=0o700, exist_ok=True)
         if os.path.lexists(socket_path):
             os.unlink(socket_path)  # a stale socket from an earlier process with our pid
-        old_umask = os.umask(0o177)
-        try:
-            socketserver.UnixStreamServer.__init__(self, socket_path, _RequestHandler)
-        finally:
-            os.umask(old_umask)
+        # Its mode is set after the bind, not through the umask: that is the whole process's, and the engine's own
+        # threads may be creating files meanwhile. Until the chmod the folder (0700) keeps others out, and the
+        # peer's credentials decide in any case (_RequestHandler).
+        socketserver.UnixStreamServer.__init__(self, socket_path, _RequestHandler)
+        os.chmod(socket_path, 0o600)
 
     def service_actions(self):
         """Every turn of serve_forever (half a second at most): a restored process re-seeds at once (see
