@@ -178,6 +178,7 @@ class Follower(object):
                             break
                         digest.update(view[:n])
                         pos += n
+                        entry["hashed"] = pos
                         if pos % self.chunk_bytes == 0:
                             chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
                     if writer_done and pos >= os.fstat(fd).st_size:
@@ -193,6 +194,10 @@ class Follower(object):
             entry["error"] = str(exc)
         finally:
             self._forget(thread)
+
+    def hashed_bytes(self, relpath):
+        """How far the file at ``relpath`` (below the followed folder) has been read and hashed so far."""
+        return self.files.get(os.path.join(self.root, relpath), {}).get("hashed", 0)
 
     def flush(self):
         """The writer has exited: fsync the followed files in the background (the seal's Flusher then waits only

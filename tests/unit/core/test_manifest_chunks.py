@@ -189,7 +189,10 @@ def test_follower_leaves_out_a_file_that_shrank_and_seal_rehashes_stale_digests(
     images.mkdir(parents=True)
     follower = seal.Follower(str(images), prefix="host/criu", min_size=CHUNK // 2).start()
     (images / "pages-1.img").write_bytes(os.urandom(3 * CHUNK))
-    time.sleep(0.2)
+    deadline = time.monotonic() + 60  # the follower runs at nice 19 while the writer runs: on a loaded machine, late
+    while follower.hashed_bytes("pages-1.img") < 3 * CHUNK:  # it has hashed past where the file is cut to
+        assert time.monotonic() < deadline, "the follower never read the file"
+        time.sleep(0.01)
     with open(images / "pages-1.img", "r+b") as handle:
         handle.truncate(CHUNK)
     known = follower.finish()
