@@ -258,10 +258,13 @@ def info_logic(module):
         if params["wait_timeout"] < 0:
             raise ParameterError("wait_timeout: must be 0 or more seconds, got %s" % params["wait_timeout"])
         try:
-            result["waited"], result["elapsed"] = _wait(client, params, result)
+            waited, elapsed = _wait(client, params, result)
         except SnapshotError as exc:
             exc.result.update(result)
             raise
+        # The pods as they are now that every one arrived: read before the wait, a pod recreated just before it
+        # had no container yet, and the caller checked a runtime of None (seen on a loaded machine).
+        result = dict(service.read_service(client, params), waited=waited, elapsed=elapsed)
     return dict(result, changed=False)
 
 
