@@ -20,6 +20,8 @@ import time
 import urllib.parse
 import uuid
 
+import pytest
+
 from conftest import (BIN, COLLECTIONS, WorkloadContainer, docker, ensure_collection_link, free_port, http_get,
                       node_wide, reset_device, run_module)
 
@@ -193,7 +195,10 @@ class WarmSnapshot:
     """A warmed-up workload container snapshotted below ``node``'s snapshot root (the original is removed):
     its answers and facts, and containers recreated from the snapshot under the node's runtime."""
 
+    live = []  # this process's (a pytest worker runs one test module at a time): see recreated_containers_removed
+
     def __init__(self, node, docker_env, base, prefix, warmup, **sizes):
+        WarmSnapshot.live.append(self)
         self.node, self.warmup, self.sizes = node, warmup, sizes
         self.device_dir = base / "npu"
         self.device_dir.mkdir(mode=0o700)
@@ -237,5 +242,15 @@ class WarmSnapshot:
         return c, time.monotonic() - started
 
     def remove(self):
-        for c in self.made:
-            c.remove()
+        while self.made:
+            self.made.pop().remove()
+
+
+@pytest.fixture(autouse=True)
+def recreated_containers_removed():
+    """Autouse where imported: every container recreated from a WarmSnapshot listens on the snapshot's port (host
+    network), so each test's are removed when it ends, passed or failed -- a failed test's restored engine left
+    running answered the next tests' requests in place of their own containers."""
+    yield
+    for warm in WarmSnapshot.live:
+        warm.remove()

@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from _runtime_helpers import PROMPTS, WarmSnapshot, installed_runtime
+from _runtime_helpers import recreated_containers_removed  # noqa: F401  # pylint: disable=unused-import  # the fixture
 from test_restore_on_create import identity_env
 from test_restore_on_create import WARMUP, assert_cold, corrupt_copy, flip_byte  # assert_cold checks that warmup
 

@@ -19,6 +19,7 @@ def scratch_files(tmp_path):
     daemon_json.write_text(json.dumps({"storage-driver": "vfs", "log-level": "warn"}))
     runc_conf = tmp_path / "criu" / "runc.conf"
     runc_conf.parent.mkdir()
+    os.chmod(str(runc_conf.parent), 0o755)  # the mode the role keeps it at, whatever make test's umask (CI: 077)
     runc_conf.write_text("log-file /var/log/criu-runc.log\ntcp-close\n")
     plugins = tmp_path / "criu-plugins"  # where the role installs the CRIU NPU plugin (CRIU's own dir otherwise)
     return {"snapshot_prereqs_docker_daemon_json": str(daemon_json), "snapshot_prereqs_criu_config": str(runc_conf),

@@ -18,6 +18,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import (PROMPTS, Node, WarmSnapshot, identity, read_daemon_json, runtimes, wait_answer)
+from _runtime_helpers import recreated_containers_removed  # noqa: F401  # pylint: disable=unused-import  # the fixture
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.layout import IDENTITY_KEYS
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
@@ -123,7 +124,6 @@ def test_recreated_container_comes_back_warm_with_identical_answers(node, warm):
     assert info["pid"] == warm["info"]["pid"] and info["snapshot_state"] == "RUNNING"
     assert info["metadata"]["restored"] is True and info["metadata"]["env"]["POD_IP"] == "10.9.8.7"
     assert info["metadata"]["container_id"] == c.id
-    assert first_answer < warm["cold_seconds"] / 2, (first_answer, warm["cold_seconds"])
 
     record = node.log_records(c.id)[-1]
     assert record["outcome"] == "restored" and record["reason"] is None, record

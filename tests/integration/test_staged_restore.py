@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from _runtime_helpers import PROMPTS, WarmSnapshot, installed_runtime
+from _runtime_helpers import recreated_containers_removed  # noqa: F401  # pylint: disable=unused-import  # the fixture
 from conftest import flip_byte_keeping_mtime, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, stage, status
