@@ -191,6 +191,42 @@ def generate_snapshot(container, snapshot_dir, pod):
     return checkpoint
 
 
+class WarmEngine:
+    """One warmed-up workload engine, removed on exit, whose snapshots a test module takes as the roles take them
+    (host_checkpoint: device backup, resume, replace), for the attacks that start from them."""
+
+    def __init__(self, docker_env, base, prefix, prompt):
+        self.device_dir = base / "npu"
+        self.device_dir.mkdir(mode=0o700)
+        self.tag = uuid.uuid4().hex[:6]
+        self.name = "%s-%s" % (prefix, self.tag)
+        self.prompt = prompt
+        self.container = WorkloadContainer(self.name, docker_env, self.device_dir, free_port())
+
+    def __enter__(self):
+        self.container.run()
+        try:
+            self.container.wait_ready()
+            self.expected = self.container.generate(self.prompt)
+            self.started_at = self.container.info()["started_at"]
+            self.image = docker("inspect", "--format", "{{.Image}}", self.name)  # the tag may move meanwhile
+        except BaseException:
+            self.container.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc_info):
+        self.container.remove()
+
+    def take(self, snapshot_dir, identity_, **args):
+        """host_checkpoint into ``snapshot_dir`` (``args``: signing_key, encryption_key...); its result."""
+        result = run_module("host_checkpoint", dict({
+            "container": self.name, "snapshot_dir": snapshot_dir, "identity": identity_, "device_backup": True,
+            "resume": True, "if_exists": "replace"}, **args))
+        assert result["status"] == "completed" and result["generation"], result
+        return result
+
+
 class WarmSnapshot:
     """A warmed-up workload container snapshotted below ``node``'s snapshot root (the original is removed):
     its answers and facts, and containers recreated from the snapshot under the node's runtime."""

@@ -39,9 +39,9 @@ import uuid
 
 import pytest
 
-from _runtime_helpers import Node, installed_runtime, read_daemon_json, runtimes
+from _runtime_helpers import Node, WarmEngine, installed_runtime, read_daemon_json, runtimes
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
+from conftest import WorkloadContainer, docker, reset_device, run_module
 
 PROMPT = "whose engine is this?"
 SERVICE = "tenants"
@@ -168,33 +168,18 @@ def cri(node, tmp_path_factory):
 @pytest.fixture(scope="module")
 def taken(node, keys, docker_env, tmp_path_factory):
     """One warmed-up engine of tenant A, and its snapshots below the node's root, signed on the controller's key."""
-    base = tmp_path_factory.mktemp("tenant-snaps")
-    device_dir = base / "npu"
-    device_dir.mkdir(mode=0o700)
-    tag = uuid.uuid4().hex[:6]
-    name = "tenants-%s" % tag
-    container = WorkloadContainer(name, docker_env, device_dir, free_port())
-    container.run()
-    try:
-        container.wait_ready()
-        expected = container.generate(PROMPT)
-        started_at = container.info()["started_at"]
-        image_id = docker("inspect", "--format", "{{.Image}}", name)
+    with WarmEngine(docker_env, tmp_path_factory.mktemp("tenant-snaps"), "tenants", PROMPT) as engine:
 
         def take(pod):
             snap = str(node.roots / A / SERVICE / "p0" / pod)
-            result = run_module("host_checkpoint", {
-                "container": name, "snapshot_dir": snap, "identity": identity(A, pod), "device_backup": True,
-                "resume": True, "if_exists": "replace", "signing_key": keys["controller"]["private_key"]})
-            assert result["status"] == "completed" and result["signed_by"] == keys["controller"]["key_id"], result
+            result = engine.take(snap, identity(A, pod), signing_key=keys["controller"]["private_key"])
+            assert result["signed_by"] == keys["controller"]["key_id"], result
             return snap
 
-        pod = "a-%s" % tag
+        pod = "a-%s" % engine.tag
         snaps = dict(a=take(pod), edited=take(pod + "-edit"))
-    finally:
-        container.remove()
-    yield dict(snaps, pod=pod, tag=tag, device_dir=device_dir, port=container.port, expected=expected,
-               started_at=started_at, image=image_id, node=node)
+    yield dict(snaps, pod=pod, tag=engine.tag, device_dir=engine.device_dir, port=engine.container.port,
+               expected=engine.expected, started_at=engine.started_at, image=engine.image, node=node)
 
 
 def start(t, runtime, label, namespace=None, cri=None, check=True, **env):

@@ -17,13 +17,12 @@ beside the controller's key; the high-water mark is the node's own file (snapsho
 import json
 import os
 import shutil
-import uuid
 
 import pytest
 
-from _runtime_helpers import installed_runtime
+from _runtime_helpers import WarmEngine, installed_runtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, status
-from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
+from conftest import WorkloadContainer, docker, reset_device, run_module
 
 PROMPT = "fresh and signed"
 
@@ -60,43 +59,29 @@ def node(docker_env, keys, tmp_path_factory):
 def taken(node, keys, docker_env, tmp_path_factory):
     """One warmed-up engine and the snapshots the attacks start from, taken as the roles take them."""
     base = tmp_path_factory.mktemp("trust-snaps")
-    device_dir = base / "npu"
-    device_dir.mkdir(mode=0o700)
-    tag = uuid.uuid4().hex[:6]
-    name = "trust-%s" % tag
-    container = WorkloadContainer(name, docker_env, device_dir, free_port())
-    container.run()
-    container.wait_ready()
-    expected = container.generate(PROMPT)
+    with WarmEngine(docker_env, base, "trust", PROMPT) as engine:
 
-    def take(namespace, pod, signing_key=None, encrypted=True):
-        snap = str(node.roots / namespace / "trust" / "p0" / pod)
-        args = {"container": name, "snapshot_dir": snap, "identity": identity(namespace, pod), "device_backup": True,
-                "resume": True, "if_exists": "replace"}
-        if signing_key:
-            args["signing_key"] = signing_key
-        if encrypted:
-            args["encryption_key"] = str(keys["aes"])
-        result = run_module("host_checkpoint", args)
-        assert result["status"] == "completed" and result["generation"], result
-        return snap, result
+        def take(namespace, pod, signing_key=None, encrypted=True):
+            snap = str(node.roots / namespace / "trust" / "p0" / pod)
+            args = dict({"signing_key": signing_key} if signing_key else {},
+                        **({"encryption_key": str(keys["aes"])} if encrypted else {}))
+            return snap, engine.take(snap, identity(namespace, pod), **args)
 
-    pod = "p-%s" % tag
-    signed = keys["controller"]["private_key"]
-    old, first = take("tenant-a", pod, signed)
-    aside = str(base / "older-generation")
-    shutil.copytree(old, aside)  # what a writer of the store kept of the older generation
-    new, second = take("tenant-a", pod, signed)
-    forged, _plain = take("tenant-a", pod + "-plain", encrypted=False)
-    teams, by_team = take("tenant-a", pod + "-team", keys["team"]["private_key"])
-    spliced_old, _g1 = take("tenant-a", pod + "-splice", encrypted=True)
-    spliced_aside = str(base / "splice-older")
-    shutil.copytree(spliced_old, spliced_aside)
-    spliced, _g2 = take("tenant-a", pod + "-splice", encrypted=True)
-    container.remove()
-    yield dict(device_dir=device_dir, image=docker_env, port=container.port, expected=expected, tag=tag,
-               first=first, second=second, new=new, aside=aside, forged=forged, teams=teams, by_team=by_team,
-               spliced=spliced, spliced_aside=spliced_aside)
+        pod = "p-%s" % engine.tag
+        signed = keys["controller"]["private_key"]
+        old, first = take("tenant-a", pod, signed)
+        aside = str(base / "older-generation")
+        shutil.copytree(old, aside)  # what a writer of the store kept of the older generation
+        new, second = take("tenant-a", pod, signed)
+        forged, _plain = take("tenant-a", pod + "-plain", encrypted=False)
+        teams, by_team = take("tenant-a", pod + "-team", keys["team"]["private_key"])
+        spliced_old, _g1 = take("tenant-a", pod + "-splice", encrypted=True)
+        spliced_aside = str(base / "splice-older")
+        shutil.copytree(spliced_old, spliced_aside)
+        spliced, _g2 = take("tenant-a", pod + "-splice", encrypted=True)
+    yield dict(device_dir=engine.device_dir, image=docker_env, port=engine.container.port, expected=engine.expected,
+               tag=engine.tag, first=first, second=second, new=new, aside=aside, forged=forged, teams=teams,
+               by_team=by_team, spliced=spliced, spliced_aside=spliced_aside)
 
 
 def restore(node, t, snap, label):
