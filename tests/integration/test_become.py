@@ -23,8 +23,8 @@ SUDOERS = "/etc/sudoers.d/inferops-become-test"
 PROMPTS = ["what is an NPU?", "数据"]
 
 
-# make test may run under umask 077 (CI does) from a checkout under a folder other users cannot search: what the test
-# user runs -- a venv and a copy of the collection -- lies outside the checkout, with modes set here, not by the umask.
+# make test may run under any umask, from a checkout under a folder other users cannot search: what the test user
+# runs -- a venv and a copy of the collection -- lies outside the checkout, with modes set here, not by the umask.
 USER_VENV = Path("/var/cache/inferops/become-venv")
 COLLECTION_PARTS = ("galaxy.yml", "meta", "plugins", "roles", "playbooks", "schemas", "extensions")
 

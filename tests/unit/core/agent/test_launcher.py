@@ -96,7 +96,7 @@ def engine_as_a_user():
     script, marker = os.path.join(base, "engine.py"), os.path.join(base, "hook-calls")
     with open(script, "w") as handle:
         handle.write(ENGINE)
-    os.chmod(script, 0o644)  # make test may run under umask 077 (CI does)
+    os.chmod(script, 0o644)  # whatever the umask: the engine runs as another user
     env = dict(os.environ, PYTHONPATH=base, INFEROPS_AGENT_SOCKET_DIR=os.path.join(base, "agent"),
                INFEROPS_ACL_LIBRARY=os.path.join(base, "none.so"))
     engine = subprocess.Popen(agent_command(script, SYSTEM_PYTHON) + [marker], env=env, user=ENGINE_UID,
