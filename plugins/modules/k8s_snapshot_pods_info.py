@@ -124,12 +124,12 @@ instance:
   sample: p0
 pods:
   description:
-    - The chosen instance's pods, as they are after the wait when O(wait_for) is set. Each has C(name), C(uid),
-      C(node), C(phase), C(ready), C(gated), C(controller) (C(Kind/name) or null), C(container), C(container_id)
-      and C(container_runtime) (from C(docker://<id>)), C(image), C(identity), C(npu_path), C(host_path), C(staging_path) (where a generation assembles the host
-      snapshot before it publishes it at C(host_path)), C(env_ok) (it carries C(VLLM_NPU_SNAPSHOT_PATH) with its path;
-      with O(device=false), it does not carry it),
-      C(snapshot) (C(status), C(reason), C(checksum) from its annotations) and C(restore) (C(status), C(reason)).
+    - The chosen instance's pods, as they are after the wait when O(wait_for) is set. Each has C(name), C(uid), C(node),
+      C(phase), C(ready), C(gated), C(controller) (C(Kind/name) or null), C(container), C(container_id) and
+      C(container_runtime) (from C(docker://<id>)), C(image), C(identity), C(npu_path), C(host_path), C(staging_path)
+      (where a generation assembles the host snapshot before it publishes it at C(host_path)), C(env_ok) (it carries
+      C(VLLM_NPU_SNAPSHOT_PATH) with its path; with O(device=false), it does not carry it), C(snapshot) (C(status),
+      C(reason), C(checksum) from its annotations) and C(restore) (C(status), C(reason)).
   returned: always
   type: list
   elements: dict
