@@ -37,6 +37,20 @@ def ensure_collection_link():
     return COLLECTIONS
 
 
+def build_and_install_collection(base):
+    """The collection as a user gets it, below ``base``: ansible-galaxy collection build (galaxy.yml's build_ignore
+    decides what ships), then install, offline and not through the checkout's link. (tarball, collections path)."""
+    dist, installed = Path(base) / "dist", Path(base) / "collections"
+    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(dist), str(REPO)],
+                   check=True, capture_output=True, text=True)
+    tarballs = list(dist.glob("inferops-snapshot-*.tar.gz"))
+    assert len(tarballs) == 1, tarballs
+    clean = {k: v for k, v in os.environ.items() if k != "ANSIBLE_COLLECTIONS_PATH"}  # make exports the link's
+    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--force", "-p", str(installed),
+                    str(tarballs[0])], check=True, capture_output=True, text=True, env=clean)
+    return tarballs[0], installed
+
+
 @contextlib.contextmanager
 def node_wide():
     """Held while a test changes what this node's dockerd knows (the snapshot_node role's read-modify-write of

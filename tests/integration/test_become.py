@@ -16,7 +16,7 @@ import hashlib
 
 import pytest
 
-from conftest import REPO, free_port, reset_device
+from conftest import REPO, build_and_install_collection, free_port, reset_device
 
 USER = "inferops-become"
 SUDOERS = "/etc/sudoers.d/inferops-become-test"
@@ -24,9 +24,8 @@ PROMPTS = ["what is an NPU?", "数据"]
 
 
 # make test may run under any umask, from a checkout under a folder other users cannot search: what the test user
-# runs -- a venv and a copy of the collection -- lies outside the checkout, with modes set here, not by the umask.
+# runs -- a venv and the collection installed from its tarball -- lies outside the checkout, with modes set here.
 USER_VENV = Path("/var/cache/inferops/become-venv")
-COLLECTION_PARTS = ("galaxy.yml", "meta", "plugins", "roles", "playbooks", "schemas", "extensions")
 
 
 @pytest.fixture(scope="module")
@@ -49,28 +48,21 @@ def user_venv():
 
 @pytest.fixture(scope="module")
 def user_collection():
-    """A copy of the collection where the test user can read it: ANSIBLE_COLLECTIONS_PATH and the playbooks."""
+    """The collection as a user installs it (ansible-galaxy), where the test user can read it; its collections path."""
     base = Path(tempfile.mkdtemp(prefix="inferops-become-collection-", dir="/tmp"))
-    tree = base / "ansible_collections" / "inferops" / "snapshot"
-    tree.mkdir(parents=True)
-    for part in COLLECTION_PARTS:
-        source = REPO / part
-        if source.is_dir():
-            shutil.copytree(str(source), str(tree / part), ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(str(source), str(tree / part))
-    readable_by_everyone(base)
-    yield base
+    _tarball, installed = build_and_install_collection(base)
+    readable_by_everyone(installed)
+    yield installed
     shutil.rmtree(str(base), ignore_errors=True)
 
 
 def readable_by_everyone(path):
     """go+rX on the tree at ``path`` and go+x on the folders above it (made by pytest or by the system)."""
-    for top, dirs, files in os.walk(str(path)):
-        for entry in [top] + [os.path.join(top, name) for name in dirs + files]:
-            if not os.path.islink(entry):
-                mode = os.stat(entry).st_mode
-                os.chmod(entry, mode | 0o044 | (0o011 if mode & 0o100 else 0))
+    below = [os.path.join(top, name) for top, dirs, files in os.walk(str(path)) for name in dirs + files]
+    for entry in [str(path)] + below:
+        if not os.path.islink(entry):
+            mode = os.stat(entry).st_mode
+            os.chmod(entry, mode | 0o044 | (0o011 if mode & 0o100 else 0))
     for folder in Path(path).parents:
         if not os.stat(str(folder)).st_mode & 0o001:
             os.chmod(str(folder), os.stat(str(folder)).st_mode | 0o011)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tarfile
 
-from conftest import BIN, REPO
+from conftest import BIN, build_and_install_collection
 
 
 # What the tarball may weigh (it was 2.2 MB with the tests, scripts and seven benchmark runs; 0.73 MB without):
@@ -38,25 +38,16 @@ def assert_only_what_users_need(tarball, names):
 
 
 def test_build_install_and_use_the_installed_collection(tmp_path):
-    dist = tmp_path / "dist"
-    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(dist), str(REPO)],
-                   check=True, capture_output=True, text=True)
-    tarballs = list(dist.glob("inferops-snapshot-*.tar.gz"))
-    assert len(tarballs) == 1, tarballs
-    with tarfile.open(tarballs[0]) as tar:
+    tarball, installed = build_and_install_collection(tmp_path)
+    with tarfile.open(tarball) as tar:
         names = tar.getnames()
     for required in ("plugins/modules/host_checkpoint.py", "plugins/module_utils/core/agent/launcher.py", "meta/runtime.yml",
                      "schemas/manifest.schema.json", "MANIFEST.json", "COPYING"):
         assert required in names, required
     for excluded in (".venv", "build", ".ci"):
         assert not any(n == excluded or n.startswith(excluded + "/") for n in names), excluded
-    assert_only_what_users_need(tarballs[0], names)
+    assert_only_what_users_need(tarball, names)
 
-    installed = tmp_path / "collections"
-    # Not through the checkout's link (make exports ANSIBLE_COLLECTIONS_PATH): a clean install.
-    clean = {k: v for k, v in os.environ.items() if k != "ANSIBLE_COLLECTIONS_PATH"}
-    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "--force", "-p", str(installed),
-                    str(tarballs[0])], check=True, capture_output=True, text=True, env=clean)
     assert (installed / "ansible_collections" / "inferops" / "snapshot" / "plugins" / "modules").is_dir()
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(installed), ANSIBLE_NOCOLOR="1")
     doc = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "--json", "inferops.snapshot.snapshot_restore"],
