@@ -63,8 +63,11 @@ def taken(node, keys, docker_env, tmp_path_factory):
 
         def take(namespace, pod, signing_key=None, encrypted=True):
             snap = str(node.roots / namespace / "trust" / "p0" / pod)
-            args = dict({"signing_key": signing_key} if signing_key else {},
-                        **({"encryption_key": str(keys["aes"])} if encrypted else {}))
+            args = {}
+            if signing_key:
+                args["signing_key"] = signing_key
+            if encrypted:
+                args["encryption_key"] = str(keys["aes"])
             return snap, engine.take(snap, identity(namespace, pod), **args)
 
         pod = "p-%s" % engine.tag
