@@ -68,7 +68,8 @@ class Files:
         return task["end"] - task["start"], {"module_total_s": task["result"]["durations"]["total"],
                                              "hash_s": task["result"]["durations"]["hash"],
                                              "module_mb_s": task["result"]["throughput_mb_s"],
-                                             "workers": task["result"]["workers"], "playbook_wall_s": round(result["wall"], 3)}
+                                             "workers": task["result"]["workers"], "reader": task["result"].get("reader"),
+                                             "playbook_wall_s": round(result["wall"], 3)}
 
     def verify_variants(self, w, rep):
         """snapshot_verify (through ansible and in-process) vs sha256sum over the same files, warm and cold."""

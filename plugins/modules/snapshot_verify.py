@@ -133,6 +133,14 @@ workers:
   returned: always
   type: int
   sample: 2
+reader:
+  description:
+    - How the files were read for hashing. C(mapped) hashed mappings of the page cache in a child process (no copy;
+      a file truncated meanwhile makes the snapshot invalid, C(unreadable:)); C(read) read them into a buffer (the
+      module's process had other threads, or the platform cannot map); null when nothing was hashed.
+  returned: always
+  type: str
+  sample: mapped
 manifest:
   description:
     - Identity, generation, creation time, expiry, image and versions recorded in the manifest (when it was readable).
@@ -197,7 +205,7 @@ def main_logic(module):
     result = dict(
         changed=False, valid=verdict["valid"], reasons=verdict["reasons"], authenticated=verdict["authenticated"],
         key_id=verdict["key_id"], checksum=verdict["fingerprint"], bytes=verdict["bytes"], files=verdict["files"],
-        throughput_mb_s=verdict["throughput_mb_s"], workers=verdict["workers"],
+        throughput_mb_s=verdict["throughput_mb_s"], workers=verdict["workers"], reader=verdict["reader"],
         manifest={key: recorded.get(key) for key in ("identity", "generation", "created_at", "expires", "image", "engine",
                                                      "runtime", "devices")},
         durations={"hash": verdict["hashing_s"], "total": round(watch.elapsed(), 6)},

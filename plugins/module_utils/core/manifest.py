@@ -24,7 +24,7 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import layout, schema, signature, status
+from . import layout, mapped, schema, signature, status
 from .clients.criu import major as criu_major
 from .world import image_reason
 
@@ -127,24 +127,36 @@ def hash_tree(root, whole, chunked=None, workers=None, progress=None, files=None
     jobs.sort(key=lambda job: job[4], reverse=True)
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
     started = time.monotonic()
-    results, chunks, done_bytes = {}, {}, 0
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [(job, pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3],
-                                     *((files.fd(job[0]), files.sink(job[0])) if files is not None else ())))
-                   for job in jobs]
-        for count, (job, future) in enumerate(futures, 1):
-            got = future.result()
-            if job[1] is None:
-                results[job[0]] = got
-            else:
-                chunks.setdefault(job[0], {})[job[1]] = got
-            done_bytes += got[0]
-            if progress:
-                progress(done_bytes, count)
+    results, chunks, done = {}, {}, [0, 0]
+
+    def record(index, got):
+        job = jobs[index]
+        if job[1] is None:
+            results[job[0]] = got
+        else:
+            chunks.setdefault(job[0], {})[job[1]] = got
+        done[0] += got[0]
+        done[1] += 1
+        if progress:
+            progress(done[0], done[1])
+
+    # A check by path hashes mappings of the page cache in a child (mapped.py: no copy, and a file truncated
+    # under it fails the check instead of killing this process); the bytes a restore uses are read through
+    # ``files``, and a process with other threads does not fork.
+    mapped_jobs = [(os.path.join(root, job[0]), job[2], job[3]) for job in jobs] if files is None and jobs else None
+    reader = "mapped" if mapped_jobs and mapped.hash_jobs(mapped_jobs, workers, record) is not None else "read"
+    if reader == "read":
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3],
+                                   *((files.fd(job[0]), files.sink(job[0])) if files is not None else ()))
+                       for job in jobs]
+            for index, future in enumerate(futures):
+                record(index, future.result())
     chunks = dict((rel, [parts[i] for i in sorted(parts)]) for rel, parts in chunks.items())
     elapsed = time.monotonic() - started
+    done_bytes = done[0]
     stats = {"bytes": done_bytes, "files": len(set(results) | set(chunks)), "chunks": sum(len(c) for c in chunks.values()),
-             "seconds": round(elapsed, 6), "workers": workers,
+             "seconds": round(elapsed, 6), "workers": workers, "reader": reader,
              "throughput_mb_s": round(done_bytes / 1e6 / elapsed, 1) if elapsed > 0 else None}
     return results, chunks, stats
 

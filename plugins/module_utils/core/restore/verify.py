@@ -95,7 +95,7 @@ def engine_reason(recorded, engine):
 
 def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
                 world_now=None, defer=None, unhashed=None, files=None, require_signature=False, require_encryption=False):
-    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, manifest, documents}; never raises
+    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, reader, manifest, documents}; never raises
     for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
     ``engine``: docker or criu, the engine that would restore it (None: any). ``trusted``: the public keys a
     signature must come from (signature.py). ``world_now``: (manifest) -> (process facts of what would run, or
@@ -131,7 +131,7 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
             "bytes": details["bytes"], "files": details["files"],
             "checksums": details.get("checksums"), "deferred": details.get("deferred"),
             "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
-            "hashed_bytes": hashing.get("bytes", 0), "workers": hashing.get("workers"),
+            "hashed_bytes": hashing.get("bytes", 0), "workers": hashing.get("workers"), "reader": hashing.get("reader"),
             "hashing_s": hashing.get("seconds", 0.0),
             "manifest": recorded, "documents": details["documents"]}
 
