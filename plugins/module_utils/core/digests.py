@@ -21,7 +21,6 @@ __metaclass__ = type
 import hashlib
 import json
 import os
-import stat
 
 from . import layout, paths
 from .errors import SnapshotError
@@ -42,11 +41,8 @@ def _identity_of(st):
 
 
 def _open(path):
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = paths.open_regular(path)
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ValueError("%s is not a regular file" % path)
     return fd, st
 
 

@@ -90,12 +90,12 @@ class Held:
         held = cls(snapshot_dir, copy_parent, leases)
         try:
             for rel in list_files(snapshot_dir):
-                fd = os.open(os.path.join(snapshot_dir, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                held.fds[rel] = fd
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
+                try:
+                    fd = paths.open_regular(os.path.join(snapshot_dir, rel))
+                except paths.NotRegularFile:
                     raise HoldError("unsafe_file: %s is not a regular file" % rel)
-                held.sizes[rel] = st.st_size
+                held.fds[rel] = fd
+                held.sizes[rel] = os.fstat(fd).st_size
                 if held.mode == LEASED:
                     try:
                         fcntl.fcntl(fd, F_SETSIG, BREAK_SIGNAL)
@@ -103,7 +103,7 @@ class Held:
                     except (IOError, OSError) as exc:
                         held._give_up_leases("%s: %s" % (rel, os.strerror(exc.errno)))
             if held.mode == COPIED:
-                _make_parent(copy_parent)
+                paths.make_dir_if_missing(copy_parent)
                 held._check_room()
                 held.private = plaintext.PrivateDir(copy_parent)
             return held
@@ -185,7 +185,7 @@ class Held:
                 self.private = None
             self.why_copied = "no links beside the snapshot (%s)" % exc
         self._check_room()
-        _make_parent(self.copy_parent)
+        paths.make_dir_if_missing(self.copy_parent)
         self.private = plaintext.PrivateDir(self.copy_parent)
         for rel, fd in sorted(self.fds.items()):
             target = os.path.join(self.private.path, rel)
@@ -251,13 +251,6 @@ class Held:
         if self.private is not None:
             self.private.remove()
             self.private = None
-
-
-def _make_parent(path):
-    """The directory private copies and views go below (the node's decrypt dir); made 0700 when missing, never
-    changed when it exists (/dev/shm is everyone's)."""
-    if not os.path.isdir(path):
-        os.makedirs(path, 0o700)
 
 
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000

@@ -24,7 +24,7 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import layout, mapped, schema, signature, status
+from . import layout, mapped, paths, schema, signature, status
 from .clients.criu import major as criu_major
 from .world import image_reason
 
@@ -64,7 +64,7 @@ def _hash_range(path, offset=0, length=None, fd=None, sink=None):
     digest = hashlib.sha256()
     own = fd is None
     if own:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = paths.open_regular(path)
     try:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead when cold
@@ -240,10 +240,8 @@ def read_document(path, limit=DOCUMENT_LIMIT, fd=None, sink=None):
     ``fd``: read through this descriptor (held.Held) instead of opening ``path``; ``sink``: also write them there."""
     own = fd is None
     if own:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = paths.open_regular(path)  # a held descriptor was checked when it was opened
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("%s is not a regular file" % path)
         chunks, total = [], 0
         while True:
             data = os.pread(fd, 1 << 20, total)

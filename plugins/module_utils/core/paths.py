@@ -15,6 +15,7 @@ __metaclass__ = type
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import platform
@@ -174,6 +175,14 @@ def ensure_dir(path, mode=DIR_MODE):
         raise UnsafePathError("%r is not a directory" % path, path=path)
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(path, mode)
+    return path
+
+
+def make_dir_if_missing(path):
+    """``path`` made as ensure_dir makes it (0700, missing parents 0700) when it is not a directory yet; an existing
+    one keeps its mode (/dev/shm, a decrypt dir an operator chose, dockerd's checkpoints folder)."""
+    if not os.path.isdir(path):
+        ensure_dir(path)
     return path
 
 
@@ -351,6 +360,26 @@ def open_dirs_below(root_fd, parts, uid=None, gid=None, create=True):
     return fd
 
 
+class NotRegularFile(OSError, ValueError):
+    """A path that must name a plain file names something else (a FIFO, a device, a directory)."""
+
+
+def open_regular(path, dir_fd=None):
+    """A read-only descriptor of the regular file at ``path`` (below ``dir_fd`` when given), never through a link.
+    Opened non-blocking, then checked: a FIFO put where a file was expected -- by a writer of the store, or by an
+    engine in its own root -- would block a plain open until someone opened its other end, hanging the restore
+    or the check; it is refused instead (NotRegularFile). The descriptor reads as a plain one (O_NONBLOCK cleared)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("%s is not a regular file" % path)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class LinkRefused(OSError):
     """A symbolic link (or ``..``) on a path resolved inside another root: refused, never followed."""
 
@@ -464,7 +493,7 @@ def read_below(root_fd, inner_path, limit):
         parts = _parts(inner_path)
         directory = open_dirs_below(root_fd, parts[:-1], create=False)
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            fd = open_regular(parts[-1], dir_fd=directory)
         finally:
             os.close(directory)
         with os.fdopen(fd, "rb") as handle:

@@ -261,10 +261,11 @@ def _remove_abandoned(path):
 
 def _copy_file(source, target):
     """Copy one file, 0600, never following a link at either end; flushed to stable storage."""
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(src).st_mode):
-            raise SnapshotError("unsafe_file: %s is not a regular file" % source)
+        src = paths.open_regular(source)
+    except paths.NotRegularFile:
+        raise SnapshotError("unsafe_file: %s is not a regular file" % source)
+    try:
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
         try:
             fast = hasattr(os, "copy_file_range")

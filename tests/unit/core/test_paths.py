@@ -182,3 +182,67 @@ def test_ensure_dir_from_many_threads_leaves_the_process_umask_as_it_was(tmp_pat
     modes = set(stat.S_IMODE(os.stat(os.path.join(top, name)).st_mode)
                 for top, dirs, _files in os.walk(str(tmp_path)) for name in dirs)
     assert modes == {0o700}, [oct(mode) for mode in modes]
+
+
+def returns_within(seconds, call):
+    """What ``call()`` returned or raised, from a thread that must end within ``seconds`` (a FIFO's open blocks)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except Exception as exc:  # pylint: disable=broad-except  # the test looks at it
+            outcome["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "still blocked after %s s" % seconds
+    return outcome
+
+
+@pytest.mark.parametrize("reader", ["open_regular", "hash_range", "mapped_hash_range", "read_document"])
+def test_a_fifo_where_a_file_was_expected_is_refused_not_waited_on(tmp_path, reader):
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, mapped
+    fifo = str(tmp_path / "pages-1.img")
+    os.mkfifo(fifo)
+    call = {"open_regular": lambda: paths.open_regular(fifo), "hash_range": lambda: manifest.hash_file(fifo),
+            "mapped_hash_range": lambda: mapped.hash_range(fifo), "read_document": lambda: manifest.read_document(fifo)}
+    outcome = returns_within(30, call[reader])
+    assert isinstance(outcome.get("error"), paths.NotRegularFile), outcome
+    assert "is not a regular file" in str(outcome["error"])
+
+
+def test_an_engine_cannot_hang_the_metadata_read_with_a_fifo_in_its_root(tmp_path):
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata
+    (tmp_path / "etc").mkdir()
+    os.mkfifo(str(tmp_path / "etc" / "meta.json"))
+    root = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert returns_within(30, lambda: metadata.read_in_root(root, "etc/meta.json")) == {"value": None}
+    finally:
+        os.close(root)
+
+
+def test_open_regular_gives_a_plain_blocking_descriptor_and_never_follows_a_link(tmp_path):
+    (tmp_path / "f").write_bytes(b"data")
+    fd = paths.open_regular(str(tmp_path / "f"))
+    try:
+        import fcntl
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK and os.read(fd, 10) == b"data"
+    finally:
+        os.close(fd)
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    with pytest.raises(OSError):
+        paths.open_regular(str(tmp_path / "link"))
+
+
+def test_make_dir_if_missing_makes_private_folders_and_leaves_an_existing_one_as_it_is(tmp_path):
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert paths.make_dir_if_missing(str(shared)) == str(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    leaf = tmp_path / "missing" / "parent" / "decrypt"
+    paths.make_dir_if_missing(str(leaf))
+    for folder in (leaf, leaf.parent, leaf.parent.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder

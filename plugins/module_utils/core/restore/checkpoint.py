@@ -42,7 +42,7 @@ def place_checkpoint(images_dir, container_id, name, docker_root, held=None):
     target = os.path.join(docker_root, "containers", container_id, "checkpoints", name)
     if os.path.lexists(target):
         shutil.rmtree(target)
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    paths.make_dir_if_missing(os.path.dirname(target))
     if held is not None:
         os.mkdir(target, 0o700)
         return target, held.place(layout.IMAGES_DIR, target)

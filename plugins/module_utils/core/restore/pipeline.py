@@ -575,8 +575,7 @@ def _check_key(attempt):
 def decrypt(attempt):
     """The plaintext of an encrypted snapshot, in a private directory (0700) below ``attempt.decrypt_dir``."""
     described = attempt.manifest["encryption"]  # its key is here: _check_key passed before the memory check
-    if not os.path.isdir(attempt.decrypt_dir):
-        os.makedirs(attempt.decrypt_dir, 0o700)
+    paths.make_dir_if_missing(attempt.decrypt_dir)
     attempt.plain = plaintext.PrivateDir(attempt.decrypt_dir)  # 0700, ours alone
     try:
         encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,
