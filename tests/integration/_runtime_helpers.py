@@ -192,24 +192,31 @@ def generate_snapshot(container, snapshot_dir, pod):
 
 
 class WarmEngine:
-    """One warmed-up workload engine, removed on exit, whose snapshots a test module takes as the roles take them
-    (host_checkpoint: device backup, resume, replace), for the attacks that start from them."""
+    """One warmed-up workload engine, removed on exit: its answers to ``prompts`` (``expected``), the seconds from
+    its start to them (``cold_seconds``), its facts and image id; snapshots of it taken as the roles take them
+    (``take``: host_checkpoint with device backup, resume, replace) for the attacks that start from them."""
 
-    def __init__(self, docker_env, base, prefix, prompt):
+    def __init__(self, docker_env, base, prefix, prompts, warmup=None, **sizes):
         self.device_dir = base / "npu"
         self.device_dir.mkdir(mode=0o700)
         self.tag = uuid.uuid4().hex[:6]
         self.name = "%s-%s" % (prefix, self.tag)
-        self.prompt = prompt
-        self.container = WorkloadContainer(self.name, docker_env, self.device_dir, free_port())
+        self.prompts, self.warmup = list(prompts), warmup
+        env = dict(sizes, **({"WORKLOAD_WARMUP_SECONDS": warmup} if warmup is not None else {}))
+        self.container = WorkloadContainer(self.name, docker_env, self.device_dir, free_port(), **env)
 
     def __enter__(self):
+        started = time.monotonic()
         self.container.run()
         try:
-            self.container.wait_ready()
-            self.expected = self.container.generate(self.prompt)
-            self.started_at = self.container.info()["started_at"]
-            self.image = docker("inspect", "--format", "{{.Image}}", self.name)  # the tag may move meanwhile
+            self.container.wait_ready(timeout=(self.warmup or 0) + 120)
+            self.expected = [self.container.generate(p) for p in self.prompts]
+            self.cold_seconds = time.monotonic() - started
+            self.info = self.container.info()
+            self.started_at = self.info["started_at"]
+            # Recreate from the very image the snapshot was taken from: the shared tag may move meanwhile
+            # (another session rebuilding the workload image), which the runtime rightly refuses.
+            self.image = docker("inspect", "--format", "{{.Image}}", self.name)
         except BaseException:
             self.container.remove()
             raise
@@ -236,28 +243,14 @@ class WarmSnapshot:
     def __init__(self, node, docker_env, base, prefix, warmup, **sizes):
         WarmSnapshot.live.append(self)
         self.node, self.warmup, self.sizes = node, warmup, sizes
-        self.device_dir = base / "npu"
-        self.device_dir.mkdir(mode=0o700)
-        self.pod = "%s-%s" % (prefix, uuid.uuid4().hex[:6])
-        self.snapshot_dir = str(node.roots / "default" / "sample" / "p0" / self.pod)
-        self.port = free_port()
         self.made = []
-        original = WorkloadContainer(self.pod, docker_env, self.device_dir, self.port, WORKLOAD_WARMUP_SECONDS=warmup,
-                                     **sizes)
-        started = time.monotonic()
-        original.run()
-        try:
-            original.wait_ready(timeout=warmup + 120)
-            self.expected = [original.generate(p) for p in PROMPTS]
-            self.cold_seconds = time.monotonic() - started
-            self.info = original.info()
-            # Recreate from the very image the snapshot was taken from: the shared tag may move meanwhile
-            # (another session rebuilding the workload image), which the runtime rightly refuses.
-            self.image_id = docker("inspect", "--format", "{{.Image}}", self.pod)
-            self.checkpoint = generate_snapshot(original, self.snapshot_dir, self.pod)
-            assert [original.generate(p) for p in PROMPTS] == self.expected
-        finally:
-            original.remove()
+        with WarmEngine(docker_env, base, prefix, PROMPTS, warmup, **sizes) as original:
+            self.device_dir, self.pod, self.port = original.device_dir, original.name, original.container.port
+            self.expected, self.cold_seconds, self.info = original.expected, original.cold_seconds, original.info
+            self.image_id = original.image
+            self.snapshot_dir = str(node.roots / "default" / "sample" / "p0" / self.pod)
+            self.checkpoint = generate_snapshot(original.container, self.snapshot_dir, self.pod)
+            assert [original.container.generate(p) for p in PROMPTS] == self.expected
 
     def recreate(self, name=None, **env):
         """A container of the snapshot's image under the node's runtime (not started); ``env`` over the sizes."""

@@ -168,7 +168,7 @@ def cri(node, tmp_path_factory):
 @pytest.fixture(scope="module")
 def taken(node, keys, docker_env, tmp_path_factory):
     """One warmed-up engine of tenant A, and its snapshots below the node's root, signed on the controller's key."""
-    with WarmEngine(docker_env, tmp_path_factory.mktemp("tenant-snaps"), "tenants", PROMPT) as engine:
+    with WarmEngine(docker_env, tmp_path_factory.mktemp("tenant-snaps"), "tenants", [PROMPT]) as engine:
 
         def take(pod):
             snap = str(node.roots / A / SERVICE / "p0" / pod)
@@ -179,7 +179,7 @@ def taken(node, keys, docker_env, tmp_path_factory):
         pod = "a-%s" % engine.tag
         snaps = dict(a=take(pod), edited=take(pod + "-edit"))
     yield dict(snaps, pod=pod, tag=engine.tag, device_dir=engine.device_dir, port=engine.container.port,
-               expected=engine.expected, started_at=engine.started_at, image=engine.image, node=node)
+               expected=engine.expected[0], started_at=engine.started_at, image=engine.image, node=node)
 
 
 def start(t, runtime, label, namespace=None, cri=None, check=True, **env):

@@ -59,7 +59,7 @@ def node(docker_env, keys, tmp_path_factory):
 def taken(node, keys, docker_env, tmp_path_factory):
     """One warmed-up engine and the snapshots the attacks start from, taken as the roles take them."""
     base = tmp_path_factory.mktemp("trust-snaps")
-    with WarmEngine(docker_env, base, "trust", PROMPT) as engine:
+    with WarmEngine(docker_env, base, "trust", [PROMPT]) as engine:
 
         def take(namespace, pod, signing_key=None, encrypted=True):
             snap = str(node.roots / namespace / "trust" / "p0" / pod)
@@ -82,7 +82,7 @@ def taken(node, keys, docker_env, tmp_path_factory):
         spliced_aside = str(base / "splice-older")
         shutil.copytree(spliced_old, spliced_aside)
         spliced, _g2 = take("tenant-a", pod + "-splice", encrypted=True)
-    yield dict(device_dir=engine.device_dir, image=docker_env, port=engine.container.port, expected=engine.expected,
+    yield dict(device_dir=engine.device_dir, image=docker_env, port=engine.container.port, expected=engine.expected[0],
                tag=engine.tag, first=first, second=second, new=new, aside=aside, forged=forged, teams=teams,
                by_team=by_team, spliced=spliced, spliced_aside=spliced_aside)
 
