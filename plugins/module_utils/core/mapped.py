@@ -63,15 +63,20 @@ def hash_jobs(jobs, workers, progress=None, after_map=None):
             os._exit(status)  # pylint: disable=protected-access  # no atexit, no flush of the parent's buffers
     os.close(write_end)
     results, error = [None] * len(jobs), None
-    with os.fdopen(read_end, "r") as lines:
-        for line in lines:
-            record = json.loads(line)
-            if "error" in record:
-                error = error or record["error"]
-                continue
-            results[record["job"]] = (record["bytes"], record["sha256"])
-            if progress is not None:
-                progress(record["job"], results[record["job"]])
+    try:
+        with os.fdopen(read_end, "r") as lines:
+            for line in lines:
+                record = json.loads(line)
+                if "error" in record:
+                    error = error or record["error"]
+                    continue
+                results[record["job"]] = (record["bytes"], record["sha256"])
+                if progress is not None:
+                    progress(record["job"], results[record["job"]])
+    except BaseException:  # the caller's progress failed, or this process is being stopped: no orphan, no zombie
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
     _pid, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         raise OSError("the hashing process died of %s: a file changed while it was hashed (truncated by a writer "

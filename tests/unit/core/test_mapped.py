@@ -124,3 +124,25 @@ def test_a_process_with_other_threads_reads_instead_of_forking(tmp_path, small_c
 @pytest.fixture
 def small_chunks(monkeypatch):
     monkeypatch.setattr(manifest_utils, "CHUNK_BYTES", CHUNK)
+
+
+def test_a_failing_progress_callback_leaves_no_child_behind(tmp_path):
+    (tmp_path / "f").write_bytes(os.urandom(3 * CHUNK))
+    got = in_fresh_python("""
+        import json, os, sys
+        from ansible_collections.inferops.snapshot.plugins.module_utils.core import mapped
+        def fail(index, result):
+            raise RuntimeError("progress failed")
+        try:
+            mapped.hash_jobs([(sys.argv[1], 0, None)] * 4, 2, fail)
+            raised = None
+        except RuntimeError as exc:
+            raised = str(exc)
+        try:
+            os.waitpid(-1, os.WNOHANG)
+            children = True
+        except ChildProcessError:
+            children = False
+        print(json.dumps({"raised": raised, "children": children}))
+    """, tmp_path / "f")
+    assert got == {"raised": "progress failed", "children": False}
