@@ -20,6 +20,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import ctypes
 import hashlib
 import json
 import mmap
@@ -33,6 +34,7 @@ from . import paths
 # Each mapping is hashed in slices of this size: hashlib drops the GIL for each, and the kernel maps
 # the pages in as they are touched (MADV_SEQUENTIAL: read ahead, drop behind).
 SLICE = 8 * 1024 * 1024
+PR_SET_PDEATHSIG = 1
 
 
 def available():
@@ -52,11 +54,13 @@ def hash_jobs(jobs, workers, progress=None, after_map=None):
     if not available():
         return None
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
         status = 1
         try:
+            _die_with(parent)
             _child(jobs, workers, write_end, after_map)
             status = 0
         finally:
@@ -138,6 +142,18 @@ def hash_range(path, offset=0, length=None, after_map=None):
     finally:
         os.close(fd)
     return end - offset, digest.hexdigest()
+
+
+def _die_with(parent):
+    """Best effort: the child is killed when its parent dies (a verification killed mid-way does not leave its
+    hashing running); where prctl is missing it ends at its next report, on the closed pipe."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (AttributeError, OSError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)  # pylint: disable=protected-access
 
 
 def _signal_name(number):

@@ -146,3 +146,46 @@ def test_a_failing_progress_callback_leaves_no_child_behind(tmp_path):
         print(json.dumps({"raised": raised, "children": children}))
     """, tmp_path / "f")
     assert got == {"raised": "progress failed", "children": False}
+
+
+def test_the_hashing_child_dies_with_its_parent(tmp_path):
+    """A verification killed mid-way (SIGKILL: no finally runs) leaves no hashing behind."""
+    (tmp_path / "f").write_bytes(os.urandom(CHUNK))
+    fifo = tmp_path / "child-pid"
+    os.mkfifo(str(fifo))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    code = textwrap.dedent("""
+        import os, sys, time
+        from ansible_collections.inferops.snapshot.plugins.module_utils.core import mapped
+        def stall(path):
+            with open(sys.argv[2], "w") as out:
+                out.write(str(os.getpid()))
+            time.sleep(3600)
+        mapped.hash_jobs([(sys.argv[1], 0, None)], 1, after_map=stall)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "f"), str(fifo)], env=env)
+    try:
+        with open(str(fifo)) as handle:  # blocks until the child has mapped the file and stalls
+            child = int(handle.read())
+        parent.kill()
+        parent.wait(timeout=60)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    gone = threading.Event()
+
+    def watch():
+        while os.path.exists("/proc/%d" % child) and "Z" not in _state(child):
+            gone.wait(0.05)
+        gone.set()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert gone.wait(60), "the hashing child %d outlived its parent" % child
+
+
+def _state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
