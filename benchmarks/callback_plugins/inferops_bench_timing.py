@@ -33,7 +33,7 @@ from ansible.plugins.callback import CallbackBase
 
 KEEP = ("changed", "failed", "msg", "durations", "restored", "reason", "valid", "reasons", "bytes", "files",
         "throughput_mb_s", "workers", "total_bytes", "hashing", "state", "actions", "placement", "status",
-        "criu_log_tail", "verify", "created", "runtime_record", "method", "method_reason", "resumed")
+        "criu_log_tail", "verify", "created", "runtime_record", "method", "method_reason", "resumed", "reader")
 
 
 class CallbackModule(CallbackBase):
