@@ -143,8 +143,10 @@ def hash_tree(root, whole, chunked=None, workers=None, progress=None, files=None
     # A check by path hashes mappings of the page cache in a child (mapped.py: no copy, and a file truncated
     # under it fails the check instead of killing this process); the bytes a restore uses are read through
     # ``files``, and a process with other threads does not fork.
-    mapped_jobs = [(os.path.join(root, job[0]), job[2], job[3]) for job in jobs] if files is None and jobs else None
-    reader = "mapped" if mapped_jobs and mapped.hash_jobs(mapped_jobs, workers, record) is not None else "read"
+    mapped_jobs = [(os.path.join(root, job[0]), job[2], job[3]) for job in jobs] if files is None else []
+    reader = None  # nothing to hash
+    if jobs:
+        reader = "mapped" if mapped_jobs and mapped.hash_jobs(mapped_jobs, workers, record) is not None else "read"
     if reader == "read":
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3],

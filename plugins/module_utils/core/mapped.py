@@ -4,7 +4,7 @@
 """Hashing files from mappings of the page cache, in a child process that may die. PRIVATE.
 
 Reading a file into a buffer copies every byte out of the page cache before SHA-256 sees it; on a
-small node that copy costs 15-25 % of the hashing rate (docs/benchmarks.md, 2026-12-05). Hashing a
+small node that copy costs 10-25 % of the hashing rate (docs/benchmarks.md, 2026-12-05). Hashing a
 mapping of the file skips it, but a writer of the store that truncates a mapped file turns the next
 access into SIGBUS, which no Python code can catch: it would kill the verifying process instead of
 failing the check. So the mappings are hashed in a forked child: when it dies, the parent reports

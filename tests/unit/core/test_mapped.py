@@ -189,3 +189,8 @@ def _state(pid):
             return handle.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_nothing_to_hash_names_no_reader(tmp_path):
+    _results, _chunks, stats = manifest_utils.hash_tree(str(tmp_path), [], {})
+    assert stats["reader"] is None and stats["bytes"] == 0
