@@ -35,7 +35,6 @@ import errno
 import fcntl
 import os
 import signal
-import stat
 import threading
 
 from . import layout, paths, plaintext, proc
@@ -57,19 +56,6 @@ class HoldError(Exception):
         self.reason = reason
 
 
-def list_files(root):
-    """Relative paths of the regular files below ``root``; a link or a special file refuses the snapshot."""
-    found = []
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            mode = os.lstat(os.path.join(directory, name)).st_mode
-            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise HoldError("unsafe_file: %s is not a regular file or directory; a snapshot holds only plain "
-                                "files" % os.path.relpath(os.path.join(directory, name), root))
-        found.extend(os.path.relpath(os.path.join(directory, name), root) for name in files)
-    return sorted(found)
-
-
 class Held:
     def __init__(self, snapshot_dir, copy_parent, leases=True):
         self.snapshot_dir = snapshot_dir
@@ -89,11 +75,8 @@ class Held:
         raises HoldError (a cold start) when it cannot be held at all, or a copy would not fit."""
         held = cls(snapshot_dir, copy_parent, leases)
         try:
-            for rel in list_files(snapshot_dir):
-                try:
-                    fd = paths.open_regular(os.path.join(snapshot_dir, rel))
-                except paths.NotRegularFile:
-                    raise HoldError("unsafe_file: %s is not a regular file" % rel)
+            for rel in paths.list_plain_files(snapshot_dir):
+                fd = paths.open_regular(os.path.join(snapshot_dir, rel))
                 held.fds[rel] = fd
                 held.sizes[rel] = os.fstat(fd).st_size
                 if held.mode == LEASED:
@@ -107,6 +90,9 @@ class Held:
                 held._check_room()
                 held.private = plaintext.PrivateDir(copy_parent)
             return held
+        except paths.NotRegularFile as exc:  # listed as a link or special file, or swapped for one since
+            held.close()
+            raise HoldError("unsafe_file: %s" % exc)
         except (IOError, OSError) as exc:
             held.close()
             raise HoldError("unreadable: cannot open the snapshot's files for the restore: %s" % exc)

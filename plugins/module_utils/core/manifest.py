@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,19 +41,9 @@ class ChecksumFormatError(ValueError):
 
 
 def list_files(root):
-    """Relative paths of the regular files below ``root``, sorted; symlinks and specials refused."""
-    found = []
-    for directory, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in dirs + files:
-            full = os.path.join(directory, name)
-            mode = os.lstat(full).st_mode
-            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise ValueError("%s is not a regular file or directory; a snapshot holds only plain files"
-                                 % os.path.relpath(full, root))
-        for name in sorted(files):
-            found.append(os.path.relpath(os.path.join(directory, name), root))
-    return found
+    """Relative paths of the regular files below ``root``, sorted (paths.list_plain_files: links and special files
+    raise NotRegularFile, a ValueError)."""
+    return paths.list_plain_files(root)
 
 
 def _hash_range(path, offset=0, length=None, fd=None, sink=None):
@@ -338,8 +327,10 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
     reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
     try:
         present = set(list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
-    except ValueError as exc:
+    except paths.NotRegularFile as exc:
         return False, ["unsafe_file: %s" % exc], details
+    except OSError as exc:
+        return False, ["unreadable: the snapshot's folder could not be listed: %s" % exc], details
     for rel in sorted(set(listed) - present):
         reasons.append("file_missing: %s is listed in %s but absent" % (rel, CHECKSUMS))
     for rel in sorted(present - set(listed)):

@@ -380,6 +380,25 @@ def open_regular(path, dir_fd=None):
     return fd
 
 
+def list_plain_files(root):
+    """Relative paths of the regular files below ``root``, sorted. A link, FIFO, socket or device anywhere below
+    raises NotRegularFile (a snapshot holds only plain files); a folder that cannot be listed raises its OSError
+    (os.walk would skip it, leaving its files out of the check without a word)."""
+    def refuse(exc):
+        raise exc
+
+    found = []
+    for directory, dirs, files in os.walk(root, onerror=refuse):
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise NotRegularFile("%s is not a regular file or directory; a snapshot holds only plain files"
+                                     % os.path.relpath(full, root))
+        found.extend(os.path.relpath(os.path.join(directory, name), root) for name in files)
+    return sorted(found)
+
+
 class LinkRefused(OSError):
     """A symbolic link (or ``..``) on a path resolved inside another root: refused, never followed."""
 

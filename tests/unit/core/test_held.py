@@ -103,6 +103,12 @@ def test_a_link_in_the_snapshot_is_refused(snap, tmp_path):
         held.Held.open(snap, str(tmp_path))
 
 
+def test_a_fifo_in_the_snapshot_is_refused_not_waited_on(snap, tmp_path):
+    os.mkfifo(os.path.join(snap, "host", "criu", "pipe.img"))
+    with pytest.raises(held.HoldError, match="unsafe_file: host/criu/pipe.img is not a regular file"):
+        held.Held.open(snap, str(tmp_path))
+
+
 @pytest.mark.parametrize("leases", [True, False])
 def test_placing_links_the_held_inodes_on_the_same_mount_and_copies_elsewhere(snap, tmp_path, monkeypatch, leases):
     if not leases:

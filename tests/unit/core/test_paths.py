@@ -246,3 +246,22 @@ def test_make_dir_if_missing_makes_private_folders_and_leaves_an_existing_one_as
     paths.make_dir_if_missing(str(leaf))
     for folder in (leaf, leaf.parent, leaf.parent.parent):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+
+
+def test_list_plain_files_sorts_the_whole_tree_and_refuses_anything_but_files_and_folders(tmp_path):
+    (tmp_path / "b.img").write_bytes(b"b")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.img").write_bytes(b"x")
+    assert paths.list_plain_files(str(tmp_path)) == ["a/x.img", "b.img"]
+    os.mkfifo(str(tmp_path / "a" / "pipe"))
+    with pytest.raises(paths.NotRegularFile, match="a/pipe is not a regular file or directory"):
+        paths.list_plain_files(str(tmp_path))
+    os.unlink(str(tmp_path / "a" / "pipe"))
+    os.symlink("/etc", str(tmp_path / "a" / "linked"))
+    with pytest.raises(ValueError, match="a/linked"):  # NotRegularFile is a ValueError for the checks that catch that
+        paths.list_plain_files(str(tmp_path))
+
+
+def test_list_plain_files_raises_where_os_walk_would_list_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        paths.list_plain_files(str(tmp_path / "gone"))
