@@ -75,7 +75,8 @@ class Held:
         raises HoldError (a cold start) when it cannot be held at all, or a copy would not fit."""
         held = cls(snapshot_dir, copy_parent, leases)
         try:
-            for rel in paths.list_plain_files(snapshot_dir):
+            # No snapshot there holds nothing: the verification then names it missing (a first start, not a fault).
+            for rel in paths.list_plain_files(snapshot_dir) if os.path.lexists(snapshot_dir) else []:
                 fd = paths.open_regular(os.path.join(snapshot_dir, rel))
                 held.fds[rel] = fd
                 held.sizes[rel] = os.fstat(fd).st_size

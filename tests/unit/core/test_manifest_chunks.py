@@ -72,6 +72,21 @@ def test_verify_checks_big_files_by_chunks_reading_every_byte_once(tmp_path, sma
     assert details["bytes"] == on_disk
 
 
+def test_a_snapshot_sealed_with_other_chunks_verifies_by_its_own_index(tmp_path, monkeypatch):
+    # Sealed by a release with 4x larger chunks (64 MiB before 16 MiB): the index says its size, the check uses it.
+    monkeypatch.setattr(manifest_utils, "CHUNK_BYTES", 4 * CHUNK)
+    final = sealed(tmp_path, big=9 * CHUNK + 5)[0]
+    monkeypatch.setattr(manifest_utils, "CHUNK_BYTES", CHUNK)
+    valid, reasons, details = manifest_utils.verify(str(final), expect={"identity": IDENTITY})
+    assert (valid, reasons) == (True, [])
+    assert details["hashing"]["chunked_files"] == 1 and details["hashing"]["chunks"] == 3
+    data = bytearray((final / BIG).read_bytes())
+    data[8 * CHUNK] ^= 1  # in the third of its own chunks
+    (final / BIG).write_bytes(bytes(data))
+    valid, reasons, _details = manifest_utils.verify(str(final), expect={"identity": IDENTITY})
+    assert not valid and any(BIG in reason for reason in reasons), reasons
+
+
 @pytest.mark.parametrize("offset", [0, CHUNK - 1, 3 * CHUNK + 7, 5 * CHUNK + 122])
 def test_one_flipped_byte_in_any_chunk_is_found(tmp_path, small_chunks, offset):
     final = sealed(tmp_path)[0]
