@@ -11,49 +11,30 @@ of the machine falls on every size alike), the snapshot's files are hashed as a 
 (manifest.hash_tree: files larger than a chunk by chunks, every byte once, from the page cache, which a first read
 fills), ``tries`` times, and the median rate is put beside the median of three SHA-256 runs on all cores from
 memory. Prints one line per size and round, then the medians, and one JSON object last. Needs the collection on
-ANSIBLE_COLLECTIONS_PATH (make collection); no root, no Docker.
+build/collections (make collection); no root, no Docker.
 """
 
 from __future__ import absolute_import, division, print_function
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
-import sys
-import threading
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "build", "collections"))
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest  # noqa: E402  pylint: disable=wrong-import-position
-
-MIB = 1024 * 1024
+from common import MIB  # pylint: disable=import-error  # also puts the collection on sys.path
+from floors import Floors  # pylint: disable=import-error
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, seal
 
 
 def sha256_all_cores(buf):
-    """MB/s of every core hashing ``buf`` at once (4 MiB updates, as benchmarks/floors.py measures it)."""
-    view = memoryview(buf)
+    """MB/s of every core hashing ``buf`` at once: the bench's own floor (Floors.sha256_seconds)."""
     cores = os.cpu_count() or 1
-
-    def hash_all():
-        digest = hashlib.sha256()
-        for offset in range(0, len(buf), 4 * MIB):
-            digest.update(view[offset:offset + 4 * MIB])
-
-    threads = [threading.Thread(target=hash_all) for _index in range(cores)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return len(buf) * cores / 1e6 / (time.monotonic() - started)
+    return len(buf) * cores / 1e6 / Floors.sha256_seconds(buf, cores)
 
 
 def check_rate(root, files, chunk_bytes):
     """MB/s of one verification-like pass over ``files`` with chunks of ``chunk_bytes``, and the reader used."""
-    chunked = dict((rel, chunk_bytes) for rel in files if os.lstat(os.path.join(root, rel)).st_size > chunk_bytes)
+    chunked = seal.chunked_files(root, files, chunk_bytes)  # the files a seal with this chunk size would chunk
     whole = [rel for rel in files if rel not in chunked]
     _results, _chunks, stats = manifest.hash_tree(root, whole, chunked)
     return stats["throughput_mb_s"], stats["reader"]

@@ -28,6 +28,11 @@ from . import layout, manifest, paths, schema, signature
 from .manifest import CHUNK, CHUNK_INDEX, hash_tree
 
 
+def chunked_files(root, relpaths, chunk_bytes):
+    """{relpath: chunk_bytes} of the files that get per-chunk digests: those larger than one chunk."""
+    return dict((rel, chunk_bytes) for rel in relpaths if os.lstat(os.path.join(root, rel)).st_size > chunk_bytes)
+
+
 def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, known=None):
     """Hashes for sealing a snapshot: every file whole (for checksum.sha256), and, when the snapshot has a
     host part, per-chunk digests of every file larger than ``chunk_bytes``, written to the chunk index
@@ -43,7 +48,7 @@ def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, k
     relpaths = [rel for rel in relpaths if rel != CHUNK_INDEX]
     chunked = {}
     if os.path.isdir(os.path.dirname(index_path)):
-        chunked = dict((rel, chunk_bytes) for rel in relpaths if os.lstat(os.path.join(root, rel)).st_size > chunk_bytes)
+        chunked = chunked_files(root, relpaths, chunk_bytes)
     known = dict((rel, item) for rel, item in (known or {}).items()
                  if rel in relpaths and os.lstat(os.path.join(root, rel)).st_size == item[0]
                  and (rel not in chunked or len(item[2]) == (item[0] + chunk_bytes - 1) // chunk_bytes))
