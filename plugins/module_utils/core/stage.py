@@ -325,11 +325,13 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
         raise SnapshotError("snapshot_dir: %s has no %s: not a published snapshot" % (snapshot_dir, layout.CHECKSUMS))
     try:
         relpaths = manifest.list_files(snapshot_dir)
+        # A writer of the store may remove a file between the listing and its lstat: that is the same unreadable
+        # snapshot, not an unexpected error.
+        size = sum(os.lstat(os.path.join(snapshot_dir, rel)).st_size for rel in relpaths)
     except paths.NotRegularFile as exc:
         raise SnapshotError("unsafe_file: %s" % exc)
     except OSError as exc:
         raise SnapshotError("unreadable: %s could not be listed: %s" % (snapshot_dir, exc))
-    size = sum(os.lstat(os.path.join(snapshot_dir, rel)).st_size for rel in relpaths)
     if size > max_bytes:
         raise ParameterError("max_bytes: the snapshot holds %d bytes, more than the cache's %d" % (size, max_bytes),
                              field="max_bytes")

@@ -204,6 +204,23 @@ def test_a_cache_inside_the_snapshot_or_writable_by_others_is_refused(tmp_path):
     assert "writable by group or others" in error.value.msg
 
 
+def test_a_file_removed_by_a_writer_of_the_store_right_after_the_listing_is_unreadable_not_an_error(
+        tmp_path, cache, monkeypatch):
+    snap = make(tmp_path)
+    listed = manifest.list_files
+
+    def listing_then_a_writer_removes_the_pages(root):
+        relpaths = listed(root)  # the real listing, then the race it cannot see
+        os.unlink(os.path.join(root, PAGES))
+        return relpaths
+
+    monkeypatch.setattr(stage.manifest, "list_files", listing_then_a_writer_removes_the_pages)
+    with pytest.raises(SnapshotError) as error:
+        stage.stage(snap, cache)
+    assert error.value.msg.startswith("unreadable: "), error.value.msg
+    assert not os.path.exists(cache)
+
+
 def test_a_copy_that_does_not_verify_is_not_staged(tmp_path, cache):
     snap = make(tmp_path)
     tamper_keeping_mtime(os.path.join(snap, PAGES))
