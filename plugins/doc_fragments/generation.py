@@ -22,6 +22,9 @@ options:
         the boot id; that process is gone, or the host rebooted. The task then removes what the dead run left
         (its runc or CRIU still dumping, after 30 s; their work dir; the pod's staging directory) and says so in
         its result (C(took_over)). A holder that runs, or runs on another host, is never overridden.
+      - The claim lives in the store, where a writer of the store could forge it, so of what it names the task acts
+        only on a CRIU work dir of this node whose maker is gone and a container id under a runc root of this node;
+        anything else it names is ignored, and C(took_over.cleaned) says so.
       - Without it the task claims the pod for its own duration only.
     type: str
   generation_lease:

@@ -21,6 +21,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import re
+import socket
+import stat
 import tempfile
 import time
 
@@ -142,12 +145,58 @@ def _ancestors():
     return found
 
 
+_CONTAINER_ID = re.compile(r"\A[0-9a-f]{64}\Z")
+
+
+def _own_dir(path):
+    """Whether ``path`` is a real directory (not a link) owned by this process's user."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def trusted_work(previous):
+    """What of a dead run's claim ``previous`` this run may act on, and what it ignores (lines).
+
+    The claim lives in the store, where a writer of the store can forge it: its ``work`` must never name
+    what this run kills, removes or thaws. A work dir counts only when it is one of ours by name (made by
+    clients/criu.make_work_dir), a real directory of this user, and its maker is provably gone (a live maker's
+    dir belongs to a live dump); the container only as a full id with a runc root that is a real directory of
+    this user. Nothing from a claim of another host (its dirs are not here)."""
+    work = (previous or {}).get("work") or {}
+    if not isinstance(work, dict) or not work:
+        return {}, []
+    held_by = previous.get("holder") if isinstance(previous.get("holder"), dict) else {}
+    if held_by.get("host") != socket.gethostname():
+        return {}, ["ignored the work its claim names: it ran on another host (%s)" % held_by.get("host")]
+    trusted, ignored = {"dirs": []}, []
+    dirs = work.get("dirs") if isinstance(work.get("dirs"), list) else []
+    for path in dirs:
+        parsed = criu_client.parse_work_dir(os.path.basename(path)) if isinstance(path, str) else None
+        if (parsed and os.path.isabs(path) and os.path.normpath(path) == path and _own_dir(path)
+                and _maker_gone(parsed[1], parsed[2])):
+            trusted["dirs"].append(path)
+        else:
+            ignored.append("ignored %r, which its claim names as a work dir: not a CRIU work dir of a gone run of "
+                           "this node" % (path,))
+    container, runc_root = work.get("container_id"), work.get("runc_root") or layout.DOCKER_RUNC_ROOT
+    if container is not None:
+        if (isinstance(container, str) and _CONTAINER_ID.match(container) and isinstance(runc_root, str)
+                and os.path.isabs(runc_root) and _own_dir(runc_root)):
+            trusted.update(container_id=container, runc_root=runc_root)
+        else:
+            ignored.append("ignored the container its claim names: not a container id with a runc root of this node")
+    return trusted, ignored
+
+
 def clean_after(snapshot_dir, previous, grace=LINGER_GRACE, clock=time.monotonic, sleep=time.sleep):
     """Remove what the generation of claim ``previous`` left of the pod at ``snapshot_dir``: its runc or CRIU
     still running (waited for up to ``grace`` seconds, then killed, and the container they dumped thawed), their
-    work dirs, the pod's staging dir, and any other work dir whose maker is gone. Returns what it did, as lines."""
-    done = []
-    work = (previous or {}).get("work") or {}
+    work dirs, the pod's staging dir, and any other work dir whose maker is gone. Only what ``trusted_work``
+    accepts of the claim is acted on. Returns what it did, as lines."""
+    work, done = trusted_work(previous)
     staging = layout.staging_dir(snapshot_dir)
     roots = [staging] + list(work.get("dirs") or [])
     lingering = users(roots, skip=_ancestors())
@@ -172,7 +221,7 @@ def clean_after(snapshot_dir, previous, grace=LINGER_GRACE, clock=time.monotonic
                 if runc.status(work["container_id"]) == "paused" and runc.resume(work["container_id"]):
                     done.append("thawed container %s, which its stopped dump had left frozen" % work["container_id"][:12])
     for path in work.get("dirs") or []:
-        if os.path.lexists(path) and criu_client.remove_work_dir(path):
+        if criu_client.remove_work_dir(path):
             done.append("removed its CRIU work dir %s" % path)
     if os.path.lexists(staging):
         paths.remove_tree(staging)

@@ -158,7 +158,9 @@ def test_a_dump_the_dead_run_left_running_gets_its_grace_then_is_stopped(tmp_pat
     snap = pod(tmp_path)
     staging = layout.staging_dir(snap)
     os.makedirs(os.path.join(staging, "host", "criu"))
-    work = criu.make_work_dir("dump", parent=str(tmp_path))
+    maker = dead_process()  # the killed module that made the work dir
+    work = os.path.join(str(tmp_path), "inferops-dump-%d-%d-abcd1234" % (maker["pid"], maker["start"]))
+    os.mkdir(work, 0o700)
     # stand-ins for runc/CRIU, started (like them) in a session of their own, naming the dirs on their command line
     ending = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.3)", "--work-path", work],
                               start_new_session=True)
@@ -178,6 +180,38 @@ def test_a_dump_the_dead_run_left_running_gets_its_grace_then_is_stopped(tmp_pat
     assert stuck.returncode == -9 and ending.returncode == 0, "the one that ended by itself was never killed"
     assert "removed its CRIU work dir %s" % work in cleaned and not os.path.exists(work)
     assert "removed its staging dir %s" % staging in cleaned
+
+
+def test_a_forged_claim_in_the_store_makes_the_next_run_kill_and_remove_nothing_of_what_it_names(tmp_path):
+    """A writer of the store plants a lapsed claim whose work names a directory and the processes below it: the
+    run that takes it over removes the pod's staging dir, and nothing it names (not ours by name, a live maker's,
+    another host's)."""
+    snap = pod(tmp_path)
+    victim = tmp_path / "kubelet"
+    victim.mkdir()
+    live_work = criu.make_work_dir("dump", parent=str(tmp_path))  # a live dump's (its maker: this process)
+    maker = dead_process()
+    forged_name = os.path.join(str(tmp_path), "inferops-dump-%d-%d-abcd1234" % (maker["pid"], maker["start"]))
+    os.symlink(str(victim), forged_name)  # ours by name, but a link to elsewhere
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=str(victim),
+                                 start_new_session=True)
+    try:
+        for host in (socket.gethostname(), "another-node"):
+            os.makedirs(snap, exist_ok=True)
+            with open(layout.claim_path(snap), "w") as handle:
+                json.dump({"id": "x", "expires_at": 0, "holder": {"host": host},
+                           "work": {"dirs": [str(victim), live_work, forged_name],
+                                    "container_id": "ab" * 32, "runc_root": str(victim / "nowhere")}}, handle)
+            taken = claim.take(snap, "run-b", lease=60)
+            cleaned = taken["took_over"]["cleaned"]
+            assert bystander.poll() is None, cleaned
+            assert victim.is_dir() and os.path.isdir(live_work) and os.path.islink(forged_name), cleaned
+            assert not any(line.startswith(("removed its CRIU work dir", "stopped")) for line in cleaned), cleaned
+            assert any(line.startswith("ignored") for line in cleaned), cleaned
+            claim.release(snap, "run-b")
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def test_work_dirs_are_swept_once_their_maker_is_gone_and_nothing_uses_them(tmp_path):
