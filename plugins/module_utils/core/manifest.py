@@ -329,7 +329,9 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
         return False, [refused], details
     reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
     try:
-        present = set(list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
+        # A restore's files are the ones it holds, which is what it restores from: a file held and then unlinked
+        # from the folder must still be judged (a second listing would not see it).
+        present = set(files.fds if files is not None else list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
     except paths.NotRegularFile as exc:
         return False, ["unsafe_file: %s" % exc], details
     except OSError as exc:

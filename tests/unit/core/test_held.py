@@ -170,3 +170,25 @@ def test_the_view_is_hard_links_beside_the_snapshot_or_copies_read_through_the_h
     finally:
         h.close()
     assert [n for n in os.listdir(os.path.dirname(snap)) if n.startswith(".inferops")] == []
+
+
+def test_a_file_held_then_unlinked_before_the_check_is_still_judged_and_refused(tmp_path):
+    """A writer adds a file the dump did not have, lets the restore hold it, and unlinks it before the check lists
+    the folder: the held file would be in the view CRIU reads, so the check judges the held files, not a listing."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
+    staging, final = tmp_path / "store" / ".pod.partial", tmp_path / "store" / "pod"
+    (staging / "host" / "criu").mkdir(parents=True)
+    (staging / PAGES).write_bytes(b"weights" * 10000)
+    seal.seal(str(staging), {"identity": {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod"},
+                             "created_at": "2026-12-05T12:00:00Z", "image": None, "engine": {"name": "criu"},
+                             "runtime": {"name": "ascend-acl", "version": None}, "devices": []})
+    seal.publish(str(staging), str(final))
+    extra = final / "host" / "criu" / "seccomp.img"
+    extra.write_bytes(b"ATTACKER BYTES")
+    h = held.Held.open(str(final), str(tmp_path / "private"))
+    try:
+        extra.unlink()
+        valid, reasons, _details = manifest.verify(str(final), files=h)
+        assert not valid and "file_unlisted: host/criu/seccomp.img is not covered by checksum.sha256" in reasons, reasons
+    finally:
+        h.close()
