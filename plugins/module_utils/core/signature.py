@@ -253,6 +253,8 @@ def check(directory, trusted, checksums=None, document=None):
                 checksums = handle.read()
         signature = base64.b64decode(document["signature"], validate=True)
         claimed = document["key_id"]
+        if not isinstance(claimed, str):
+            raise ValueError("key_id is a %s, not a key id" % type(claimed).__name__)
         if document.get("algorithm") != ALGORITHM or document.get("schema_version") != 1:
             raise ValueError("algorithm %r / version %r" % (document.get("algorithm"), document.get("schema_version")))
         # Exactly the bytes sign() writes: no other spelling of the same signature is accepted.

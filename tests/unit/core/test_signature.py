@@ -157,3 +157,15 @@ def test_rotation_trusts_several_keys_at_once(tmp_path, keys):
     ours, theirs, _trusted = keys
     both = signature.load_public_keys([pem_public(ours), pem_public(theirs)])
     assert check(snapshot(tmp_path / "a", ours), both)[0] and check(snapshot(tmp_path / "b", theirs), both)[0]
+
+
+@pytest.mark.parametrize("key_id", [["x"], {"a": 1}, 7, None])
+def test_a_signature_document_with_a_key_id_of_another_type_is_invalid_not_a_crash(tmp_path, keys, key_id):
+    ours, _theirs, trusted = keys
+    final = snapshot(tmp_path, ours)
+    path = final / layout.SIGNATURE
+    document = json.loads(path.read_bytes())
+    document["key_id"] = key_id
+    path.write_bytes(signature.encode(document))  # canonical, as a writer of the store would make it
+    valid, reasons, _details = check(final, trusted)
+    assert not valid and reasons[0].startswith("signature_invalid: ") and "key_id" in reasons[0], reasons
