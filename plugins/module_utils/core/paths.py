@@ -286,12 +286,32 @@ def is_tmpfs(path, mountinfo=None):
     return filesystem_type(path, mountinfo) in MEMORY_FILESYSTEMS
 
 
-def read_json(path):
+# A record is a few KiB; one larger than this was not written by the collection (a writer of the store's, or
+# /dev/zero behind a link) and is not read into memory.
+RECORD_LIMIT = 16 * 1024 * 1024
+
+
+def read_json(path, limit=RECORD_LIMIT):
     """The JSON object (a dict) in ``path``, or None when the file is missing, unreadable, not JSON or not an object:
-    the one reader of the collection's records that may be absent (status, claim, restores, verdicts, settings)."""
+    the one reader of the collection's records that may be absent (status, claim, restores, verdicts, settings).
+    Records sit in the store, beside snapshots a writer of the store may change: a link, a FIFO (which would
+    block the reader, under the pod's lock) or a file over ``limit`` bytes is None too (open_regular)."""
     try:
-        with open(path) as handle:
-            found = json.load(handle)
+        fd = open_regular(path)
+        try:
+            parts, total = [], 0
+            while total <= limit:
+                part = os.read(fd, limit + 1 - total)
+                if not part:
+                    break
+                parts.append(part)
+                total += len(part)
+        finally:
+            os.close(fd)
+        data = b"".join(parts)
+        if len(data) > limit:
+            return None
+        found = json.loads(data.decode("utf-8"))
     except (IOError, OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None

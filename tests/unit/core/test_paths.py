@@ -265,3 +265,19 @@ def test_list_plain_files_sorts_the_whole_tree_and_refuses_anything_but_files_an
 def test_list_plain_files_raises_where_os_walk_would_list_nothing(tmp_path):
     with pytest.raises(FileNotFoundError):
         paths.list_plain_files(str(tmp_path / "gone"))
+
+
+def test_a_record_behind_a_link_a_fifo_or_too_large_reads_as_none_without_blocking(tmp_path):
+    """A writer of the store replaces a status record: a FIFO would block the reader under the pod's lock, a link to
+    /dev/zero would be read until memory ran out. Each reads as no record."""
+    good = tmp_path / "good.json"
+    good.write_text('{"status": "completed"}')
+    assert paths.read_json(str(good)) == {"status": "completed"}
+    os.mkfifo(str(tmp_path / "fifo.json"))
+    os.symlink("/dev/zero", str(tmp_path / "zero.json"))
+    os.symlink(str(good), str(tmp_path / "link.json"))
+    (tmp_path / "large.json").write_text('{"a": "%s"}' % ("x" * 2000))
+    for name in ("fifo.json", "zero.json", "link.json", "missing.json"):
+        assert paths.read_json(str(tmp_path / name)) is None, name
+    assert paths.read_json(str(tmp_path / "large.json"), limit=1000) is None
+    assert paths.read_json(str(tmp_path / "large.json"))["a"] == "x" * 2000
