@@ -191,6 +191,12 @@ def cover_reason(manifest_, required):
     return None
 
 
+def _sealed_size(size, chunk_bytes):
+    """The length of the encrypted file a header promises, by arithmetic: the header is not authenticated until its
+    first chunk is, so nothing is built or allocated from it before the file's real length agrees."""
+    return HEADER.size + size + max(1, (size + chunk_bytes - 1) // chunk_bytes) * TAG_BYTES
+
+
 def _chunks(size, chunk_bytes):
     count = max(1, (size + chunk_bytes - 1) // chunk_bytes)
     return [(index, index * chunk_bytes, min(chunk_bytes, size - index * chunk_bytes)) for index in range(count)]
@@ -335,12 +341,12 @@ def decrypt_file(keys, source, target, relpath, binding, pool=None, fd=None):
     fd_in = os.dup(fd) if fd is not None else os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         prefix, chunk_bytes, size = _header(os.pread(fd_in, HEADER.size, 0), relpath)
-        derived = [binding.key(key) for key in keys.values()]
-        plan = _chunks(size, chunk_bytes)
-        expected = HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan)
+        expected = _sealed_size(size, chunk_bytes)
         if os.fstat(fd_in).st_size != expected:
             raise DecryptError("decrypt_failed: %s has %d bytes, its header promises %d"
                                % (relpath, os.fstat(fd_in).st_size, expected))
+        derived = [binding.key(key) for key in keys.values()]
+        plan = _chunks(size, chunk_bytes)
         sealed_buffers, plain_buffers = _Buffers(chunk_bytes + TAG_BYTES), _Buffers(chunk_bytes + SLACK)
         fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
         try:
@@ -436,10 +442,10 @@ def decrypt_bytes(keys, data, relpath, binding):
     """The plaintext of a small encrypted file held in memory (as verified), with the right one of ``keys``;
     DecryptError otherwise. Authenticated chunk by chunk, as decrypt_file does."""
     prefix, chunk_bytes, size = _header(bytes(data[:HEADER.size]), relpath)
+    if len(data) != _sealed_size(size, chunk_bytes):
+        raise DecryptError("decrypt_failed: %s does not have the size its header promises" % relpath)
     derived = [binding.key(key) for key in keys.values()]
     plan = _chunks(size, chunk_bytes)
-    if len(data) != HEADER.size + sum(length + TAG_BYTES for _i, _o, length in plan):
-        raise DecryptError("decrypt_failed: %s does not have the size its header promises" % relpath)
     plain = bytearray(size + SLACK)
     for index, offset, length in plan:
         start = HEADER.size + offset + index * TAG_BYTES

@@ -141,6 +141,30 @@ def test_a_failing_chunk_stops_the_file_with_no_worker_left_behind(files, monkey
         assert active[0] == 0, "a worker still writes after decrypt_file returned"
 
 
+def test_a_header_rewritten_to_promise_a_huge_file_is_refused_before_anything_is_built_from_it(files):
+    """The header is authenticated only with its first chunk: one rewritten in place (same length) to promise 2**40
+    bytes in 1-byte chunks must be refused by the file's length, not by building a trillion-entry plan first."""
+    import resource
+    plain, cipher, out = files
+    key = os.urandom(32)
+    encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024)
+    data = bytearray(cipher.read_bytes())
+    magic, prefix, _chunk, _size = encryption.HEADER.unpack(bytes(data[:encryption.HEADER.size]))
+    data[:encryption.HEADER.size] = encryption.HEADER.pack(magic, prefix, 1, 2 ** 40)
+    cipher.write_bytes(bytes(data))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as status:
+        used = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (used + (2 << 30), hard))  # a plan of 2**40 chunks fails here, not passes
+    try:
+        with pytest.raises(encryption.DecryptError, match="header promises"):
+            encryption.decrypt_file({encryption.key_id(key): key}, str(cipher), str(out), REL, BOUND)
+        with pytest.raises(encryption.DecryptError, match="header promises"):
+            encryption.decrypt_bytes({encryption.key_id(key): key}, bytes(data), REL, BOUND)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def test_keys_come_as_base64_hex_or_a_private_file_and_nothing_else(tmp_path):
     key = os.urandom(32)
     assert encryption.load_key(base64.b64encode(key).decode()) == key
