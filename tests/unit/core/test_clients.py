@@ -167,6 +167,8 @@ def test_a_failed_checkpoint_keeps_criu_log_and_names_its_first_error(tmp_path):
 
     class Failing(FakeRunner):
         def run(self, argv, **kwargs):
+            if "checkpoint" not in argv:
+                return 0, '{"status": "running"}', ""  # runc state after the failure: nothing to thaw
             work = argv[argv.index("--work-path") + 1]
             with open(work + "/dump.log", "w") as handle:
                 handle.write("(00.01) Error (criu/util.c:1): rlimit: Can't setup RLIMIT_NOFILE\n"
@@ -181,6 +183,30 @@ def test_a_failed_checkpoint_keeps_criu_log_and_names_its_first_error(tmp_path):
     assert "Can't dump file lock of /cache/db" in info.value.msg and info.value.result["criu_log"] in info.value.msg
     kept = info.value.result["criu_log"]
     assert kept.startswith(str(log_dir)) and oct(os.stat(kept).st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("left", ["paused", "running"])
+def test_a_checkpoint_stopped_at_its_deadline_thaws_the_container_its_dump_left_frozen(tmp_path, left):
+    """runc and CRIU killed at the deadline may leave the container's cgroup frozen: the engine would stay frozen
+    with the run alive (no takeover ever thaws it), so the failed checkpoint thaws it, and says so."""
+    class Stopped(FakeRunner):
+        def run(self, argv, **kwargs):
+            if "checkpoint" in argv:
+                self.calls.append(list(argv))
+                raise SnapshotTimeout("runc checkpoint of container c did not finish within 5 s")
+            return super(Stopped, self).run(argv, **kwargs)
+
+    fake = Stopped([(("/usr/bin/runc", "--root", "/r", "state"), (0, '{"status": "%s"}' % left, "")),
+                    (("/usr/bin/runc", "--root", "/r", "resume"), (0, "", ""))])
+    cli = RuncCli("/usr/bin/runc", ["--root", "/r"], runner=fake)
+    with pytest.raises(SnapshotTimeout) as info:
+        cli.checkpoint("c" * 64, str(tmp_path / "images"), True, 5, log_dir=str(tmp_path / "logs"))
+    resumed = [call for call in fake.calls if "resume" in call]
+    if left == "paused":
+        assert resumed == [["/usr/bin/runc", "--root", "/r", "resume", "c" * 64]]
+        assert info.value.msg.endswith("was thawed") and info.value.result["thawed"] == "c" * 12
+    else:
+        assert resumed == [] and "thawed" not in info.value.result
 
 
 def test_create_args_rebuild_the_recorded_container():

@@ -152,7 +152,13 @@ class RuncCli:
             self.runner.run(self.argv(*(args + [container_id])), timeout=timeout,
                             what="runc checkpoint of container %s" % container_id[:12])
         except SnapshotError as exc:
-            raise criu_client.failure(exc, os.path.join(work, "dump.log"), "dump", container_id[:12], log_dir)
+            error = criu_client.failure(exc, os.path.join(work, "dump.log"), "dump", container_id[:12], log_dir)
+            # CRIU freezes the container's cgroup for the dump; one stopped before it thawed it (the deadline ran out,
+            # it crashed) leaves the engine frozen, and nothing else would thaw a run that is still alive.
+            if self.status(container_id) == "paused" and self.resume(container_id):
+                error.msg += "; the container the dump left frozen was thawed"
+                error.result["thawed"] = container_id[:12]
+            raise error
         finally:
             criu_client.remove_work_dir(work)
 
