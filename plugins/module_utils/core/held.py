@@ -17,7 +17,10 @@ holds those descriptors until the restored process has everything it will ever r
   in the store can redirect -- or, where no link can be made (another mount, a read-only store), copies read
   through the held descriptors.
   ``broken()`` after CRIU has read everything says whether anyone tried to write meanwhile (the restore then
-  fails closed: nothing of it runs).
+  fails closed: nothing of it runs). A rename breaks no lease, and the view sits in the store, where a writer
+  with root's rights could rename a file of its own into it after the check: so once made, the view is checked
+  to hold exactly the held inodes (seal_view), its folders are held open, and ``broken()`` also names a folder
+  whose ctime moved -- any entry added, removed or renamed in it, or the folder itself moved.
 - **copied** (no lease possible: NFS and other network filesystems, or a file already open for writing): the
   verification copies each file into a private directory on tmpfs as it hashes it, reading the store once;
   CRIU reads that copy.
@@ -35,6 +38,7 @@ import errno
 import fcntl
 import os
 import signal
+import stat
 import threading
 
 from . import layout, paths, plaintext, proc
@@ -67,6 +71,8 @@ class Held:
         self.private = None       # plaintext.PrivateDir: the view (leased) or the copy (copied)
         self.linked = False       # the view is hard links to the held inodes
         self._copies = {}         # relpath -> descriptor of its copy (copied)
+        self._expected = {}       # relpath in the linked view -> (st_dev, st_ino) this restore put there
+        self._folders = {}        # relpath of a folder of the linked view -> (descriptor, its ctime when sealed)
         self._lock = threading.Lock()  # the chunks of one file are hashed (and copied) by several threads
 
     @classmethod
@@ -164,7 +170,9 @@ class Held:
                 paths.ensure_dir(os.path.dirname(target))
                 if not _link_fd(fd, target):
                     raise OSError(errno.EXDEV, "cannot link %s here" % rel)
+                self._expected[rel] = _identity(os.fstat(fd))
             self.linked = True
+            self.seal_view()
             return self.private.path
         except (IOError, OSError) as exc:
             if self.private is not None:
@@ -210,19 +218,91 @@ class Held:
             dst = os.path.join(target, rel[len(prefix):])
             paths.ensure_dir(os.path.dirname(dst))
             if self.mode == LEASED and how == "hardlink" and _link_fd(self.fds[rel], dst):
+                self._expect(dst, _identity(os.fstat(self.fds[rel])))
                 continue
             how = "copy"
             if self.mode == LEASED:
-                _copy(self.fds[rel], None, dst)
+                self._expect(dst, _copy(self.fds[rel], None, dst))
             else:
                 _copy(None, os.path.join(self.private.path, rel), dst)
         return how
+
+    def write_into_view(self, rel, data):
+        """A file of this restore's own (a rewritten image) at ``rel`` in the view, created, never replaced."""
+        target = os.path.join(self.view, rel)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            self._expect(target, _identity(os.fstat(fd)))
+        finally:
+            os.close(fd)
+
+    def forget_in_view(self, rel):
+        """Remove ``rel`` from the view (this restore replaces it)."""
+        os.unlink(os.path.join(self.view, rel))
+        self._expected.pop(rel, None)
+
+    def _expect(self, path, identity):
+        if self.linked and self.private is not None and path.startswith(self.private.path.rstrip("/") + "/"):
+            self._expected[os.path.relpath(path, self.private.path)] = identity
+
+    def seal_view(self):
+        """Check that the linked view holds exactly what this restore put there -- real folders, and in them the files
+        it linked or wrote, by inode -- and hold its folders open with their ctime, which any later entry added,
+        removed or renamed (or the folder moved) changes: ``broken()`` names them. Called once the view is made, and
+        again after this restore adds to it. HoldError (a cold start) when it holds anything else. The folders are
+        opened and their ctime taken before they are listed, so a change after the listing is seen by ``broken()``
+        and one before it by this check."""
+        if not self.linked:
+            return
+        self._close_folders()
+        found = {}
+        root = os.open(self.private.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        pending = [("", root)]
+        try:
+            while pending:
+                rel, fd = pending.pop()
+                self._folders[rel] = (fd, os.fstat(fd).st_ctime_ns)
+                for name in sorted(os.listdir(fd)):
+                    child = rel + "/" + name if rel else name
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                        pending.append((child, sub))
+                        if _identity(os.fstat(sub)) != _identity(st):
+                            raise OSError(errno.ESTALE, "%s was replaced while it was checked" % child)
+                    else:
+                        found[child] = _identity(st) if stat.S_ISREG(st.st_mode) else None
+        except OSError as exc:
+            for _rel, fd in pending:
+                os.close(fd)
+            self._close_folders()
+            raise HoldError("swapped: the view of the snapshot the restore reads changed while it was made: %s" % exc)
+        if found != self._expected:
+            self._close_folders()
+            odd = sorted(rel for rel in set(found) | set(self._expected) if found.get(rel) != self._expected.get(rel))
+            raise HoldError("swapped: the view of the snapshot the restore reads does not hold the verified files "
+                            "alone (%s): someone writes the store" % ", ".join(odd[:5]))
+
+    def _changed_folders(self):
+        return sorted("the view's folder %s" % (rel or ".") for rel, (fd, ctime) in self._folders.items()
+                      if os.fstat(fd).st_ctime_ns != ctime)
+
+    def _close_folders(self):
+        for fd, _ctime in self._folders.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._folders = {}
 
     def broken(self):
         """The files someone opened for writing since they were leased ([] when none, and always when copied)."""
         if self.mode != LEASED:
             return []
-        return sorted(rel for rel, fd in self.fds.items() if _lease(fd) != fcntl.F_RDLCK)
+        return sorted(rel for rel, fd in self.fds.items() if _lease(fd) != fcntl.F_RDLCK) + self._changed_folders()
 
     def summary(self):
         return {"mode": self.mode, "files": len(self.fds), "why_copied": self.why_copied, "linked": self.linked}
@@ -235,6 +315,7 @@ class Held:
             except OSError:
                 pass
         self._copies, self.fds = {}, {}
+        self._close_folders()
         if self.private is not None:
             self.private.remove()
             self.private = None
@@ -267,10 +348,15 @@ def _copy(fd, path, target):
                 if not done:
                     break
                 offset += done
+            return _identity(os.fstat(dst))
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def _identity(st):
+    return st.st_dev, st.st_ino
 
 
 def _lease(fd):

@@ -192,3 +192,67 @@ def test_a_file_held_then_unlinked_before_the_check_is_still_judged_and_refused(
         assert not valid and "file_unlisted: host/criu/seccomp.img is not covered by checksum.sha256" in reasons, reasons
     finally:
         h.close()
+
+
+def test_a_file_renamed_into_the_view_after_the_check_is_seen_even_when_put_back(snap, tmp_path):
+    """A rename breaks no lease: a writer with root's rights in the store renames its own file over one of the view
+    (CRIU would read it), and may put the verified one back afterwards. The view's folder says so either way."""
+    h = held.Held.open(snap, str(tmp_path / "private"))
+    try:
+        view = h.view
+        assert h.broken() == []
+        target = os.path.join(view, PAGES)
+        forged = os.path.join(view, "host", "criu", "forged")
+        with open(forged, "wb") as handle:
+            handle.write(b"ATTACKER CORE IMAGE")
+        saved = os.path.join(view, "saved")
+        os.link(target, saved)
+        os.rename(forged, target)
+        assert open(target, "rb").read() == b"ATTACKER CORE IMAGE"  # what CRIU would read now
+        os.rename(saved, target)  # and the verified inode back, before anyone looks
+        assert os.stat(target).st_ino == os.stat(os.path.join(snap, PAGES)).st_ino
+        broken = h.broken()
+        assert "the view's folder host/criu" in broken and "the view's folder ." in broken, broken
+    finally:
+        h.close()
+
+
+def test_the_view_moved_away_and_replaced_is_seen(snap, tmp_path):
+    h = held.Held.open(snap, str(tmp_path / "private"))
+    try:
+        view = h.view
+        os.rename(view, view + ".away")
+        os.rename(view + ".away", view)
+        assert "the view's folder ." in h.broken()
+    finally:
+        h.close()
+
+
+def test_a_view_holding_anything_but_what_the_restore_put_there_is_refused(snap, tmp_path):
+    h = held.Held.open(snap, str(tmp_path / "private"))
+    try:
+        with open(os.path.join(h.view, "host", "criu", "seccomp.img"), "wb") as handle:
+            handle.write(b"ATTACKER BYTES")
+        with pytest.raises(held.HoldError, match="swapped: .* does not hold the verified files alone "
+                                                 "\\(host/criu/seccomp.img\\)"):
+            h.seal_view()
+    finally:
+        h.close()
+
+
+def test_what_the_restore_adds_to_the_view_is_checked_and_watched_too(snap, tmp_path):
+    """The node runtime adds a folder of links with one image rewritten (a new pod address): its own changes are
+    sealed again, and a change after that is seen."""
+    h = held.Held.open(snap, str(tmp_path / "private"))
+    try:
+        target = os.path.join(h.view, "remapped-images")
+        os.mkdir(target, 0o700)
+        h.place("host/criu", target)
+        h.forget_in_view("remapped-images/pages-1.img")
+        h.write_into_view("remapped-images/pages-1.img", b"rewritten")
+        h.seal_view()
+        assert h.broken() == []
+        os.unlink(os.path.join(target, "pages-1.img"))
+        assert h.broken() == ["the view's folder remapped-images"]
+    finally:
+        h.close()

@@ -20,6 +20,7 @@ import os
 import shutil
 
 from .. import criu_images, device, fleet, layout, metadata, netns, paths, proc, world
+from .. import held as held_files
 from ..clients import criu as criu_client
 from ..clients.runc import StoppedRestore
 from ..clients.docker import DockerCli, env_dict
@@ -290,11 +291,18 @@ class OnCreate(Driver):
         # through the held descriptors), or the private copy -- never links: CRIU opens some images from inside the
         # container's namespaces, where no path of the host's resolves.
         if attempt.held is not None:
+            rel = os.path.relpath(os.path.join(target, criu_images.FILES_IMAGE), attempt.held.view)
             attempt.held.place(layout.IMAGES_DIR, target)
+            attempt.held.forget_in_view(rel)
+            attempt.held.write_into_view(rel, data_new)
+            try:
+                attempt.held.seal_view()  # the view holds this restore's own files alone again, and is watched
+            except held_files.HoldError as exc:
+                raise Fallback(exc.reason)
         else:
             shutil.copytree(source, target, dirs_exist_ok=True)
-        os.unlink(os.path.join(target, criu_images.FILES_IMAGE))
-        paths.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
+            os.unlink(os.path.join(target, criu_images.FILES_IMAGE))
+            paths.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}
         self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
                             % (", ".join(old), address))

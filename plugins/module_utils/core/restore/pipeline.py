@@ -437,9 +437,10 @@ def run(driver, attempt):
 
 
 def _swapped(attempt):
-    """Reasons when someone opened a held file for writing while the restore read it (held.Held.broken)."""
+    """Reasons when someone wrote to a held file, or to the view's folders, while the restore read them
+    (held.Held.broken)."""
     broken = attempt.held.broken() if attempt.held is not None else []
-    return ["swapped: %s was opened for writing while the restore read it; nothing restored from it runs" % rel
+    return ["swapped: %s was written to while the restore read it; nothing restored from it runs" % rel
             for rel in broken]
 
 
