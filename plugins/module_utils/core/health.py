@@ -33,18 +33,20 @@ def wait_serving(url, timeout, status=200, gone=None, interval=0.2, progress=Non
 
     ``gone()`` returns a text when the process behind ``url`` exited: the wait ends at once with it.
     """
+    shown = engine_http.shown(url)  # messages never show a user and password given in the URL
+
     def serving():
         exited = gone() if gone else None
         if exited:
-            raise SnapshotTimeout("%s will not answer: %s" % (url, exited), last_state=exited)
+            raise SnapshotTimeout("%s will not answer: %s" % (shown, exited), last_state=exited)
         code, what = probe(url, min(PROBE_TIMEOUT, max(0.5, float(timeout))))
         return code == status, what
     try:
-        return wait_for(serving, timeout, interval, what="%s answering %d" % (url, status), progress=progress,
+        return wait_for(serving, timeout, interval, what="%s answering %d" % (shown, status), progress=progress,
                         progress_every=progress_every)
     except SnapshotTimeout as exc:
         if "elapsed" not in exc.result:  # the process exited: its own message
             raise
         last = exc.result.get("last_state")
-        raise SnapshotTimeout("%s did not answer %d within %.0f s (last: %s)" % (url, status, timeout, last),
+        raise SnapshotTimeout("%s did not answer %d within %.0f s (last: %s)" % (shown, status, timeout, last),
                               last_state=last, elapsed=exc.result.get("elapsed"))

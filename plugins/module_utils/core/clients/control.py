@@ -241,10 +241,11 @@ class HttpEndpointClient:
             if not isinstance(path, str) or not path.startswith("/"):
                 raise ParameterError("endpoint_paths.%s: expected a path starting with '/', got %r" % (op, path))
             self.paths[op] = path
-        self.where = self.base_url  # control traffic stays on the node: the engine client never uses a proxy
+        self.where = engine_http.shown(self.base_url)  # control traffic stays on the node: never through a proxy
 
     def request(self, op, timeout=protocol.DEFAULT_TIMEOUT, lease=None, device_memory=None):
         url = self.base_url + self.paths[op]
+        shown = engine_http.shown(url)  # what messages and results say: without a user and password in the URL
         document = {"v": protocol.PROTOCOL_VERSION, "timeout": float(timeout)}
         if lease is not None:
             document["lease"] = float(lease)
@@ -256,14 +257,14 @@ class HttpEndpointClient:
                                                   timeout + TRANSPORT_MARGIN, limit=protocol.MAX_MESSAGE_BYTES + 1)
         except engine_http.EngineHttpError as exc:
             raise EndpointError("cannot reach the engine's control endpoint %s (%s): check `endpoint` and "
-                                "`endpoint_paths`" % (url, exc), endpoint=url)
+                                "`endpoint_paths`" % (shown, exc), endpoint=shown)
         if status >= 400 and not payload:  # an error still carries a protocol reply when it has a body
-            raise EndpointError("HTTP %d from %s for %r" % (status, url, op), endpoint=url)
+            raise EndpointError("HTTP %d from %s for %r" % (status, shown, op), endpoint=shown)
         try:
             reply = protocol.decode(payload.strip())
         except protocol.ProtocolError as exc:
-            raise EndpointError("bad reply from %s: %s" % (url, exc), endpoint=url)
-        return _check_reply(op, reply, url)
+            raise EndpointError("bad reply from %s: %s" % (shown, exc), endpoint=shown)
+        return _check_reply(op, reply, shown)
 
 
 class LeaseKeeper:
@@ -353,10 +354,10 @@ def client_for_endpoint(endpoint, paths=None):
     elif endpoint.startswith("/"):
         path = endpoint
     elif endpoint.startswith(("http://", "https://")):
-        return HttpEndpointClient(endpoint, paths)
+        return HttpEndpointClient(engine_http.check_url(endpoint, "endpoint", example="http://127.0.0.1:8000"), paths)
     else:
         raise ParameterError("endpoint: %r is neither unix:///path/to/agent.sock, an absolute socket path, nor "
-                             "an http(s):// URL" % (endpoint,))
+                             "an http(s):// URL" % (engine_http.shown(endpoint),))
     if not os.path.isabs(path):
         raise ParameterError("endpoint: the socket path %r must be absolute" % (path,))
     return AgentSocketClient(path)

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import free_port
+
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import EndpointError, ParameterError
@@ -60,6 +62,31 @@ def test_endpoint_forms(endpoint, cls, where):
 def test_bad_endpoints_name_the_field(endpoint, paths, words):
     with pytest.raises(ParameterError, match=words):
         control.client_for_endpoint(endpoint, paths)
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    ("http://127.0.0.1:abc", "endpoint: 'http://127.0.0.1:abc' is not a URL that can be asked (Port could not be cast"),
+    ("http://[::1", "endpoint: 'http://[::1' is not a URL that can be asked (Invalid IPv6 URL)"),
+    ("http://127.0.0.1:8000/\n", "endpoint: the URL contains whitespace or a control character"),
+    ("ftp://admin:s3cretpw@x/", "endpoint: 'ftp://x/' is neither unix:///path/to/agent.sock"),
+])
+def test_an_endpoint_url_that_cannot_be_asked_is_refused_naming_endpoint_without_its_password(endpoint, words):
+    with pytest.raises(ParameterError) as error:
+        control.client_for_endpoint(endpoint)
+    assert error.value.msg.startswith(words) and "s3cretpw" not in error.value.msg, error.value.msg
+
+
+def test_a_password_in_the_endpoint_url_is_in_no_message_nor_result():
+    """npu_snapshot_lock's endpoint: http://admin:s3cretpw@... -- the message and the result's endpoint said it."""
+    port = free_port()
+    client = control.client_for_endpoint("http://admin:s3cretpw@127.0.0.1:%d/" % port)
+    assert client.where == "http://127.0.0.1:%d" % port
+    with pytest.raises(EndpointError) as error:
+        client.request("state", timeout=1)
+    assert error.value.msg.startswith("cannot reach the engine's control endpoint http://127.0.0.1:%d/snapshot/state ("
+                                      % port), error.value.msg
+    assert "s3cretpw" not in error.value.msg and "admin" not in error.value.msg
+    assert error.value.result["endpoint"] == "http://127.0.0.1:%d/snapshot/state" % port
 
 
 @pytest.mark.parametrize("current, wanted, restore, ops", [
