@@ -17,13 +17,15 @@ import time
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.engine_http import shown
+
 MODULE = "inferops.snapshot.wait_serving"
 DEFAULTS = dict(timeout=300.0, progress_interval=30.0)
 
 
 def what(args):
     if args.get("url"):
-        return args["url"]
+        return shown(args["url"])  # never a user and password given in the URL
     return "%s%s" % (args.get("path"), " in container %s" % args["container"] if args.get("container") else "")
 
 

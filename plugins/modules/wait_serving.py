@@ -148,6 +148,7 @@ import time
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import health, proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Deadline, wait_for
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
@@ -219,7 +220,8 @@ def probe_for(params, watched, deadline):
 
 def what_for(params):
     if params["url"]:
-        return "%s answering %s" % (params["url"], "/".join(str(code) for code in params["status_code"]))
+        codes = "/".join(str(code) for code in params["status_code"])
+        return "%s answering %s" % (engine_http.shown(params["url"]), codes)  # never a password given in the URL
     where = " in container %s" % params["container"] if params["container"] else ""
     return "%s%s" % (params["path"], where)
 
@@ -230,6 +232,10 @@ def main_logic(module):
     if params["path"] and not params["path"].startswith("/"):
         raise ParameterError("path: must be absolute (inside the container when container is set), got %r"
                              % params["path"], field="path")
+    if params["path"] and "\x00" in params["path"]:
+        raise ParameterError("path: the path contains a NUL byte; give the file's path without it", field="path")
+    if params["url"] is not None:
+        engine_http.check_url(params["url"], "url")  # at once, not after waiting out the timeout
     started = time.monotonic()
     deadline = Deadline(params["timeout"])
     watched = watched_process(params)

@@ -164,7 +164,20 @@ def test_a_file_inside_the_container_and_an_early_end_when_the_container_exits(t
     ({"url": "http://127.0.0.1:1/", "path": "/x"}, "mutually exclusive: url|path"),
     ({"url": "http://127.0.0.1:1/", "timeout": 0}, "timeout: must be a positive number of seconds"),
     ({"path": "/x", "container": "no-such-container-%s" % uuid.uuid4().hex[:6]}, "container: no container named"),
+    # at once, not after the timeout ran out, and not an "unexpected error"
+    ({"url": "127.0.0.1:1", "timeout": 20}, "url: '127.0.0.1:1' is not an http(s) URL, e.g. http://127.0.0.1:8000/"),
+    ({"url": "http://127.0.0.1:abc/", "timeout": 20}, "url: 'http://127.0.0.1:abc/' is not a URL that can be asked"),
+    ({"url": "http://[::1", "timeout": 20}, "url: 'http://[::1' is not a URL that can be asked (Invalid IPv6 URL)"),
+    ({"path": "/tmp/nonexist\u0000x", "timeout": 20}, "path: the path contains a NUL byte"),
 ])
 def test_bad_input_names_the_field(tmp_path, args, words):
     result, run, took = wait_task(tmp_path, **args)
     assert result["failed"] and words in result["msg"], result
+
+
+def test_a_password_in_the_url_is_not_in_the_message(tmp_path):
+    url = "http://admin:s3cretpw@127.0.0.1:%d/health" % free_port()
+    result, run, took = wait_task(tmp_path, url=url, timeout=2, interval=0.2, progress_interval=1)
+    assert result["failed"] and result["timed_out"], result
+    assert result["msg"].startswith("http://127.0.0.1:") and "s3cretpw" not in result["msg"], result["msg"]
+    assert "s3cretpw" not in result["last"] and "s3cretpw" not in "\n".join(progress_lines(run)), result

@@ -15,9 +15,8 @@ __metaclass__ = type
 
 import os
 
-from urllib.parse import urlparse
-
 from .. import encryption, fleet, freshness, health, layout, paths, schema, signature, stage
+from ..clients import engine_http
 from ..clients.docker import DockerCli, env_dict
 from ..errors import ParameterError
 from . import bare, pipeline, verify
@@ -38,10 +37,8 @@ def check_options(params):
     for name in ("timeout", "health_timeout"):
         if not params[name] > 0:
             raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, params[name]), field=name)
-    url = params["health_url"]
-    if url is not None and not (urlparse(url).scheme in ("http", "https") and urlparse(url).netloc):
-        raise ParameterError("health_url: %r is not an http(s) URL, e.g. http://127.0.0.1:8000/health" % url,
-                             field="health_url")
+    if params["health_url"] is not None:
+        engine_http.check_url(params["health_url"], "health_url")
     metadata_path = params["metadata_path"]
     if not metadata_path.startswith("/") or metadata_path.endswith("/") or ".." in metadata_path.split("/"):
         raise ParameterError("metadata_path: give an absolute file path (without '..') inside the container")
