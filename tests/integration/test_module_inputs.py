@@ -3,6 +3,9 @@ item 6): an ``identity`` given as a string -- ansible-core's own check used to f
 requested, could not parse JSON or key=value", naming no option -- on every module that takes one, through the
 real AnsiballZ and argument spec."""
 
+import json
+import os
+
 import pytest
 
 from conftest import run_module
@@ -27,3 +30,20 @@ def test_an_identity_that_is_no_dict_is_refused_naming_identity_and_its_form(mod
     assert result["msg"] == ("identity: expected a dict with the keys namespace, service, instance, pod (for example "
                              "{namespace: default, service: qwen, instance: p0, pod: qwen-0}), got %s %r"
                              % (shown, identity)), result["msg"]
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"headers": {"Authorization": "Bearer s3cr3tTOKENvalue42\n"}}, "headers: the value of Authorization must be one "
+                                                                   "line of text"),
+    ({"method": "GET /x HTTP/1.1\r\nX: y"}, "method: 'GET /x HTTP/1.1\\r\\nX: y' is not an HTTP method"),
+    ({"url": "http://127.0.0.1:abc/x"}, "url: 'http://127.0.0.1:abc/x' is not a URL that can be asked"),
+])
+def test_snapshot_canary_refuses_a_request_it_cannot_send_naming_the_option_and_repeating_no_header(tmp_path, args,
+                                                                                                   words):
+    """These were "unexpected error in inferops.snapshot.snapshot_canary: Invalid header value b'Bearer ...\\n'"."""
+    snapshot_dir = str(tmp_path / "store" / "a" / "b" / "c" / "d")
+    result = run_module("snapshot_canary", dict({"container": "nothing-here", "snapshot_dir": snapshot_dir,
+                                                 "url": "http://127.0.0.1:1/x", "headers": {"Authorization": "x"}},
+                                                **args), tmp_dir=tmp_path)
+    assert result["failed"] and result["msg"].startswith(words), result
+    assert "s3cr3t" not in json.dumps(result) and not os.path.exists(str(tmp_path / "store"))

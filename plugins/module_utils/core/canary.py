@@ -21,6 +21,7 @@ __metaclass__ = type
 import base64
 import json
 import os
+import re
 
 from . import layout, paths, schema
 from .clients import engine_http
@@ -28,24 +29,58 @@ from .clock import utc_now
 from .errors import ParameterError
 
 
-def check_spec(spec, field="canary"):
-    """The canary request as configured: url (http://), method, body, headers, compare. ParameterError naming the field."""
+EXAMPLE_URL = "http://127.0.0.1:8000/v1/completions"
+# canary.json's schema: a method is letters only (http.client refuses a space or a line break in one)
+METHOD = re.compile(r"[A-Z]+")
+# a header name is an HTTP token (RFC 9110); a value may not break the request's lines
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+NOT_IN_HEADER_VALUE = re.compile(r"[\r\n\x00]")
+
+
+def check_spec(spec, prefix=""):
+    """The canary request as configured: url (http://), method, body, headers, compare. ParameterError naming the
+    option (``prefix`` + snapshot_canary's option name); a header's value is never repeated: it may be a token."""
+    url, method, headers = prefix + "url", prefix + "method", prefix + "headers"
     if not isinstance(spec, dict) or not spec.get("url"):
-        raise ParameterError("%s.url: give the engine's URL to ask, e.g. http://127.0.0.1:8000/v1/completions" % field,
-                             field="%s.url" % field)
-    normal = {"url": spec["url"], "method": (spec.get("method") or ("POST" if spec.get("body") else "GET")).upper(),
-              "body": spec.get("body"), "headers": dict(spec.get("headers") or {}),
-              "compare": spec.get("compare") or "exact"}
-    if not normal["url"].startswith("http://"):
-        raise ParameterError("%s.url: %r is not an http:// URL (the request goes to the engine inside its own "
-                             "network namespace)" % (field, normal["url"]), field="%s.url" % field)
+        raise ParameterError("%s: give the engine's URL to ask, e.g. %s" % (url, EXAMPLE_URL), field=url)
+    normal = {"url": spec["url"], "method": spec.get("method") or ("POST" if spec.get("body") else "GET"),
+              "body": spec.get("body"), "headers": spec.get("headers") or {}, "compare": spec.get("compare") or "exact"}
+    if not isinstance(normal["url"], str) or not normal["url"].startswith("http://"):
+        raise ParameterError("%s: %r is not an http:// URL (the request goes to the engine inside its own network "
+                             "namespace)" % (url, engine_http.shown(normal["url"])), field=url)
+    engine_http.check_url(normal["url"], url, schemes=("http",), example=EXAMPLE_URL)
+    if not isinstance(normal["method"], str) or not METHOD.fullmatch(normal["method"].upper()):
+        raise ParameterError("%s: %r is not an HTTP method; give one such as GET or POST (letters only)"
+                             % (method, normal["method"]), field=method)
+    normal["method"] = normal["method"].upper()
+    if not isinstance(normal["headers"], dict):
+        raise ParameterError("%s: give a dict of header names and values, e.g. {Authorization: Bearer ...}" % headers,
+                             field=headers)
+    for name, value in normal["headers"].items():
+        if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
+            raise ParameterError("%s: %r is not a header name (letters, digits and -, no space, colon or line break)"
+                                 % (headers, name), field=headers)
+        if not isinstance(value, str) or NOT_IN_HEADER_VALUE.search(value) or not _latin1(value):
+            raise ParameterError("%s: the value of %s must be one line of text (no CR, LF or NUL, Latin-1 "
+                                 "characters only); a token read with lookup('file') keeps its final newline: trim it "
+                                 "(| trim). The value is not repeated here: it may be a secret" % (headers, name),
+                                 field=headers)
+    normal["headers"] = dict(normal["headers"])
     if isinstance(normal["body"], (dict, list)):
         normal["body"] = json.dumps(normal["body"], sort_keys=True)
         normal["headers"].setdefault("Content-Type", "application/json")
     if not (normal["compare"] in ("exact", "status") or (normal["compare"].startswith("json:") and len(normal["compare"]) > 5)):
-        raise ParameterError("%s.compare: %r is not exact, status or json:<field path> (e.g. json:choices.0.text)"
-                             % (field, normal["compare"]), field="%s.compare" % field)
+        raise ParameterError("%scompare: %r is not exact, status or json:<field path> (e.g. json:choices.0.text)"
+                             % (prefix, normal["compare"]), field=prefix + "compare")
     return normal
+
+
+def _latin1(text):
+    try:
+        text.encode("latin-1")  # what http.client sends a header value as
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _pick(body, path):
