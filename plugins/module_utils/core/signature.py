@@ -23,6 +23,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import stat
 import traceback
 
@@ -49,19 +50,28 @@ def _require(field):
                              "host (pip install cryptography, or Debian's python3-cryptography)" % field, field=field)
 
 
+def _may_be_key_text(text):
+    """Whether ``text`` could be the base64 body of a PEM key (40 characters or more of base64, no dot) rather than the
+    path of a key file (named like signing.pem)."""
+    return re.match(r"\A[A-Za-z0-9+/=\s]{40,}\Z", text) is not None and "." not in text
+
+
 def _read_key_text(value, field):
     """(PEM bytes, os.stat of its file or None): a key given as PEM text, or as the path of a PEM file
     owned by root (or us)."""
     if value.lstrip().startswith("-----BEGIN"):
         return value.encode(), None
     if not os.path.isabs(value):
-        raise ParameterError("%s: %r is neither a PEM key nor an absolute path to one" % (field, value[:40]),
-                             field=field)
+        raise ParameterError("%s: neither a PEM key (-----BEGIN ...) nor an absolute path to one (the value is not "
+                             "repeated here: it may be a key)" % field, field=field)
     try:
         st = os.stat(value)
         with open(value, "rb") as handle:
             data = handle.read(64 * 1024)
-    except (IOError, OSError) as exc:
+    except (IOError, OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        if _may_be_key_text(value):  # base64 may start with "/": a key pasted without its -----BEGIN line
+            raise ParameterError("%s: neither a PEM key (-----BEGIN ...) nor a readable key file (the value is not "
+                                 "repeated here: it may be a key)" % field, field=field)
         raise ParameterError("%s: cannot read the key file %s: %s" % (field, value, exc), field=field)
     if st.st_uid not in (0, os.geteuid()):
         raise ParameterError("%s: %s is owned by uid %d; a key must be owned by root" % (field, value, st.st_uid),

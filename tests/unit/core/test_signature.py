@@ -169,3 +169,26 @@ def test_a_signature_document_with_a_key_id_of_another_type_is_invalid_not_a_cra
     path.write_bytes(signature.encode(document))  # canonical, as a writer of the store would make it
     valid, reasons, _details = check(final, trusted)
     assert not valid and reasons[0].startswith("signature_invalid: ") and "key_id" in reasons[0], reasons
+
+
+@pytest.mark.parametrize("value", [
+    "MC4CAQAwBQYDK2VwBCIEIFl9Vdn7IUHxfBD/+ph7CFGasNf4CuO4LHHc2jHWYHOf",  # PKCS#8 base64 without its -----BEGIN line
+    "/C4CAQAwBQYDK2VwBCIEIFl9Vdn7IUHxfBD/+ph7CFGasNf4CuO4LHHc2jHWYHOf",  # base64 may start with "/"
+    "MC4CAQAwBQYDK2VwBCIEIFl9Vdn7IUHxfBD/+ph7\n  CFGasNf4CuO4LHHc2jHWYHOf\n",  # a YAML-folded Vault value
+])
+def test_a_key_given_without_its_pem_armour_is_refused_without_repeating_any_of_it(value):
+    """host_checkpoint's signing_key is no_log, but Ansible masks only the whole value, and its action plugin's result
+    is not masked at all: not one piece of a key may reach a message."""
+    with pytest.raises(ParameterError) as error:
+        signature.load_private_key(value)
+    assert error.value.msg.startswith("signing_key: neither a PEM key (-----BEGIN ...) nor "), error.value.msg
+    assert "not repeated" in error.value.msg
+    pieces = [value.strip()[start:start + 8] for start in range(0, len(value.strip()) - 8, 4)]
+    assert not [piece for piece in pieces if piece in error.value.msg], error.value.msg
+
+
+def test_a_missing_key_file_is_still_named(tmp_path):
+    missing = str(tmp_path / "keys" / "signing.pem")
+    with pytest.raises(ParameterError, match="signing_key: cannot read the key file %s: " % missing):
+        signature.load_private_key(missing)
+
