@@ -14,7 +14,7 @@ __metaclass__ = type
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, signature
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
 
 
 class ActionModule(ActionBase):
@@ -27,11 +27,15 @@ class ActionModule(ActionBase):
         unknown = sorted(set(self._task.args) - self._VALID_ARGS)
         if unknown:
             return dict(result, failed=True, msg="%s: not an option of snapshot_signing_key (path)" % ", ".join(unknown))
-        directory = self._task.args.get("path") or layout.CONTROLLER_KEYS_DIR
+        directory = self._task.args.get("path")
+        if directory is None:  # left out (a role's default(omit)); "" is a mistake, refused naming path
+            directory = layout.CONTROLLER_KEYS_DIR
         try:
             pair = signature.key_pair(directory, create=not self._task.check_mode)
         except ParameterError as exc:
             return dict(result, failed=True, msg=exc.msg)
+        except SnapshotError as exc:  # paths.ensure_dir's UnsafePathError
+            return dict(result, failed=True, msg="path: %s" % exc.msg)
         except (IOError, OSError) as exc:
             return dict(result, failed=True, msg="path: cannot make or read the signing key in %s: %s" % (directory, exc))
         result.update(pair, changed=pair.pop("created"))

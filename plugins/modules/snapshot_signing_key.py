@@ -37,8 +37,9 @@ options:
   path:
     description:
       - The directory on the controller that holds the key pair (and host_checkpoint's signer's record,
-        C(generations.json)). Made 0700 when missing; it must belong to the user running Ansible and be closed to
-        everyone else. C(~) is the controller user's home.
+        C(generations.json)), an absolute path. Made 0700 when missing; an existing one must belong to the user running
+        Ansible and be closed to everyone else (mode 0700), or the task fails - it is never changed. C(~) is the
+        controller user's home.
     type: path
     default: ~/.inferops/keys
 notes:

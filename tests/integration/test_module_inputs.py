@@ -5,6 +5,7 @@ real AnsiballZ and argument spec."""
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -30,6 +31,34 @@ def test_an_identity_that_is_no_dict_is_refused_naming_identity_and_its_form(mod
     assert result["msg"] == ("identity: expected a dict with the keys namespace, service, instance, pod (for example "
                              "{namespace: default, service: qwen, instance: p0, pod: qwen-0}), got %s %r"
                              % (shown, identity)), result["msg"]
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_snapshot_signing_key_refuses_an_existing_directory_others_can_reach_and_never_changes_it(tmp_path, check):
+    """``path: /tmp`` (or ``~``) was made 0700 before anything looked at it; --check said it would succeed."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(str(shared), 0o1777)
+    result = run_module("snapshot_signing_key", {"path": str(shared)}, check=check, tmp_dir=tmp_path)
+    assert result["failed"] and result["msg"].startswith("path: %s must be a directory of this user's" % shared), result
+    assert "it has mode 1777: chmod 0700 it" in result["msg"], result["msg"]
+    assert stat.S_IMODE(os.stat(str(shared)).st_mode) == 0o1777 and os.listdir(str(shared)) == []
+
+
+@pytest.mark.parametrize("path, words", [
+    (["/tmp/keys"], "path: give the absolute path of a directory on the controller for the signing key"),
+    ("", "path: give the absolute path of a directory on the controller for the signing key"),
+    ("{tmp}/keys\u0000x", "path: the path contains a NUL byte"),
+    ("{tmp}/afile", "path: {tmp}/afile must be a directory of this user's"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_snapshot_signing_key_refuses_a_path_that_cannot_be_its_directory_naming_path(tmp_path, path, words, check):
+    (tmp_path / "afile").write_text("not a directory")
+    if isinstance(path, str):
+        path = path.format(tmp=tmp_path)
+    result = run_module("snapshot_signing_key", {"path": path}, check=check, tmp_dir=tmp_path)
+    assert result["failed"] and result["msg"].startswith(words.format(tmp=tmp_path)), result
+    assert sorted(os.listdir(str(tmp_path))) == ["afile"], "nothing was made"
 
 
 @pytest.mark.parametrize("args, words", [

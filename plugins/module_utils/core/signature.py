@@ -153,26 +153,77 @@ def new_private_pem():
                                                       serialization.NoEncryption())
 
 
+def key_directory(path):
+    """snapshot_signing_key's ``path``, absolute and normalised (``~`` expanded), or a ParameterError naming it."""
+    if not isinstance(path, str) or not path:
+        raise ParameterError("path: give the absolute path of a directory on the controller for the signing key "
+                             "(default %s), got %s" % (layout.CONTROLLER_KEYS_DIR, _kind(path)), field="path")
+    if "\x00" in path:
+        raise ParameterError("path: the path contains a NUL byte; give the directory's path without it", field="path")
+    directory = os.path.expanduser(path)
+    if not os.path.isabs(directory):
+        raise ParameterError("path: %r is relative (to wherever ansible was started); give an absolute path, or one "
+                             "that starts with ~" % path, field="path")
+    return os.path.normpath(directory)
+
+
+def _kind(value):
+    if isinstance(value, str):
+        return "an empty string"
+    for kind, name in ((bool, "a boolean"), (dict, "a dict"), (list, "a list"), (int, "a number"), (float, "a number")):
+        if isinstance(value, kind):
+            return name
+    return "a %s" % type(value).__name__
+
+
+def _check_key_directory(directory):
+    """An existing key directory must be a real directory of this user's that nobody else can read or write. It is
+    checked, never changed (it may be ~ or /tmp, given by mistake): ParameterError naming path and the fix."""
+    st = os.lstat(directory)
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        what, fix = "it is not a directory (a symbolic link is not followed)", "give a directory of this user's"
+    elif st.st_uid != os.geteuid():
+        what, fix = "it is uid %d's" % st.st_uid, "give a directory of this user's"
+    elif mode & 0o077:
+        what, fix = "it has mode %o" % mode, "chmod 0700 it"
+    else:
+        return
+    raise ParameterError("path: %s must be a directory of this user's (uid %d) that nobody else can read or write "
+                         "(mode 0700); %s: %s, or give a path that does not exist yet (it is made 0700). An existing "
+                         "directory is never changed" % (directory, os.geteuid(), what, fix), field="path")
+
+
+def _check_missing_directory(directory):
+    """A key directory to be made: the nearest existing directory above it must be one."""
+    head = os.path.dirname(directory)
+    while not os.path.lexists(head):
+        head = os.path.dirname(head)
+    if not os.path.isdir(head):
+        raise ParameterError("path: %s cannot be made: %s is not a directory; give another path" % (directory, head),
+                             field="path")
+
+
 def key_pair(directory, create=True):
     """The controller's signing key pair in ``directory`` (layout.SIGNING_KEY_FILE, 0600, and its public half
-    layout.SIGNING_PUBLIC_FILE), made on first use (``create``): {private_key, public_key_path, public_key (PEM),
-    key_id, created}. The directory must be the user's own and closed to others (made 0700 when missing)."""
+    layout.SIGNING_PUBLIC_FILE), made on first use (``create``; without it, what would be made is said and nothing is
+    written): {private_key, public_key_path, public_key (PEM), key_id, created}. The directory must be the user's
+    own and closed to others: made 0700 when missing, refused (never changed) when it exists and is not."""
     _require("signing_key")
-    directory = os.path.abspath(os.path.expanduser(directory))
+    directory = key_directory(directory)
     private, public = os.path.join(directory, layout.SIGNING_KEY_FILE), os.path.join(directory, layout.SIGNING_PUBLIC_FILE)
+    if os.path.lexists(directory):
+        _check_key_directory(directory)
+    else:
+        _check_missing_directory(directory)
+        if create:
+            paths.ensure_dir(directory)
+            _check_key_directory(directory)
     created = False
     if not os.path.lexists(private):
         if not create:
             return {"private_key": private, "public_key_path": public, "public_key": None, "key_id": None,
                     "created": True}
-        paths.ensure_dir(directory)
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        mode = stat.S_IMODE(st.st_mode)
-        raise ParameterError("path: %s must be a directory of this user's (uid %d) that nobody else can read or write "
-                             "(mode 0700); it is uid %d, mode %o" % (directory, os.geteuid(), st.st_uid, mode),
-                             field="path")
-    if not os.path.lexists(private):
         fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(new_private_pem())
@@ -187,7 +238,8 @@ def key_pair(directory, create=True):
     except (IOError, OSError):
         current = None
     if current != text:
-        paths.write_file_atomic(public, text.encode(), mode=0o644)
+        if create:  # without create (check mode) nothing is written: the public half would be
+            paths.write_file_atomic(public, text.encode(), mode=0o644)
         created = True
     return {"private_key": private, "public_key_path": public, "public_key": text,
             "key_id": key_id(key.public_key()), "created": created}

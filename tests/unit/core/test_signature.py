@@ -192,3 +192,80 @@ def test_a_missing_key_file_is_still_named(tmp_path):
     with pytest.raises(ParameterError, match="signing_key: cannot read the key file %s: " % missing):
         signature.load_private_key(missing)
 
+
+@pytest.mark.parametrize("mode", [0o1777, 0o755, 0o750, 0o711])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_an_existing_key_directory_others_can_reach_is_refused_and_never_changed(tmp_path, mode, check_mode):
+    """path: /tmp or ~ given by mistake was made 0700 (and /tmp with it) before the check could see its mode."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(str(shared), mode)
+    with pytest.raises(ParameterError) as error:
+        signature.key_pair(str(shared), create=not check_mode)
+    assert error.value.msg == (
+        "path: %s must be a directory of this user's (uid %d) that nobody else can read or write (mode 0700); it has "
+        "mode %o: chmod 0700 it, or give a path that does not exist yet (it is made 0700). An existing directory is "
+        "never changed" % (shared, os.geteuid(), mode)), error.value.msg
+    assert stat.S_IMODE(os.stat(str(shared)).st_mode) == mode and os.listdir(str(shared)) == []
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_an_existing_key_directory_of_another_user_is_refused_and_never_changed(tmp_path, check_mode):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chmod(str(theirs), 0o755)
+    os.chown(str(theirs), os.geteuid() + 1000, os.getegid())
+    with pytest.raises(ParameterError, match=r"^path: %s must be a directory of this user's \(uid %d\) .*; it is uid "
+                                             r"%d's: give a directory of this user's, or give a path that does not exist"
+                                             % (theirs, os.geteuid(), os.geteuid() + 1000)):
+        signature.key_pair(str(theirs), create=not check_mode)
+    st = os.stat(str(theirs))
+    assert stat.S_IMODE(st.st_mode) == 0o755 and st.st_uid == os.geteuid() + 1000 and os.listdir(str(theirs)) == []
+
+
+def test_a_missing_key_directory_is_made_0700_and_an_existing_private_one_used_as_it_is(tmp_path):
+    made = signature.key_pair(str(tmp_path / "a" / "keys"))
+    assert made["created"] and stat.S_IMODE(os.stat(str(tmp_path / "a" / "keys")).st_mode) == 0o700
+    own = tmp_path / "own"
+    own.mkdir()
+    os.chmod(str(own), 0o700)
+    assert signature.key_pair(str(own), create=False)["created"], "check mode: would make the key, makes nothing"
+    assert os.listdir(str(own)) == []
+    assert signature.key_pair(str(own))["created"] and stat.S_IMODE(os.stat(str(own)).st_mode) == 0o700
+
+
+def test_check_mode_writes_no_public_half(tmp_path):
+    made = signature.key_pair(str(tmp_path / "keys"))
+    os.unlink(made["public_key_path"])
+    predicted = signature.key_pair(str(tmp_path / "keys"), create=False)
+    assert predicted["created"] and predicted["key_id"] == made["key_id"]
+    assert not os.path.exists(made["public_key_path"]), "check mode wrote the public key"
+    assert signature.key_pair(str(tmp_path / "keys"))["created"] and os.path.exists(made["public_key_path"])
+
+
+@pytest.mark.parametrize("path, words", [
+    ("", "path: give the absolute path of a directory on the controller for the signing key (default "
+         "~/.inferops/keys), got an empty string"),
+    (["/tmp/keys"], "path: give the absolute path of a directory on the controller for the signing key (default "
+                    "~/.inferops/keys), got a list"),
+    (7, "path: give the absolute path of a directory on the controller for the signing key (default "
+        "~/.inferops/keys), got a number"),
+    ("relkeys", "path: 'relkeys' is relative (to wherever ansible was started); give an absolute path, or one that "
+                "starts with ~"),
+    ("{tmp}/keys\x00x", "path: the path contains a NUL byte; give the directory's path without it"),
+    ("{tmp}/afile", "path: {tmp}/afile must be a directory of this user's"),
+    ("{tmp}/afile/keys", "path: {tmp}/afile/keys cannot be made: {tmp}/afile is not a directory; give another path"),
+])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_key_directory_that_cannot_be_one_is_refused_naming_path_and_nothing_is_made(tmp_path, monkeypatch, path,
+                                                                                      words, check_mode):
+    monkeypatch.chdir(str(tmp_path))
+    (tmp_path / "afile").write_text("not a directory")
+    if isinstance(path, str):
+        path = path.format(tmp=tmp_path)
+    before = sorted(os.listdir(str(tmp_path)))
+    with pytest.raises(ParameterError) as error:
+        signature.key_pair(path, create=not check_mode)
+    assert error.value.msg.startswith(words.format(tmp=tmp_path)), error.value.msg
+    assert error.value.result.get("field") == "path"
+    assert sorted(os.listdir(str(tmp_path))) == before and (tmp_path / "afile").read_text() == "not a directory"
