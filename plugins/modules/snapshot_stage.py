@@ -52,7 +52,8 @@ options:
   stage_dir:
     description:
       - The node's cache, a directory only root can write (every component of the path owned by root and not
-        writable by others; created 0700). It may neither be inside the snapshot nor hold it.
+        writable by others; created 0700 when missing, an existing one keeps its mode). It may neither be inside the
+        snapshot nor hold it.
       - The same path as the node runtime's C(snapshot_node_stage_dir).
     type: path
     required: true

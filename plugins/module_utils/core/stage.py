@@ -350,7 +350,7 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
     result.update(changed=True, reason="not staged" if why in (None, "not staged") else why)
     if check_mode:
         return dict(result, staged=None)
-    paths.ensure_dir(root)
+    paths.make_dir_if_missing(root)  # an existing cache keeps its mode (check_root refused one others can write)
     watch = Stopwatch()
     partial = layout.stage_partial(root, fingerprint, os.getpid())
     paths.remove_tree(partial)  # an earlier process of this pid left it

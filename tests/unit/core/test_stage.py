@@ -204,6 +204,28 @@ def test_a_cache_inside_the_snapshot_or_writable_by_others_is_refused(tmp_path):
     assert "writable by group or others" in error.value.msg
 
 
+def test_an_existing_cache_keeps_its_mode_and_one_others_can_write_is_refused_unchanged(tmp_path):
+    """stage_dir: /var/cache (0755) was made 0700. The cache's entries are 0700 themselves; the directory that holds
+    them is the operator's, used as it is -- or refused, naming stage_dir, when others could write it."""
+    snap = make(tmp_path)
+    shared = tmp_path / "cache755"
+    shared.mkdir()
+    os.chmod(str(shared), 0o755)
+    (shared / "other.txt").write_text("keep me")
+    result = stage.stage(snap, str(shared))
+    assert result["changed"] and os.path.isdir(result["staged"]["dir"])
+    assert stat.S_IMODE(os.stat(str(shared)).st_mode) == 0o755 and (shared / "other.txt").read_text() == "keep me"
+    assert stat.S_IMODE(os.stat(entry_dir(str(shared), snap)).st_mode) == 0o700
+    group = tmp_path / "cache775"
+    group.mkdir()
+    os.chmod(str(group), 0o775)
+    with pytest.raises(SnapshotError) as error:
+        stage.stage(snap, str(group))
+    assert error.value.msg.startswith("stage_dir: %r is writable by group or others (mode 775); chmod 0700 it"
+                                      % str(group)), error.value.msg
+    assert stat.S_IMODE(os.stat(str(group)).st_mode) == 0o775 and os.listdir(str(group)) == []
+
+
 def test_a_file_removed_by_a_writer_of_the_store_right_after_the_listing_is_unreadable_not_an_error(
         tmp_path, cache, monkeypatch):
     snap = make(tmp_path)
