@@ -21,7 +21,7 @@ import datetime
 import os
 import stat
 
-from . import claim, fleet, layout, metadata, paths, status
+from . import claim, fleet, layout, metadata, paths, schema, status
 from .errors import ParameterError
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
@@ -198,6 +198,14 @@ def check_policy(remove, max_age, generation_grace, known_pods):
         if missing:
             raise ParameterError("known_pods[%d]: give namespace, service, instance and pod (missing %s)"
                                  % (index, ", ".join(missing)))
+        # as the identity schema, before anything is scanned: "pod0 " (a stray space of templating) would
+        # otherwise mark pod0's snapshot orphaned, and a non-string crashed the comparison
+        problems = schema.errors("manifest", pod, definition="identity")
+        if problems:
+            key, _, problem = problems[0].partition(": ")
+            field = "known_pods[%d]%s" % (index, "" if key == "(top level)" else "." + key)
+            raise ParameterError("%s: %s; give the pod's identity exactly as its snapshots record it (see the "
+                                 "identity in schemas/manifest.schema.json)" % (field, problem), field=field)
 
 
 def decide(entries, npu_dirs, policy, in_use, npu_in_use, images, now):

@@ -155,6 +155,19 @@ def test_policy_errors_name_the_field():
         retention.check_policy([], None, 10, [{"namespace": "a", "service": "b", "instance": "c"}])
 
 
+@pytest.mark.parametrize("pod, field", [
+    ({"namespace": "ns", "service": "svc", "instance": "p0", "pod": "current "}, r"known_pods\[1\]\.pod"),
+    ({"namespace": 1, "service": "svc", "instance": "p0", "pod": "x"}, r"known_pods\[1\]\.namespace"),
+    ({"namespace": "ns", "service": ["svc"], "instance": "p0", "pod": "x"}, r"known_pods\[1\]\.service"),
+    ({"namespace": "ns", "service": "svc", "instance": "p0", "pod": "x", "extra": "y"}, r"known_pods\[1\]"),
+])
+def test_known_pods_are_checked_as_identities(pod, field):
+    good = {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "current"}
+    with pytest.raises(ParameterError, match="^%s: " % field) as caught:
+        retention.check_policy([], None, 10, [good, pod])
+    assert caught.value.result["field"] == field.replace("\\", "")
+
+
 def test_container_facts_expose_one_env_value_only(tmp_path):
     meta = tmp_path / "4242" / "root" / "run" / "inferops-snapshot"
     meta.mkdir(parents=True)
