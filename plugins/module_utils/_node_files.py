@@ -72,12 +72,49 @@ def _previously_installed(dest):
     return set(rel for rel in listed if isinstance(rel, str)) if isinstance(listed, list) else set()
 
 
+def check_dest(dest):
+    """``dest`` must be an absolute path that is, or can become, a directory: refused, naming it, before anything is
+    written (a relative one was resolved against the module's cwd, a file failed half-way with "unexpected error")."""
+    if not isinstance(dest, str) or not dest:
+        raise ParameterError("dest: a non-empty absolute path is required", field="dest")
+    if "\x00" in dest:
+        raise ParameterError("dest: the path contains a NUL byte; give the directory's absolute path", field="dest")
+    if not os.path.isabs(dest):
+        raise ParameterError("dest: %r is relative; give an absolute path, e.g. /usr/local/lib/inferops-snapshot"
+                             % dest, field="dest")
+    if ".." in dest.split("/"):
+        raise ParameterError("dest: %r contains '..'; give the path without parent references" % dest, field="dest")
+    head = dest
+    while not os.path.lexists(head):
+        head = os.path.dirname(head)
+    if not os.path.isdir(head):
+        raise ParameterError("dest: %s is %s, not a directory; remove it or give another dest"
+                             % (head, "a file" if head == dest else "an existing file on its path"), field="dest")
+
+
+def _check_targets(dest, written, removed):
+    """Every path that install writes or removes must be reachable through directories, and what it writes no
+    directory: checked for all of them before the first write, so a conflict leaves no half install behind."""
+    for rel in written + removed:
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = os.path.join(dest, *parts[:depth])
+            if not os.path.lexists(path):
+                break
+            last = depth == len(parts)  # the file itself: a rename replaces a file or a link, never a directory
+            if (os.path.isdir(path) and not os.path.islink(path)) if last else not os.path.isdir(path):
+                raise ParameterError("dest: cannot install %s in %s: %s is %s; remove it or give another dest" % (
+                    rel, dest, path, "a directory" if last else "not a directory"), field="dest", path=rel)
+
+
 def install(dest, files, mode=0o644, directory_mode=0o755, check_mode=False):
     """Make ``dest`` hold ``files`` ({rel: base64}); returns {written, removed, files}: what changed (or would)."""
+    check_dest(dest)
     wanted = _checked(files)
     previous = _previously_installed(dest)
     written = [rel for rel, data in sorted(wanted.items()) if _differs(os.path.join(dest, rel), data, mode)]
     removed = sorted(rel for rel in previous - set(wanted) if os.path.lexists(os.path.join(dest, rel)))
+    _check_targets(dest, written, removed)
     if not check_mode and (written or removed or previous != set(wanted)):
         for rel in written:
             path = os.path.join(dest, rel)

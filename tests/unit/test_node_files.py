@@ -63,6 +63,33 @@ def test_a_path_outside_dest_is_refused_before_anything_is_written(tmp_path, rel
     assert not dest.exists()
 
 
+@pytest.mark.parametrize("dest", ["", "relnodefiles", "/tmp/nf\x00x", "/tmp/a/../b", "{tmp}/afile", "{tmp}/afile/sub"])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_dest_that_cannot_be_a_directory_is_refused_naming_it(tmp_path, monkeypatch, dest, check_mode):
+    monkeypatch.chdir(str(tmp_path))
+    (tmp_path / "afile").write_text("keep")
+    before = sorted(os.listdir(str(tmp_path)))
+    with pytest.raises(ParameterError, match="^dest: ") as raised:
+        _node_files.install(dest.format(tmp=tmp_path), encoded(a_py=b"a"), check_mode=check_mode)
+    assert raised.value.result["field"] == "dest"
+    assert sorted(os.listdir(str(tmp_path))) == before and (tmp_path / "afile").read_text() == "keep"
+
+
+@pytest.mark.parametrize("blocker", ["file", "directory"])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_conflict_below_dest_is_refused_before_anything_is_written(tmp_path, blocker, check_mode):
+    dest = tmp_path / "pkg"
+    dest.mkdir()
+    if blocker == "file":
+        (dest / "sub").write_text("not a directory")  # sub/b_py cannot be made below it
+    else:
+        (dest / "c_py").mkdir()  # c_py cannot be renamed over a directory
+    with pytest.raises(ParameterError, match="^dest: cannot install (sub/b_py|c_py) in ") as raised:
+        _node_files.install(str(dest), encoded(a_py=b"a", sub__b_py=b"b", c_py=b"c"), check_mode=check_mode)
+    assert raised.value.result["field"] == "dest"
+    assert sorted(os.listdir(str(dest))) == ["c_py" if blocker == "directory" else "sub"]  # a_py not written
+
+
 def test_content_that_is_not_base64_is_refused(tmp_path):
     with pytest.raises(ParameterError, match="not base64"):
         _node_files.install(str(tmp_path / "pkg"), {"a.py": "not base64!"})
