@@ -207,8 +207,8 @@ def main_logic(module):
     paths.validate_snapshot_dir(staging_dir, field="snapshot_dir (staging sibling)")
     identity = paths.check_identity(params["identity"], snapshot_dir)
     lease = lease_seconds(params["lease"])
+    client = _module.control_client(module)  # checks timeout, endpoint and container: before the claim is written
     held = None if module.check_mode else claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
-    client = _module.control_client(module)
     result = device.back_up(client, staging_dir, identity, lease, params["lock"], params["timeout"], module.check_mode,
                             device_memory=params["device_memory"])
     return dict(result, took_over=(held or {}).get("took_over"))

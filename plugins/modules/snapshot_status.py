@@ -137,6 +137,7 @@ status_path:
 """
 
 import os
+import re
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, manifest, paths, status
@@ -184,10 +185,10 @@ def main_logic(module):
         # Another generation owns the pod now: its staging directory and record are not ours to touch.
         return dict(changed=False, record=record, status=previous, generation_in_progress=other,
                     msg="left alone: %s" % claim.describe(other), **result)
-    if wanted == "generating" and not module.check_mode:
-        held = claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
-        if held and held.get("took_over"):  # a killed run's claim: taken over, what it left removed
-            result["took_over"] = held["took_over"]
+    # every option is checked before the claim is written: a task that fails must leave no claim holding the pod
+    if params["checksum"] and not re.match(r"[0-9a-f]{64}\Z", params["checksum"]):
+        raise ParameterError("checksum: %r is not a SHA-256 (64 lowercase hex digits); leave it out to use the "
+                             "snapshot's own fingerprint" % params["checksum"], field="checksum")
     fields = {"identity": identity}
     if wanted == "failed":
         if not params["reason"]:
@@ -201,6 +202,10 @@ def main_logic(module):
         if not os.path.isfile(os.path.join(snapshot_dir, layout.MANIFEST)):
             raise ParameterError("status: cannot record completed, no snapshot is published at %s" % snapshot_dir)
         fields["checksum"] = params["checksum"] or manifest.fingerprint(snapshot_dir)
+    if wanted == "generating" and not module.check_mode:
+        held = claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
+        if held and held.get("took_over"):  # a killed run's claim: taken over, what it left removed
+            result["took_over"] = held["took_over"]
 
     same = (record is not None and previous == wanted and record.get("reason") == params["reason"]
             and all(record.get(key) == value for key, value in fields.items()))

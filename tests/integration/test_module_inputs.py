@@ -1,7 +1,8 @@
 """Bad input to a module is a clear error naming the option and its form, before anything is created (issue 25,
 item 6): an ``identity`` given as a string -- ansible-core's own check used to fail first with "dictionary
 requested, could not parse JSON or key=value", naming no option -- on every module that takes one, through the
-real AnsiballZ and argument spec."""
+real AnsiballZ and argument spec. And an option that is wrong is refused before a generation claim is written (a
+failed task left one holding the pod for generation_lease)."""
 
 import json
 import os
@@ -76,3 +77,21 @@ def test_snapshot_canary_refuses_a_request_it_cannot_send_naming_the_option_and_
                                                 **args), tmp_dir=tmp_path)
     assert result["failed"] and result["msg"].startswith(words), result
     assert "s3cr3t" not in json.dumps(result) and not os.path.exists(str(tmp_path / "store"))
+
+
+IDENTITY = {"namespace": "ns", "service": "svc", "instance": "i0", "pod": "pod0"}
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("npu_snapshot_backup", {"pid": 1, "timeout": -1}, "timeout: must be a positive number of seconds"),
+    ("npu_snapshot_backup", {"endpoint": "ftp://x"}, "endpoint: 'ftp://x' is neither"),
+    ("snapshot_status", {"status": "generating", "extra_paths": ["/var/lib/inferops/x/pod0"]},
+     "extra_paths: only used with status=failed"),
+    ("snapshot_status", {"status": "generating", "checksum": "abc"}, "checksum: 'abc' is not a SHA-256"),
+])
+def test_a_bad_option_is_refused_before_the_generation_claim_is_written(module, args, message, tmp_path):
+    store = tmp_path / "store"
+    args = dict(args, snapshot_dir=str(store / "ns" / "svc" / "i0" / "pod0"), identity=IDENTITY, generation_id="g1")
+    result = run_module(module, args, tmp_dir=tmp_path)
+    assert result["failed"] and result["msg"].startswith(message), result
+    assert not store.exists(), "no claim (nor its directories) left holding the pod: %s" % list(store.rglob("*"))
