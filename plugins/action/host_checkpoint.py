@@ -18,12 +18,14 @@ __metaclass__ = type
 
 import hashlib
 import json
+import math
 import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import freshness, layout, manifest, signature
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import freshness, layout, manifest, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
 
 MODULE = "inferops.snapshot.host_checkpoint"
 
@@ -52,6 +54,30 @@ def identity_problem(identity):
     if not isinstance(identity, dict) or sorted(identity) != sorted(layout.IDENTITY_KEYS) or \
             not all(isinstance(identity[key], str) and identity[key] for key in layout.IDENTITY_KEYS):
         return "identity: expected a dict with the keys %s, got %r" % (", ".join(layout.IDENTITY_KEYS), identity)
+    return None
+
+
+def signing_problem(args, ledger):
+    """Why the options the plugin itself uses cannot be (None when they can): checked before a generation is taken
+    from the signer's ledger, so that a task that then fails has written nothing on the controller."""
+    problem = identity_problem(args.get("identity"))
+    if problem:
+        return problem
+    try:
+        schema.validate("manifest", args["identity"], "identity", definition="identity")
+    except SnapshotError as exc:
+        return exc.msg
+    max_age = args.get("max_age")
+    if max_age is not None:
+        try:
+            seconds = float(max_age)
+        except (TypeError, ValueError):
+            seconds = None
+        if seconds is None or not (seconds > 0 and math.isfinite(seconds)):
+            return "max_age: must be a positive number of seconds, got %r" % (max_age,)
+    if not isinstance(ledger, str) or "\x00" in ledger or not os.path.isabs(os.path.expanduser(ledger)):
+        return "signing_ledger: %r is not an absolute path; give the signer's record's path on the controller, " \
+               "e.g. %s" % (ledger, os.path.join(layout.CONTROLLER_KEYS_DIR, layout.SIGNER_LEDGER_FILE))
     return None
 
 
@@ -103,18 +129,18 @@ class ActionModule(ActionBase):
             key = signature.load_private_key(os.path.expanduser(key_spec), "signing_key")
         except ParameterError as exc:
             return dict(failed=True, msg=exc.msg)
+        problem = signing_problem(args, ledger)
+        if problem:  # before a generation is taken from the ledger, in check mode too
+            return dict(failed=True, msg=problem)
         if self._task.check_mode:  # nothing is taken or published: say whose signature it would carry
             return dict(self._module(args, task_vars), signed_by=signature.key_id(key.public_key()))
         identity = args.get("identity")
-        problem = identity_problem(identity)
-        if problem:
-            return dict(failed=True, msg=problem)
         try:
             generation = freshness.SignerLedger(os.path.expanduser(ledger)).allocate(identity)
         except (freshness.CounterError, OSError) as exc:
             return dict(failed=True, msg="signing_ledger: the signer's record of generations %s cannot be used: %s"
                                          % (ledger, exc))
-        expires = freshness.expires_at(float(args["max_age"])) if args.get("max_age") else None
+        expires = freshness.expires_at(float(args["max_age"])) if args.get("max_age") is not None else None
         sealed = self._module(args, task_vars, phase="seal", generation=generation, expires=expires)
         if sealed.get("failed") or sealed.get("status") != "sealed":  # failed, or an existing snapshot was kept
             return sealed

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.action import host_checkpoint as action
@@ -115,3 +116,54 @@ def test_the_controllers_key_pair_is_made_once_private_to_its_user(tmp_path):
     os.chmod(str(tmp_path / "keys"), 0o755)
     with pytest.raises(ParameterError, match="path: .* must be a directory of this user's"):
         signature.key_pair(str(tmp_path / "keys"))
+
+
+class _Task:
+    check_mode = False
+
+
+def plugin_run(tmp_path, check_mode=False, **task_args):
+    """The action plugin's run with a signing key, its module runs recorded instead of made: (result, module runs)."""
+    key_file = tmp_path / "keys" / "sign.pem"
+    if not key_file.exists():
+        key_file.parent.mkdir()
+        key_file.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        key_file.chmod(0o600)
+    runs = []
+    plugin = action.ActionModule.__new__(action.ActionModule)
+    plugin._task = _Task()
+    plugin._task.check_mode = check_mode
+    plugin._execute_module = lambda module_name, module_args, task_vars: runs.append(module_args) or {
+        "failed": True, "msg": "the module ran"}
+    args = dict({"container": "c", "snapshot_dir": "/var/lib/inferops/snapshots/a/b/c/p", "identity": IDENTITY},
+                **task_args)
+    ledger = args.pop("signing_ledger", None) or action.ledger_beside(str(key_file))
+    return plugin._run(args, str(key_file), ledger, {}), runs
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+@pytest.mark.parametrize("task_args, message", [
+    ({"identity": dict(IDENTITY, namespace="a/../x")}, "identity is invalid at namespace: "),
+    ({"identity": dict(IDENTITY, pod="bad pod")}, "identity is invalid at pod: "),
+    ({"max_age": "abc"}, "max_age: must be a positive number of seconds, got 'abc'"),
+    ({"max_age": -1}, "max_age: must be a positive number of seconds, got -1"),
+    ({"max_age": float("inf")}, "max_age: must be a positive number of seconds, got inf"),
+    ({"max_age": "nan"}, "max_age: must be a positive number of seconds, got 'nan'"),
+    ({"signing_ledger": "relledger/gen.json"}, "signing_ledger: 'relledger/gen.json' is not an absolute path"),
+])
+def test_the_options_the_plugin_uses_are_checked_before_a_generation_is_taken(tmp_path, monkeypatch, check_mode,
+                                                                               task_args, message):
+    monkeypatch.chdir(str(tmp_path))
+    result, runs = plugin_run(tmp_path, check_mode=check_mode, **task_args)
+    assert result["failed"] and result["msg"].startswith(message), result
+    assert runs == [], "the module never ran"
+    assert sorted(os.listdir(str(tmp_path / "keys"))) == ["sign.pem"], "the signer's ledger is untouched"
+    assert sorted(os.listdir(str(tmp_path))) == ["keys"]
+
+
+def test_valid_options_take_a_generation_and_run_the_seal_phase(tmp_path):
+    result, runs = plugin_run(tmp_path, max_age=3600)
+    assert result == {"failed": True, "msg": "the module ran"}
+    assert runs[0]["controller_signing"]["phase"] == "seal" and runs[0]["controller_signing"]["expires"]
+    assert os.path.exists(str(tmp_path / "keys" / "generations.json"))
