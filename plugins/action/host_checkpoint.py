@@ -67,14 +67,16 @@ def signing_problem(args, ledger):
         schema.validate("manifest", args["identity"], "identity", definition="identity")
     except SnapshotError as exc:
         return exc.msg
-    max_age = args.get("max_age")
-    if max_age is not None:
+    for name in ("max_age", "timeout", "generation_lease"):  # as the module checks them, before the ledger
+        value = args.get(name)
+        if value is None:
+            continue
         try:
-            seconds = float(max_age)
+            seconds = float(value)
         except (TypeError, ValueError):
             seconds = None
         if seconds is None or not (seconds > 0 and math.isfinite(seconds)):
-            return "max_age: must be a positive number of seconds, got %r" % (max_age,)
+            return "%s: must be a positive number of seconds, got %r" % (name, value)
     if not isinstance(ledger, str) or "\x00" in ledger or not os.path.isabs(os.path.expanduser(ledger)):
         return "signing_ledger: %r is not an absolute path; give the signer's record's path on the controller, " \
                "e.g. %s" % (ledger, os.path.join(layout.CONTROLLER_KEYS_DIR, layout.SIGNER_LEDGER_FILE))

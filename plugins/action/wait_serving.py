@@ -41,7 +41,7 @@ class ActionModule(ActionBase):
             every = float(args.get("progress_interval", DEFAULTS["progress_interval"]))
         except (TypeError, ValueError):
             timeout = every = None
-        if not timeout or not every or timeout <= 0 or every <= 0:
+        if not (timeout and every and 0 < timeout < float("inf") and 0 < every < float("inf")):  # NaN fails too
             # Not numbers the slicing can use: one run, and the module's argument check says what is wrong.
             result.update(self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars))
             return result

@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -95,10 +96,11 @@ LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMP
 
 
 def positive(params, *names):
-    """Fail, naming the option, unless each of ``names`` that is set is a number > 0 (before anything runs)."""
+    """Fail, naming the option, unless each of ``names`` that is set is a finite number > 0 (before anything runs):
+    NaN and infinity are no number of seconds -- a wait on them never ends, a deadline of them cannot be a time."""
     for name in names:
         value = params.get(name)
-        if value is not None and not value > 0:
+        if value is not None and not (value > 0 and math.isfinite(value)):
             raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, value), field=name)
 
 

@@ -202,6 +202,7 @@ ARGUMENT_SPEC.update(snapshot_dir=dict(type="path", required=True),
 
 def main_logic(module):
     params = module.params
+    _module.positive(params, "generation_lease")
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
     staging_dir = layout.staging_dir(snapshot_dir)
     paths.validate_snapshot_dir(staging_dir, field="snapshot_dir (staging sibling)")

@@ -150,7 +150,7 @@ ARGUMENT_SPEC = dict(
 
 def main_logic(module):
     params = module.params
-    _module.positive(params, "timeout")
+    _module.positive(params, "timeout", "generation_lease")
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
     paths.check_identity(params["identity"], snapshot_dir)
     spec = canary.check_spec(dict((key, params[key]) for key in ("url", "method", "body", "headers", "compare")))

@@ -171,6 +171,7 @@ def removable(snapshot_dir, identity, extra_paths):
 
 def main_logic(module):
     params = module.params
+    _module.positive(params, "generation_lease")
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
     identity = paths.check_identity(params["identity"], snapshot_dir)
     record = status.read(snapshot_dir)

@@ -88,6 +88,14 @@ IDENTITY = {"namespace": "ns", "service": "svc", "instance": "i0", "pod": "pod0"
     ("snapshot_status", {"status": "generating", "extra_paths": ["/var/lib/inferops/x/pod0"]},
      "extra_paths: only used with status=failed"),
     ("snapshot_status", {"status": "generating", "checksum": "abc"}, "checksum: 'abc' is not a SHA-256"),
+    ("snapshot_status", {"status": "generating", "generation_lease": -3600},
+     "generation_lease: must be a positive number of seconds"),
+    ("snapshot_status", {"status": "generating", "generation_lease": "inf"},
+     "generation_lease: must be a positive number of seconds"),
+    ("npu_snapshot_backup", {"pid": 1, "generation_lease": "nan"}, "generation_lease: must be a positive number"),
+    ("npu_snapshot_backup", {"pid": 1, "timeout": "inf"}, "timeout: must be a positive number of seconds"),
+    ("snapshot_canary", {"pid": 1, "url": "http://127.0.0.1:1/x", "generation_lease": "inf"},
+     "generation_lease: must be a positive number of seconds"),
 ])
 def test_a_bad_option_is_refused_before_the_generation_claim_is_written(module, args, message, tmp_path):
     store = tmp_path / "store"

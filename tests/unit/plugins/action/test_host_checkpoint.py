@@ -85,6 +85,17 @@ def test_a_signing_key_that_reaches_the_node_is_refused_naming_it(tmp_path):
         generate.host_checkpoint(dict(params(snap), signing_key="-----BEGIN PRIVATE KEY-----"))
 
 
+@pytest.mark.parametrize("name, value", [("generation_lease", -3600.0), ("generation_lease", float("inf")),
+                                         ("generation_lease", float("nan")), ("timeout", float("inf")),
+                                         ("max_age", float("inf"))])
+def test_a_time_that_is_no_positive_number_of_seconds_is_refused_before_anything_is_taken(tmp_path, name, value):
+    snap = str(tmp_path / "store" / "tenant-a" / "qwen" / "p0" / "qwen-0")
+    task = dict(params(snap), controller_signing=None, **{name: value})
+    with pytest.raises(ParameterError, match="^%s: must be a positive number of seconds" % name):
+        generate.host_checkpoint(task)
+    assert not os.path.exists(str(tmp_path / "store"))
+
+
 def test_the_controller_signs_only_the_manifest_listed_of_the_tasks_identity_and_generation(tmp_path):
     _snap, staging = sealed(tmp_path, generation=42)
     good = to_sign(staging)
@@ -150,6 +161,8 @@ def plugin_run(tmp_path, check_mode=False, **task_args):
     ({"max_age": -1}, "max_age: must be a positive number of seconds, got -1"),
     ({"max_age": float("inf")}, "max_age: must be a positive number of seconds, got inf"),
     ({"max_age": "nan"}, "max_age: must be a positive number of seconds, got 'nan'"),
+    ({"generation_lease": -3600}, "generation_lease: must be a positive number of seconds, got -3600"),
+    ({"timeout": "inf"}, "timeout: must be a positive number of seconds, got 'inf'"),
     ({"signing_ledger": "relledger/gen.json"}, "signing_ledger: 'relledger/gen.json' is not an absolute path"),
 ])
 def test_the_options_the_plugin_uses_are_checked_before_a_generation_is_taken(tmp_path, monkeypatch, check_mode,
