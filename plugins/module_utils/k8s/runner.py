@@ -13,8 +13,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import math
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
     ParameterError,
@@ -176,9 +177,26 @@ class PodChanger:
                 self.recreate(pod, manifest)
 
 
+def check_params(params):
+    """The module's own options, before it connects: without a cluster, each error hid behind "cannot connect to the
+    Kubernetes API"; and a wait of NaN seconds never ended, one with no sleep read the API back to back."""
+    for name in ("namespace", "service"):
+        problems = schema.errors("manifest", params[name], definition="name")
+        if problems:
+            raise ParameterError("%s: %s; give the name as Kubernetes has it (it is part of each pod's snapshot "
+                                 "identity)" % (name, problems[0].partition(": ")[2]), field=name)
+    timeout, sleep = params.get("wait_timeout"), params.get("wait_sleep")
+    if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+        raise ParameterError("wait_timeout: must be 0 or more seconds (a finite number), got %s" % timeout,
+                             field="wait_timeout")
+    if sleep is not None and not (sleep > 0 and math.isfinite(sleep)):
+        raise ParameterError("wait_sleep: must be a positive number of seconds, got %s" % sleep, field="wait_sleep")
+
+
 def pods_logic(module):
     """The logic of the module k8s_snapshot_pods."""
     params = module.params
+    check_params(params)
     client = k8s_client.connect(params)
     pod_list = service.list_pods(client, params)
     state = service.read_service(client, params, pod_list)
@@ -252,11 +270,10 @@ def _wait(client, params, result):
 def info_logic(module):
     """The logic of the module k8s_snapshot_pods_info."""
     params = module.params
+    check_params(params)
     client = k8s_client.connect(params)
     result = service.read_service(client, params)
     if params["wait_for"] != "none":
-        if params["wait_timeout"] < 0:
-            raise ParameterError("wait_timeout: must be 0 or more seconds, got %s" % params["wait_timeout"])
         try:
             waited, elapsed = _wait(client, params, result)
         except SnapshotError as exc:
@@ -307,6 +324,7 @@ def status_logic(module):
     """The logic of the module k8s_snapshot_status: a generation status or a restore outcome, on pods and in the
     record."""
     params = module.params
+    check_params(params)
     enabled, config, _why = service.normalize_config(params["config"])
     _check_status_params(params, enabled)
     client = k8s_client.connect(params)

@@ -1,6 +1,9 @@
 """The k8s modules' logic (module_utils/k8s/runner.py) against a client that stands in for the API server."""
 
+import pytest
+
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import runner
 
 from unit.k8s.test_service import CONFIG, pod
@@ -48,3 +51,28 @@ def test_pods_info_returns_the_pods_as_they_are_once_every_one_arrived(monkeypat
     result = runner.info_logic(Module(wait_for="ready"))
     assert result["waited"]["qwen-p0-0"]["ready"] is True, result["waited"]
     assert [(p["name"], p["ready"], p["container_runtime"]) for p in result["pods"]] == [("qwen-p0-0", True, "docker")]
+
+
+@pytest.mark.parametrize("logic", [runner.pods_logic, runner.info_logic, runner.status_logic])
+@pytest.mark.parametrize("params, field", [
+    ({"namespace": "bad ns"}, "namespace"),
+    ({"service": "qwen "}, "service"),
+    ({"service": "a/../b"}, "service"),
+    ({"wait_timeout": float("nan")}, "wait_timeout"),
+    ({"wait_timeout": float("inf")}, "wait_timeout"),
+    ({"wait_timeout": -1.0}, "wait_timeout"),
+    ({"wait_sleep": -1.0}, "wait_sleep"),
+    ({"wait_sleep": 0.0}, "wait_sleep"),
+    ({"wait_sleep": float("nan")}, "wait_sleep"),
+])
+def test_the_modules_own_options_are_checked_before_it_connects(monkeypatch, logic, params, field):
+    def connect(params):
+        raise AssertionError("connected to the API before the options were checked")
+    monkeypatch.setattr(runner.k8s_client, "connect", connect)
+    with pytest.raises(ParameterError, match="^%s: " % field) as raised:
+        logic(Module(wait_for="ready", **params))
+    assert raised.value.result["field"] == field
+
+
+def test_a_wait_timeout_of_0_is_one_look():
+    runner.check_params(Module(wait_timeout=0.0).params)
