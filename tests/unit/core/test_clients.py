@@ -104,6 +104,15 @@ def test_container_not_running_or_missing():
         missing.running_pid("c2")
 
 
+def test_a_docker_cli_that_is_not_there_is_refused_naming_docker_cli(tmp_path):
+    missing = str(tmp_path / "nonexistent" / "docker")
+    with pytest.raises(ParameterError, match=r"^docker_cli: '%s' is no executable on this host" % missing) as raised:
+        DockerCli(missing).image_id("busybox")  # the real Runner: the binary cannot be started
+    assert raised.value.result["field"] == "docker_cli"
+    with pytest.raises(ParameterError, match=r"^docker_cli: 'no-such-docker-cli' is no executable"):
+        DockerCli("no-such-docker-cli").running_pid("engine")
+
+
 def test_docker_create_never_shows_the_environment_values_it_was_given():
     """A failed `docker create` used to put the whole command line, secrets included, into msg and cmd."""
     failing = docker([(["/usr/bin/docker", "create"], (125, "", "Error: invalid reference format: SECRET_TOKEN=s3cr3t"))])

@@ -60,8 +60,15 @@ class DockerCli:
         self.runner = runner or runner_mod.DEFAULT
 
     def run(self, args, check=True, timeout=None, what=None, secrets=(), data=None, env=None):
-        return self.runner.run([self.executable] + list(args), timeout=timeout, check=check, data=data,
-                               what=what or "docker %s" % args[0], secrets=secrets, env=env)
+        try:
+            return self.runner.run([self.executable] + list(args), timeout=timeout, check=check, data=data,
+                                   what=what or "docker %s" % args[0], secrets=secrets, env=env)
+        except CommandError as exc:
+            if exc.result.get("rc") is None and shutil.which(self.executable) is None:  # not started: no such CLI
+                raise ParameterError("docker_cli: %r is no executable on this host (%s); install the Docker CLI, or "
+                                     "give its name or path in docker_cli" % (self.executable, exc.msg),
+                                     field="docker_cli", cmd=exc.result.get("cmd"), rc=None)
+            raise
 
     def _unreachable(self, what, rc, out, err):
         return CommandError("cannot talk to the Docker daemon (%s): %s (is dockerd running?)"
