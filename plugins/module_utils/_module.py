@@ -104,6 +104,15 @@ def positive(params, *names):
             raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, value), field=name)
 
 
+def sizes(params):
+    """``min_size`` and ``workers`` of the modules that read a snapshot's files (snapshot_verify, snapshot_info,
+    snapshot_stage, snapshot_restore): one check, so that none accepts what another refuses."""
+    if params.get("min_size") is not None and params["min_size"] < 0:
+        raise ParameterError("min_size: must be 0 or more bytes, got %d" % params["min_size"], field="min_size")
+    if params.get("workers") is not None and params["workers"] < 1:
+        raise ParameterError("workers: must be at least 1, got %d" % params["workers"], field="workers")
+
+
 def control_client(module):
     """The endpoint client for the target the task names (pid, container or endpoint)."""
     params = module.params
@@ -113,7 +122,9 @@ def control_client(module):
     if params.get("endpoint"):
         return control.client_for_endpoint(params["endpoint"], params.get("endpoint_paths"))
     pid = params.get("pid")
-    if params.get("container"):
+    if params.get("container") is not None:
+        if not params["container"].strip():
+            raise ParameterError("container: empty; give the name or id of the running container", field="container")
         pid = DockerCli(params.get("docker_cli") or "docker").running_pid(params["container"])
     return control.AgentSocketClient(control.agent_socket_for_pid(pid, params["agent_socket_dir"]))
 

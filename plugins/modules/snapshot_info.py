@@ -293,6 +293,7 @@ def engine_state(params, container):
 
 def main_logic(module):
     params = module.params
+    _module.sizes(params)
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
     identity = paths.check_identity(params["identity"], snapshot_dir)
     docker = DockerCli(params["docker_cli"])

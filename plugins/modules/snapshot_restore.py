@@ -428,8 +428,13 @@ ARGUMENT_SPEC = dict(
 )
 
 
+def main_logic(module):
+    _module.sizes(module.params)
+    return task.restore(module.params, module.check_mode, module.warn)
+
+
 def main():
-    _module.run(ARGUMENT_SPEC, lambda module: task.restore(module.params, module.check_mode, module.warn),
+    _module.run(ARGUMENT_SPEC, main_logic,
                 required_if=[("engine", "docker", ("container",))], diff=_diff.restore)
 
 

@@ -129,7 +129,6 @@ retention:
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, signature, stage
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],
@@ -144,10 +143,7 @@ ARGUMENT_SPEC = dict(
 
 def main_logic(module):
     params = module.params
-    if params["min_size"] < 0:
-        raise ParameterError("min_size: must be 0 or more bytes, got %d" % params["min_size"], field="min_size")
-    if params["workers"] is not None and params["workers"] < 1:
-        raise ParameterError("workers: must be at least 1, got %d" % params["workers"], field="workers")
+    _module.sizes(params)
     trusted = signature.load_public_keys(params["trusted_keys"], "trusted_keys")
     result = stage.stage(params["snapshot_dir"], params["stage_dir"], trusted=trusted, min_size=params["min_size"],
                          workers=params["workers"], keep=params["keep"], max_bytes=params["max_bytes"],

@@ -163,7 +163,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths, schema, signature
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import Progress
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 
@@ -184,10 +184,7 @@ ARGUMENT_SPEC = dict(
 def main_logic(module):
     params = module.params
     watch = Stopwatch()
-    if params["min_size"] < 0:
-        raise ParameterError("min_size: must be 0 or more bytes, got %d" % params["min_size"])
-    if params["workers"] is not None and params["workers"] < 1:
-        raise ParameterError("workers: must be at least 1, got %d" % params["workers"])
+    _module.sizes(params)
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
     if params["identity"]:
         schema.validate("manifest", params["identity"], "identity", definition="identity")

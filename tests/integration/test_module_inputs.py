@@ -103,3 +103,19 @@ def test_a_bad_option_is_refused_before_the_generation_claim_is_written(module, 
     result = run_module(module, args, tmp_dir=tmp_path)
     assert result["failed"] and result["msg"].startswith(message), result
     assert not store.exists(), "no claim (nor its directories) left holding the pod: %s" % list(store.rglob("*"))
+
+
+SNAPSHOT = {"snapshot_dir": "/var/lib/inferops/snapshots/ns/svc/i0/pod0", "identity": IDENTITY}
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("snapshot_info", dict(SNAPSHOT, min_size=-1), "min_size: must be 0 or more bytes, got -1"),
+    ("snapshot_info", dict(SNAPSHOT, workers=0), "workers: must be at least 1, got 0"),
+    ("snapshot_restore", dict(SNAPSHOT, container="engine-0", min_size=-5), "min_size: must be 0 or more bytes"),
+    ("snapshot_restore", dict(SNAPSHOT, container="engine-0", workers=0), "workers: must be at least 1, got 0"),
+    ("snapshot_restore", dict(SNAPSHOT, container=""), "container: empty"),
+    ("npu_snapshot_lock", {"state": "locked", "container": ""}, "container: empty"),
+])
+def test_the_same_option_is_refused_alike_by_every_module_in_check_mode(module, args, message, tmp_path):
+    result = run_module(module, args, check=True, tmp_dir=tmp_path)
+    assert result["failed"] and result["msg"].startswith(message), result

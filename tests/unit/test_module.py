@@ -15,3 +15,30 @@ def test_positive_refuses_what_is_no_number_of_seconds_naming_the_option(value):
 
 def test_positive_accepts_a_finite_positive_number_or_nothing():
     _module.positive({"timeout": 0.001, "generation_lease": None}, "timeout", "generation_lease", "absent")
+
+
+@pytest.mark.parametrize("params, field", [({"min_size": -1}, "min_size"), ({"workers": 0}, "workers"),
+                                           ({"min_size": 0, "workers": -2}, "workers")])
+def test_sizes_refuse_a_negative_min_size_and_fewer_than_one_worker(params, field):
+    with pytest.raises(ParameterError, match="^%s: must be" % field) as raised:
+        _module.sizes(params)
+    assert raised.value.result["field"] == field
+
+
+def test_sizes_accept_the_defaults_and_the_bounds():
+    _module.sizes({"min_size": 0, "workers": 1})
+    _module.sizes({"min_size": 1024, "workers": None})
+
+
+class _Module:
+    def __init__(self, **params):
+        self.params = dict(dict(pid=None, container=None, endpoint=None, endpoint_paths=None,
+                                agent_socket_dir="/run/inferops", timeout=90.0, docker_cli="/nonexistent/docker"),
+                           **params)
+
+
+@pytest.mark.parametrize("container", ["", "  "])
+def test_an_empty_container_is_refused_naming_container_not_pid(container):
+    with pytest.raises(ParameterError, match="^container: empty; give the name or id") as raised:
+        _module.control_client(_Module(container=container))
+    assert raised.value.result["field"] == "container"

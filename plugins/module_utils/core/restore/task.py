@@ -42,6 +42,23 @@ def check_options(params):
     metadata_path = params["metadata_path"]
     if not metadata_path.startswith("/") or metadata_path.endswith("/") or ".." in metadata_path.split("/"):
         raise ParameterError("metadata_path: give an absolute file path (without '..') inside the container")
+    if params.get("docker_path_max_bytes") is not None and params["docker_path_max_bytes"] < 0:
+        raise ParameterError("docker_path_max_bytes: must be 0 (never the Docker path) or more bytes, got %d"
+                             % params["docker_path_max_bytes"], field="docker_path_max_bytes")
+    for name, what in (("container", "the name or id of the container"),
+                       ("runtime_name", "the name of the restore-on-create runtime in dockerd, e.g. inferops-restore")):
+        if params.get(name) is not None and not params[name].strip():
+            raise ParameterError("%s: empty; give %s" % (name, what), field=name)
+    generations = params.get("generations_file")
+    if generations is not None and (not os.path.isabs(generations) or "\x00" in generations
+                                    or generations.endswith("/")):
+        raise ParameterError("generations_file: %r is not an absolute file path; give one like %s (a relative one "
+                             "would be kept below the module's working directory)"
+                             % (generations, layout.GENERATIONS_FILE), field="generations_file")
+    for key in params.get("env") or {}:  # the names only: a value is never repeated
+        if not isinstance(key, str) or not key or "=" in key or "\x00" in key or "\n" in key:
+            raise ParameterError("env: %r is no environment variable name; give names without '=', NUL or a line "
+                                 "break, each with its value" % (key,), field="env")
     schema.validate("manifest", params["identity"], "identity", definition="identity")
     if params.get("stage_dir"):
         stage.check_root(params["stage_dir"])

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import task
 
 
@@ -86,3 +87,40 @@ def test_without_the_runtime_docker_only_below_the_size_where_it_beats_a_cold_st
     assert "dockerd has no runtime inferops-restore" in why
     if method == "cold":
         assert why.startswith("docker_path_slower_than_cold: ") and "0 MiB" in why and "snapshot_node" in why
+
+
+def options(tmp_path, **changes):
+    """snapshot_restore's parameters as its argument spec gives them (defaults), for a docker restore."""
+    params = {"engine": "docker", "container": "engine-0", "method": "auto", "cold_start": None,
+              "cold_start_log": None, "timeout": 120.0, "health_timeout": 600.0, "health_url": None,
+              "metadata_path": "/run/inferops-snapshot/metadata.json", "docker_path_max_bytes": 1 << 30,
+              "runtime_name": "inferops-restore", "generations_file": "/var/lib/inferops/state/generations.json",
+              "env": {"TOKEN": "s3cret-value"}, "stage_dir": None, "source": None,
+              "identity": {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod"},
+              "snapshot_dir": str(tmp_path / "snapshots" / "ns" / "svc" / "p0" / "pod")}
+    params.update(changes)
+    return params
+
+
+def test_the_options_as_given_by_default_pass(tmp_path):
+    assert task.check_options(options(tmp_path)) == str(tmp_path / "snapshots" / "ns" / "svc" / "p0" / "pod")
+    assert task.check_options(options(tmp_path, docker_path_max_bytes=0, env={}))  # 0: never the Docker path
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"docker_path_max_bytes": -1}, "docker_path_max_bytes"),
+    ({"container": ""}, "container"),
+    ({"runtime_name": ""}, "runtime_name"),
+    ({"runtime_name": " "}, "runtime_name"),
+    ({"generations_file": "state/generations.json"}, "generations_file"),
+    ({"generations_file": "/var/lib/inferops/state/"}, "generations_file"),
+    ({"env": {"A=B": "s3cret-value"}}, "env"),
+    ({"env": {"": "s3cret-value"}}, "env"),
+    ({"env": {"A\nB": "s3cret-value"}}, "env"),
+])
+def test_an_option_that_cannot_work_is_refused_naming_it(tmp_path, changes, field):
+    with pytest.raises(ParameterError, match="^%s: " % field) as raised:
+        task.check_options(options(tmp_path, **changes))
+    assert raised.value.result["field"] == field
+    assert "s3cret" not in raised.value.msg, "an env value is never repeated"
+    assert not (tmp_path / "snapshots").exists()
