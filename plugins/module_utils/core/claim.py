@@ -132,6 +132,9 @@ def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
                     generation_in_progress=found)
             previous = found
             took_over = {"id": found["id"], "holder": found.get("holder"), "why": why}
+        if not mine:  # a new generation: first the temporary files killed writers left of the pod's records
+            paths.sweep_temp_files(os.path.dirname(layout.claim_path(snapshot_dir)), [os.path.basename(record(
+                snapshot_dir)) for record in (layout.status_path, layout.claim_path, layout.restores_path)])
         claim = {"id": generation_id, "lease": float(lease), "expires_at": now + float(lease),
                  "started_at": mine.get("started_at") if mine
                  else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),

@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import binascii
 import ctypes
 import errno
 import fcntl
@@ -22,8 +23,9 @@ import platform
 import re
 import shutil
 import stat
+import time
 
-from . import schema
+from . import proc, schema
 from .errors import ParameterError, UnsafePathError
 
 DIR_MODE = 0o700
@@ -186,13 +188,32 @@ def make_dir_if_missing(path):
     return path
 
 
+# write_file_atomic's and write_below's temporary names: .<name>.tmp.<pid>.<random>. The pid alone is not unique: a
+# writer killed between its open and its rename leaves its file, and a later process with the same pid (after a reboot,
+# or once pids wrap) would fail on it with EEXIST.
+TEMP_NAME = re.compile(r"\A\.(.+)\.tmp\.(\d+)(?:\.[0-9a-f]+)?\Z")
+TEMP_STALE_AGE = 600.0   # seconds; a record is written in milliseconds
+
+
+def _create_temp(opener, name):
+    """(temporary name, fd) from ``opener(flags, name)``: a fresh name per try, created O_EXCL, never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    for _try in range(8):
+        tmp = ".%s.tmp.%d.%s" % (name, os.getpid(), binascii.hexlify(os.urandom(4)).decode())
+        try:
+            return tmp, opener(flags, tmp)
+        except FileExistsError:
+            continue  # 32 random bits another writer drew too: draw again
+    raise FileExistsError(errno.EEXIST, "no free temporary name for %s" % name)
+
+
 def write_file_atomic(path, data, mode=FILE_MODE, durable=True):
     """Write bytes to ``path`` through a temporary file and a rename, never following symlinks. ``durable=False``:
     no fsync, for a file whose directory is flushed as a whole later (a snapshot's staging directory, by its seal):
     on ext4 an fsync commits the journal, which first writes out every other file's newly allocated blocks."""
     directory, name = os.path.split(path)
-    tmp = os.path.join(directory, ".%s.tmp.%d" % (name, os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    tmp, fd = _create_temp(lambda flags, tmp: os.open(os.path.join(directory, tmp), flags, mode), name)
+    tmp = os.path.join(directory, tmp)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -207,6 +228,32 @@ def write_file_atomic(path, data, mode=FILE_MODE, durable=True):
             pass
         raise
     return path
+
+
+def sweep_temp_files(directory, names, now=None):
+    """Remove the temporary files of write_file_atomic for ``names`` in ``directory`` that a killed writer left: its
+    pid is no live process here (or is this one's) and the file is older than TEMP_STALE_AGE (a writer on another host
+    of a shared store has long renamed its own by then). Returns the removed paths; best effort."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        match = TEMP_NAME.match(entry)
+        pid = int(match.group(2)) if match and match.group(1) in names else None
+        if pid is None or (pid != os.getpid() and proc.alive(pid)):
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > TEMP_STALE_AGE:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
 
 
 # A snapshot store that refuses writes: read-only, full, or over its quota.
@@ -224,7 +271,7 @@ def store_error(exc):
         return None
     path = exc.filename or "?"
     directory, name = os.path.split(path)
-    match = re.match(r"\A\.(.+)\.tmp\.\d+\Z", name)  # write_file_atomic's temporary name: say which file
+    match = TEMP_NAME.match(name)  # write_file_atomic's temporary name: say which file
     if match:
         path = os.path.join(directory, match.group(1))
     return "cannot write %s: %s -- the storage it is on is %s; %s" % (path, exc.strerror or exc, found[0], found[1])
@@ -510,8 +557,7 @@ def write_below(root_fd, inner_path, data, uid=None, gid=None):
     fd = open_dirs_below(root_fd, parts[:-1], uid, gid)
     try:
         name = parts[-1]
-        tmp = ".%s.tmp.%d" % (name, os.getpid())
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
+        tmp, out = _create_temp(lambda flags, tmp: os.open(tmp, flags, FILE_MODE, dir_fd=fd), name)
         try:
             view = memoryview(data)
             while view:

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import container, layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, container, layout, paths, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import UnsafePathError
 
 
@@ -281,3 +281,27 @@ def test_a_record_behind_a_link_a_fifo_or_too_large_reads_as_none_without_blocki
         assert paths.read_json(str(tmp_path / name)) is None, name
     assert paths.read_json(str(tmp_path / "large.json"), limit=1000) is None
     assert paths.read_json(str(tmp_path / "large.json"))["a"] == "x" * 2000
+
+
+def test_a_temporary_file_a_killed_writer_left_does_not_fail_the_next_writer_with_its_pid(tmp_path):
+    """A writer killed between its open and its rename leaves its temporary file; after a reboot or once pids wrap,
+    another process gets its pid. Its writes -- the status record, the claim -- must not fail on that file (audit F4);
+    the next generation's claim sweeps such files once their writer is gone."""
+    snap = str(tmp_path / "ns" / "svc" / "p0" / "pod-a")
+    os.makedirs(os.path.dirname(snap))
+    left = ["." + os.path.basename(record(snap)) + ".tmp.%d" % os.getpid()
+            for record in (layout.status_path, layout.claim_path)]
+    for name in left:
+        (tmp_path / "ns" / "svc" / "p0" / name).write_text("half written by a killed writer")
+    assert status.update(snap, "generating", generation_id="run-b")["status"] == "generating"
+    live = tmp_path / "ns" / "svc" / "p0" / "..pod-a.status.json.tmp.1.0badc0de"  # pid 1 lives: never swept
+    live.write_text("")
+    old = os.stat(live).st_mtime - paths.TEMP_STALE_AGE - 1
+    for name in left:
+        os.utime(str(tmp_path / "ns" / "svc" / "p0" / name), (old, old))
+    os.utime(str(live), (old, old))
+    assert claim.take(snap, "run-b", lease=60)["id"] == "run-b"
+    assert sorted(os.listdir(os.path.dirname(snap))) == sorted([live.name, ".pod-a.generation.json",
+                                                                ".pod-a.status.json"])
+    assert paths.store_error(OSError(30, "Read-only file system", str(tmp_path / "..pod-a.status.json.tmp.7.00ff"))) \
+        .startswith("cannot write %s: " % (tmp_path / ".pod-a.status.json"))
