@@ -28,12 +28,15 @@ def _diff(before, after, before_header, after_header):
 
 
 def cleanup(params, result):
-    """One line per path removed (in check mode: that would be), with its category and why."""
+    """One line per path removed (in check mode: that would be), with its category and why; a snapshot put back."""
     removed = sorted(result.get("removed") or [], key=lambda item: item["path"])
     before = ["%s  (%s %s: %s)" % (item["path"], item["category"], item["kind"], item["reason"]) for item in removed]
     before += ["%s  (the CRIU work dir of a killed checkpoint or restore)" % path
                for path in sorted(result.get("work_dirs_removed") or [])]
-    return _diff(before, [], "%s before the cleanup" % params["root"], "%s after the cleanup" % params["root"])
+    put = sorted(result.get("put_back") or [], key=lambda item: item["path"])
+    before += ["%s  (a snapshot a killed publish left aside)" % item["from"] for item in put]
+    after = ["%s  (put back from %s)" % (item["path"], item["from"]) for item in put]
+    return _diff(before, after, "%s before the cleanup" % params["root"], "%s after the cleanup" % params["root"])
 
 
 def node_files(params, result):

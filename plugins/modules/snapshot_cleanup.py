@@ -26,6 +26,10 @@ description:
     dir younger than O(generation_grace)), or a device dir a running container was started with as its
     C(VLLM_NPU_SNAPSHOT_PATH). Never follows a symlink. Every removal and every kept snapshot is reported
     with the reason.
+  - A pod with no published snapshot but its last one aside in C(.<pod>.old.<pid>) - where a publish that could not
+    swap the two directories in one step (a filesystem without C(renameat2) C(RENAME_EXCHANGE), such as NFS) was
+    killed between its two renames - gets it back first (when that pid is no live process and the snapshot is
+    complete by its manifest), and the policy then judges it as any published snapshot. RV(put_back) lists them.
   - Also removes the CRIU work directories (C(inferops-dump-*), C(inferops-restore-*) in the temp dir) that a killed
     checkpoint or restore left, once the process that made them is gone and no process uses them any more (an
     orphaned runc or CRIU still writing its log keeps its directory until it ends). RV(work_dirs_removed) lists them.
@@ -121,6 +125,12 @@ in_use:
   description: Snapshot dirs that running containers were restored from, and the container.
   returned: always
   type: dict
+put_back:
+  description: The snapshots put back at their pod's path from C(.<pod>.old.<pid>) (in check mode, that would be),
+    as C(path) (the snapshot) and C(from).
+  returned: always
+  type: list
+  elements: dict
 work_dirs_removed:
   description: The CRIU work directories of killed checkpoints and restores removed (in check mode, that would be).
   returned: always
@@ -139,7 +149,7 @@ import time
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, leftovers, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, leftovers, paths, seal
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 
 ARGUMENT_SPEC = dict(
@@ -154,6 +164,26 @@ ARGUMENT_SPEC = dict(
     metadata_path=dict(type="path", default=layout.DEFAULT_METADATA_FILE),
     docker_cli=dict(type="str", default="docker"),
 )
+
+
+def put_back(entries, check_mode, now):
+    """The last snapshot of each pod that has none published, left aside by a killed publish (seal.put_back): put back
+    -- in check mode, seen as put back -- so that the policy judges it as published, never as a leftover."""
+    found = []
+    for entry in entries:
+        if entry["published"] or not any(item["kind"] == "old" for item in entry["leftovers"]):
+            continue
+        snapshot_dir = entry["snapshot_dir"]
+        leftover = seal.replaced_leftover(snapshot_dir) if check_mode else seal.put_back(snapshot_dir)
+        if leftover:
+            found.append({"path": snapshot_dir, "from": leftover})
+        if leftover and check_mode:  # as retention.scan will see it once it is back
+            document = paths.read_json(os.path.join(leftover, layout.MANIFEST)) or {}
+            created = retention._parse_time(document.get("created_at"))  # pylint: disable=protected-access
+            entry.update(published=True, manifest=document,
+                         age=now - (created if created is not None else os.lstat(leftover).st_mtime),
+                         leftovers=[item for item in entry["leftovers"] if item["path"] != leftover])
+    return found
 
 
 def main_logic(module):
@@ -171,6 +201,9 @@ def main_logic(module):
             npu_in_use[container["npu_snapshot_path"]] = "container %s" % container["name"]
     images = docker.image_ids() if params["check_images"] else None
     entries = retention.scan(root, now) if os.path.isdir(root) else []
+    restored = put_back(entries, module.check_mode, now)
+    if restored and not module.check_mode:
+        entries = retention.scan(root, now)
     npu_dirs = retention.scan_npu(npu_root) if npu_root and os.path.isdir(npu_root) else {}
     policy = dict(remove=params["remove"], max_age=params["max_age"], generation_grace=params["generation_grace"],
                   known_pods=params["known_pods"])
@@ -184,8 +217,8 @@ def main_logic(module):
     summary["kept"] = len(kept)
     # the CRIU work dirs that killed checkpoints or restores left in the temp dir (their maker gone, nothing using them)
     swept = leftovers.sweep_work_dirs(remove=not module.check_mode)
-    return dict(changed=bool(removals or swept), removed=removals, kept=kept, in_use=in_use, summary=summary,
-                work_dirs_removed=swept)
+    return dict(changed=bool(removals or swept or restored), removed=removals, kept=kept, in_use=in_use,
+                summary=summary, put_back=restored, work_dirs_removed=swept)
 
 
 def main():

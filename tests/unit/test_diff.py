@@ -30,6 +30,9 @@ def test_cleanup_lists_each_path_it_removes_with_why():
     assert diff["after"] == "" and diff["before_header"] == "/s before the cleanup"
     nothing = _diff.cleanup({"root": "/s"}, {"removed": []})
     assert nothing["before"] == nothing["after"] == ""
+    put = _diff.cleanup({"root": "/s"}, {"removed": [], "put_back": [{"path": "/s/a/b/c/p", "from": "/s/a/b/c/.p.old.7"}]})
+    assert lines(put["before"]) == ["/s/a/b/c/.p.old.7  (a snapshot a killed publish left aside)"]
+    assert lines(put["after"]) == ["/s/a/b/c/p  (put back from /s/a/b/c/.p.old.7)"]
 
 
 PARAMS = {"container": "qwen-p0-0", "engine": "docker", "metadata_path": "/run/inferops-snapshot/metadata.json",

@@ -17,6 +17,7 @@ namespace (proc.identity). A run on the same host whose claim's holder is provab
 another process's, or the host rebooted -- takes the claim over at once instead of waiting for the lease, and
 removes what the dead run left (leftovers.clean_after: its runc or CRIU, their work dirs, the staging dir); the
 claim it returns says so (``took_over``). A holder that lives, or runs on another host, is never overridden.
+A new generation first puts back the last published snapshot where a killed publish left it aside (seal.put_back).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -29,7 +30,7 @@ import socket
 import time
 import uuid
 
-from . import layout, leftovers, paths, proc
+from . import layout, leftovers, paths, proc, seal
 from .clock import Renewer
 from .errors import ParameterError
 from .status import locked
@@ -118,7 +119,7 @@ def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
     (``dirs`` it hands to runc or CRIU, the ``container_id`` and ``runc_root`` they dump), kept until replaced."""
     now = time.time() if now is None else now
     paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
-    previous, took_over = None, None
+    previous, took_over, put_back = None, None, None
     with locked(snapshot_dir):
         found = read(snapshot_dir)
         mine = found if found and found["id"] == generation_id else None
@@ -132,17 +133,21 @@ def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
                     generation_in_progress=found)
             previous = found
             took_over = {"id": found["id"], "holder": found.get("holder"), "why": why}
-        if not mine:  # a new generation: first the temporary files killed writers left of the pod's records
+        if not mine:  # a new generation: first what killed runs left of the pod's records and of its snapshot
             paths.sweep_temp_files(os.path.dirname(layout.claim_path(snapshot_dir)), [os.path.basename(record(
                 snapshot_dir)) for record in (layout.status_path, layout.claim_path, layout.restores_path)])
+            put_back = seal.put_back(snapshot_dir, locked=False)
         claim = {"id": generation_id, "lease": float(lease), "expires_at": now + float(lease),
                  "started_at": mine.get("started_at") if mine
                  else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
                  "holder": holder((mine or {}).get("holder")),
                  "work": work if work is not None else (mine or {}).get("work")}
         paths.write_file_atomic(layout.claim_path(snapshot_dir), (json.dumps(claim, sort_keys=True) + "\n").encode())
+    if put_back:
+        claim["put_back"] = put_back
     if took_over is not None:  # the claim is ours now: no other run touches the pod while this cleans up
-        took_over["cleaned"] = leftovers.clean_after(snapshot_dir, previous)
+        took_over["cleaned"] = (["put back the last published snapshot from %s, where its killed publish had left it"
+                                 % put_back] if put_back else []) + leftovers.clean_after(snapshot_dir, previous)
         claim["took_over"] = took_over
     return claim
 

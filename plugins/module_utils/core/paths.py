@@ -505,6 +505,31 @@ def _openat2(dir_fd, path, flags, resolve):
     return fd
 
 
+# renameat2(2) with RENAME_EXCHANGE (Linux 3.15): two paths swap places in one step. glibc wraps it since 2.28; below
+# that, the syscall itself.
+SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+# what a kernel, a libc or a filesystem (NFS, some FUSE) that cannot exchange answers
+EXCHANGE_UNSUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+
+
+def exchange(first, second):
+    """Swap the two existing paths ``first`` and ``second`` atomically; OSError -- its errno in EXCHANGE_UNSUPPORTED
+    where this host or filesystem cannot do it."""
+    libc, args = _libc(), (ctypes.c_int(AT_FDCWD), ctypes.c_char_p(os.fsencode(first)), ctypes.c_int(AT_FDCWD),
+                           ctypes.c_char_p(os.fsencode(second)), ctypes.c_uint(RENAME_EXCHANGE))
+    call = getattr(libc, "renameat2", None)
+    if call is None:
+        number = SYS_RENAMEAT2.get(platform.machine())
+        if number is None:
+            raise OSError(errno.ENOSYS, "renameat2 is not known on %s" % platform.machine())
+        call, args = libc.syscall, (ctypes.c_long(number),) + args
+    if call(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), first, None, second)
+
+
 def _walk_o_path(root_fd, parts):
     """The same resolution without openat2: one component at a time, each opened O_PATH|O_NOFOLLOW and refused when
     it is a link (O_NOFOLLOW alone would open the link itself)."""

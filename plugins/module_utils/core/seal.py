@@ -8,13 +8,14 @@ every file 0600 and every directory 0700 (CRIU writes its images 0644), hashes e
 ones while CRIU still writes them (``Follower``), from the page cache -- writes the chunk index, the
 manifest and checksum.sha256, and flushes everything to stable storage, overlapped with the hashing,
 so that a snapshot is durable before anyone is told it is complete. Publishing renames the whole
-directory into place: a reader sees the old snapshot, none, or the complete new one.
+directory into place (or swaps it with the old one): a reader sees the old snapshot, none, or the complete new one.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import layout, manifest, paths, schema, signature
+from . import layout, manifest, paths, proc, schema, signature, status
 from .manifest import CHUNK, CHUNK_INDEX, hash_tree
 
 
@@ -419,24 +420,70 @@ def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=T
 
 
 def publish(staging_dir, snapshot_dir):
-    """Atomically put the sealed staging directory at ``snapshot_dir``, replacing an older snapshot.
+    """Atomically put the sealed staging directory at ``snapshot_dir``, replacing an older snapshot: at every instant
+    ``snapshot_dir`` holds the old snapshot or the new one, a kill or a reboot anywhere included.
 
-    The old snapshot is moved aside first and removed only after the new one is in place.
+    A replacement is one renameat2(RENAME_EXCHANGE): the old snapshot ends up under the staging name and is removed
+    once the swap is on disk. Where the filesystem cannot exchange (NFS), the old one is renamed aside to
+    ``.<pod>.old.<pid>`` first and put back if the second rename fails; a kill between the two leaves it there, and
+    ``put_back`` returns it. Both happen under the pod's lock, so that ``put_back`` never takes a publish in progress
+    for a leftover.
     """
     paths.fsync_dir(staging_dir)
-    old = None
-    if os.path.lexists(snapshot_dir):
-        old = layout.old_dir(snapshot_dir, os.getpid())
-        os.rename(snapshot_dir, old)
-    try:
-        os.rename(staging_dir, snapshot_dir)
-    except OSError:
-        if old:
-            os.rename(old, snapshot_dir)  # put the previous snapshot back: never lose it
-        raise
-    paths.fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
-    if old:
-        paths.remove_tree(old)
+    with status.locked(snapshot_dir):
+        replaced = None
+        if not os.path.lexists(snapshot_dir):
+            os.rename(staging_dir, snapshot_dir)
+        else:
+            try:
+                paths.exchange(staging_dir, snapshot_dir)
+                replaced = staging_dir
+            except OSError as exc:
+                if exc.errno not in paths.EXCHANGE_UNSUPPORTED:
+                    raise
+                replaced = layout.old_dir(snapshot_dir, os.getpid())
+                paths.remove_tree(replaced)  # one a killed process of the same pid left: the published one is newer
+                os.rename(snapshot_dir, replaced)
+                try:
+                    os.rename(staging_dir, snapshot_dir)
+                except OSError:
+                    os.rename(replaced, snapshot_dir)  # put the previous snapshot back: never lose it
+                    raise
+        paths.fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+    if replaced:
+        paths.remove_tree(replaced)
+
+
+def replaced_leftover(snapshot_dir):
+    """The last published snapshot, left at ``.<pod>.old.<pid>`` by a publish killed between its two renames, when
+    nothing is published now: a real directory whose pid is no live process here (or is this one's), complete by
+    its manifest and sizes (not one half removed); the newest of several. None otherwise. Call under the pod's lock."""
+    parent, name = os.path.split(snapshot_dir.rstrip("/"))
+    if os.path.lexists(snapshot_dir) or not os.path.isdir(parent):
+        return None
+    found = []
+    for entry in os.listdir(parent):
+        kind, pod = layout.sibling(entry) or (None, None)
+        pid = int(entry.rpartition(layout.OLD_INFIX)[2]) if kind == "old" and pod == name else None
+        path = os.path.join(parent, entry)
+        if pid is None or (pid != os.getpid() and proc.alive(pid)) or not stat.S_ISDIR(os.lstat(path).st_mode):
+            continue
+        if manifest.verify(path, hash_files=False)[0]:
+            found.append((os.lstat(path).st_ctime, path))  # the rename aside set its ctime
+    return max(found)[1] if found else None
+
+
+def put_back(snapshot_dir, locked=True):
+    """Put ``replaced_leftover`` back at ``snapshot_dir``, under the pod's lock (``locked=False``: the caller holds
+    it); returns the path it was at, or None."""
+    if not os.path.isdir(os.path.dirname(snapshot_dir.rstrip("/"))):
+        return None
+    with status.locked(snapshot_dir) if locked else contextlib.nullcontext():
+        leftover = replaced_leftover(snapshot_dir)
+        if leftover:
+            os.rename(leftover, snapshot_dir)
+            paths.fsync_dir(os.path.dirname(leftover))
+    return leftover
 
 
 def discard(staging_dir):
