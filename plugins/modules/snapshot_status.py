@@ -18,10 +18,13 @@ description:
     M(inferops.snapshot.host_checkpoint) writes it for the host part; this module lets the roles record
     what happens around it (warmup, device snapshot, timeouts).
   - Without O(status) the module only reads the record.
-  - O(status=failed) with O(clean=true) removes everything this pod's generation wrote, so that a restore
-    can never pick up half a snapshot - the published snapshot, its C(.partial) staging sibling and
-    O(extra_paths) (for example the pod's device snapshot path) and, with the snapshot, its record of restores -
-    and keeps the record with the reason. With O(generation_id) it also releases that generation's claim on the pod.
+  - O(status=failed) with O(clean=true) removes what this pod's generation wrote - its C(.partial) staging sibling,
+    O(extra_paths) (for example the pod's device snapshot path) and the published snapshot only when this
+    generation published it, that is when the record says O(generation_id) recorded it C(completed) (with it, its
+    record of restores) - and keeps the record with the reason. A published snapshot the record does not say this
+    generation completed is kept - a snapshot from an earlier run, or from a run killed between its publish and its
+    C(completed) record; publication is atomic, so it is whole either way. With O(generation_id) it also releases
+    that generation's claim on the pod.
   - O(status=completed) requires a published snapshot; the checksum defaults to the SHA-256 of its
     C(checksum.sha256).
 requirements:
@@ -58,7 +61,8 @@ options:
     type: str
   clean:
     description:
-      - With O(status=failed), remove the published snapshot, its staging sibling and O(extra_paths).
+      - With O(status=failed), remove the staging sibling, O(extra_paths) and the published snapshot when this
+        generation (O(generation_id)) recorded it C(completed).
     type: bool
     default: true
   extra_paths:
@@ -156,9 +160,12 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def removable(snapshot_dir, identity, extra_paths):
-    """The paths a failed generation of this pod may have left, each checked to belong to the pod."""
-    candidates = [snapshot_dir, layout.staging_dir(snapshot_dir)]
+def removable(snapshot_dir, identity, extra_paths, record=None, generation_id=None):
+    """The paths a failed generation of this pod may have left, each checked to belong to the pod: the published
+    snapshot only when this generation published it (status.published_by)."""
+    candidates = [layout.staging_dir(snapshot_dir)]
+    if status.published_by(record, generation_id):
+        candidates.insert(0, snapshot_dir)
     for index, path in enumerate(extra_paths):
         field = "extra_paths[%d]" % index
         path = paths.validate_snapshot_dir(path, field=field)
@@ -194,7 +201,8 @@ def main_logic(module):
     if wanted == "failed":
         if not params["reason"]:
             raise ParameterError("reason: required with status=failed; say why the generation failed")
-        to_remove = removable(snapshot_dir, identity, params["extra_paths"]) if params["clean"] else []
+        to_remove = removable(snapshot_dir, identity, params["extra_paths"], record,
+                              params["generation_id"]) if params["clean"] else []
     else:
         to_remove = []
         if params["extra_paths"]:

@@ -201,18 +201,23 @@ def test_snapshot_status_records_failed_and_removes_only_the_pods_paths(tmp_path
     for path in (snap, npu, staging):
         path.mkdir(parents=True, mode=0o700)
     args = {"snapshot_dir": str(snap), "identity": identity, "status": "failed", "reason": "timeout: late",
-            "extra_paths": [str(npu)]}
+            "extra_paths": [str(npu)], "generation_id": "run-x"}
 
     refused = run_module("snapshot_status", dict(args, extra_paths=[str(tmp_path / "npu")]))
     assert refused["failed"] and "does not contain the pod name 'pod-x'" in refused["msg"], refused
     assert npu.exists()
 
+    # a published snapshot no record says run-x completed is not run-x's to remove
+    foreign = run_module("snapshot_status", args, check=True)
+    assert foreign["changed"] and sorted(foreign["removed"]) == sorted([str(staging), str(npu)]), foreign
+    status.update(str(snap), "completed", generation_id="run-x")  # run-x published it, then failed after
+
     preview = run_module("snapshot_status", args, check=True)
     assert preview["changed"] and sorted(preview["removed"]) == sorted([str(snap), str(staging), str(npu)])
-    assert snap.exists() and status_record(snap) is None
+    assert snap.exists() and status_record(snap)["status"] == "completed"
 
     done = run_module("snapshot_status", args)
-    assert done["changed"] and done["status"] == "failed" and done["previous"] is None
+    assert done["changed"] and done["status"] == "failed" and done["previous"] == "completed"
     assert not snap.exists() and not staging.exists() and not npu.exists()
     record = status_record(snap)
     assert record["status"] == "failed" and record["reason"] == "timeout: late" and record["identity"] == identity
@@ -272,6 +277,8 @@ def test_a_failed_run_leaves_a_pod_it_was_refused_alone_even_after_the_other_run
                              "identity": {"namespace": "t", "service": "race", "instance": "p0", "pod": name}}})
     status.update(str(root / "pod-a"), "completed", identity=pods[0]["pod"]["identity"], checksum="a" * 64)
     assert claim.read(str(root / "pod-a")) is None, "run A has released its claim"
+    run_b = claim.new_id()
+    status.update(str(root / "pod-b"), "completed", identity=pods[1]["pod"]["identity"], generation_id=run_b)
     playbook = tmp_path / "cleanup-after-refusal.yml"
     playbook.write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
@@ -280,7 +287,7 @@ def test_a_failed_run_leaves_a_pod_it_was_refused_alone_even_after_the_other_run
             "_snapshot_generate_todo": pods,
             "_snapshot_generate_held": ["pod-a"],  # refused at its claim: run A held it then
             "_snapshot_generate_left": {"pod-b": "unlocked"},  # pod-b's engine needs nothing (keeps the test off Docker)
-            "_snapshot_generate_id": claim.new_id(),
+            "_snapshot_generate_id": run_b,  # it published pod-b's snapshot, then failed
             "_snapshot_generate_failure": {"pod": "pod-a", "step": "claim", "reason": "another generation of this "
                                            "pod's snapshot is in progress: generation x"},
             "snapshot_generate_results": []}.items()))

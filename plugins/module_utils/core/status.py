@@ -79,6 +79,15 @@ def update(snapshot_dir, status=None, reason=None, restore=None, generation_id=N
     return record
 
 
+def published_by(record, generation_id):
+    """Whether the snapshot beside ``record`` was published by generation ``generation_id``: that generation recorded
+    it completed (host_checkpoint does, right after its publish). One whose record says generating was published
+    before -- by an earlier run, or by one killed between its publish and that record -- and is complete either way
+    (publication is atomic): not this generation's to remove when it fails."""
+    record = record or {}
+    return bool(generation_id) and record.get("status") == "completed" and record.get("generation_id") == generation_id
+
+
 def _valid_parts(record):
     """A record written by an older version: keep what the schema still accepts, drop the rest."""
     if not schema.errors("status", record):
