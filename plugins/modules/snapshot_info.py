@@ -230,6 +230,16 @@ device_abandoned:
   sample: {at: "2026-11-29T12:02:00.100000Z", previous_state: BACKED_UP, actions: [restore, unlock], errors: [],
            state: RUNNING, lease_s: 120.0, lease_by: lock, lease_granted_at: "2026-11-29T12:00:00.000000Z",
            lease_renewed_at: "2026-11-29T12:00:00.000000Z", expired_at: "2026-11-29T12:02:00.000000Z", overdue_s: 0.1}
+generation:
+  description:
+    - Whether a generation holds the pod now, from its claim (C(.<pod>.generation.json)) - C(claim), the claim itself
+      (id, holder, C(started_at), C(expires_at); null when none), C(live), whether a run still holds it,
+      C(why_ended), why a claim no longer does (its lease lapsed, or the run that held it on this host is gone), and
+      C(stale), true when the status record says C(generating) but no live claim backs it - a run killed before it
+      recorded its outcome; the next generation takes the pod over.
+  returned: always
+  type: dict
+  sample: {claim: null, live: false, why_ended: null, stale: true}
 npu_dir_exists:
   description: Whether O(npu_dir) exists (null when not given).
   returned: always
@@ -239,7 +249,7 @@ npu_dir_exists:
 import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, signature, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
@@ -291,6 +301,14 @@ def engine_state(params, container):
                 device_lease=reply.get("lease"), device_abandoned=reply.get("abandoned"))
 
 
+def generation(snapshot_dir, record):
+    """The RV(generation) of the pod: its claim, whether it is live, and whether a generating record is a dead run's."""
+    held = claim.read(snapshot_dir)
+    why = claim.ended(held) if held else None
+    live = bool(held) and why is None
+    return dict(claim=held, live=live, why_ended=why, stale=(record or {}).get("status") == "generating" and not live)
+
+
 def main_logic(module):
     params = module.params
     _module.sizes(params)
@@ -303,7 +321,8 @@ def main_logic(module):
     result = dict(changed=False, snapshot_dir=snapshot_dir, published=published, status=record,
                   staging=os.path.lexists(layout.staging_dir(snapshot_dir)), container=container,
                   valid=None, reasons=[], bytes=0, throughput_mb_s=None, usable=False, authenticated=False,
-                  checksum=manifest.fingerprint(snapshot_dir) if published else None)
+                  checksum=manifest.fingerprint(snapshot_dir) if published else None,
+                  generation=generation(snapshot_dir, record))
     result["npu_dir_exists"] = (os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
                                 if params["npu_dir"] else None)
     if published:

@@ -234,3 +234,21 @@ def test_work_dirs_are_swept_once_their_maker_is_gone_and_nothing_uses_them(tmp_
         writer.wait()
     assert not os.path.exists(orphan) and os.path.isdir(busy) and os.path.isdir(mine)
     assert leftovers.sweep_work_dirs([parent]) == [busy]
+
+
+def test_snapshot_info_tells_a_dead_runs_generating_record_from_a_live_generation(tmp_path):
+    """A run killed outside the engine's lock window leaves its record at generating (audit F6): snapshot_info says
+    whether a live claim backs it."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
+    snap = pod(tmp_path)
+    status.update(snap, "generating", generation_id="run-a")
+    args = {"snapshot_dir": snap, "identity": IDENTITY, "device_state": False}
+    nothing = run_module("snapshot_info", args)
+    assert nothing["generation"] == {"claim": None, "live": False, "why_ended": None, "stale": True}, nothing
+    planted(snap, dict(dead_process(), kind="controller"))
+    dead = run_module("snapshot_info", args)["generation"]
+    assert dead["claim"]["id"] == "run-a" and not dead["live"] and dead["stale"], dead
+    assert dead["why_ended"].startswith("the run that held it is gone: "), dead
+    planted(snap, dict(proc.identity(os.getpid()), kind="controller"))
+    live = run_module("snapshot_info", args)["generation"]
+    assert live["live"] and not live["stale"] and live["why_ended"] is None, live
