@@ -63,13 +63,13 @@ def test_snapshot_signing_key_refuses_a_path_that_cannot_be_its_directory_naming
 
 
 @pytest.mark.parametrize("args, words", [
-    ({"headers": {"Authorization": "Bearer s3cr3tTOKENvalue42\n"}}, "headers: the value of Authorization must be one "
-                                                                   "line of text"),
+    ({"headers": {"Authorization": "Bearer s3cr3tTOKENvalue42\n"}},
+     "headers: the value of Authorization must be one line of text"),
     ({"method": "GET /x HTTP/1.1\r\nX: y"}, "method: 'GET /x HTTP/1.1\\r\\nX: y' is not an HTTP method"),
     ({"url": "http://127.0.0.1:abc/x"}, "url: 'http://127.0.0.1:abc/x' is not a URL that can be asked"),
 ])
-def test_snapshot_canary_refuses_a_request_it_cannot_send_naming_the_option_and_repeating_no_header(tmp_path, args,
-                                                                                                   words):
+def test_snapshot_canary_refuses_a_request_it_cannot_send_naming_the_option_and_repeating_no_header(
+        tmp_path, args, words):
     """These were "unexpected error in inferops.snapshot.snapshot_canary: Invalid header value b'Bearer ...\\n'"."""
     snapshot_dir = str(tmp_path / "store" / "a" / "b" / "c" / "d")
     result = run_module("snapshot_canary", dict({"container": "nothing-here", "snapshot_dir": snapshot_dir,

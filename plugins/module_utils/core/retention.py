@@ -202,7 +202,7 @@ def check_policy(remove, max_age, generation_grace, known_pods):
         # otherwise mark pod0's snapshot orphaned, and a non-string crashed the comparison
         problems = schema.errors("manifest", pod, definition="identity")
         if problems:
-            key, _, problem = problems[0].partition(": ")
+            key, _sep, problem = problems[0].partition(": ")
             field = "known_pods[%d]%s" % (index, "" if key == "(top level)" else "." + key)
             raise ParameterError("%s: %s; give the pod's identity exactly as its snapshots record it (see the "
                                  "identity in schemas/manifest.schema.json)" % (field, problem), field=field)

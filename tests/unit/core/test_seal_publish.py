@@ -99,7 +99,11 @@ def test_the_exchange_swaps_two_paths_or_says_the_host_cannot(tmp_path, monkeypa
     second.write_text("b")
     paths.exchange(str(first), str(second))
     assert first.read_text() == "b" and second.is_dir()
-    monkeypatch.setattr(paths, "_libc", lambda: type("NoWrapper", (), {})())  # a libc without renameat2 or syscall
+
+    class NoWrapper:  # a libc without renameat2 or syscall
+        pass
+
+    monkeypatch.setattr(paths, "_libc", NoWrapper)
     monkeypatch.setattr(paths.platform, "machine", lambda: "sparc64")
     with pytest.raises(OSError) as info:
         paths.exchange(str(first), str(second))

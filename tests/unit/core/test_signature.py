@@ -257,8 +257,8 @@ def test_check_mode_writes_no_public_half(tmp_path):
     ("{tmp}/afile/keys", "path: {tmp}/afile/keys cannot be made: {tmp}/afile is not a directory; give another path"),
 ])
 @pytest.mark.parametrize("check_mode", [False, True])
-def test_a_key_directory_that_cannot_be_one_is_refused_naming_path_and_nothing_is_made(tmp_path, monkeypatch, path,
-                                                                                      words, check_mode):
+def test_a_key_directory_that_cannot_be_one_is_refused_naming_path_and_nothing_is_made(
+        tmp_path, monkeypatch, path, words, check_mode):
     monkeypatch.chdir(str(tmp_path))
     (tmp_path / "afile").write_text("not a directory")
     if isinstance(path, str):

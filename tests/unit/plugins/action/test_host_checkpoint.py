@@ -165,8 +165,8 @@ def plugin_run(tmp_path, check_mode=False, **task_args):
     ({"timeout": "inf"}, "timeout: must be a positive number of seconds, got 'inf'"),
     ({"signing_ledger": "relledger/gen.json"}, "signing_ledger: 'relledger/gen.json' is not an absolute path"),
 ])
-def test_the_options_the_plugin_uses_are_checked_before_a_generation_is_taken(tmp_path, monkeypatch, check_mode,
-                                                                               task_args, message):
+def test_the_options_the_plugin_uses_are_checked_before_a_generation_is_taken(
+        tmp_path, monkeypatch, check_mode, task_args, message):
     monkeypatch.chdir(str(tmp_path))
     result, runs = plugin_run(tmp_path, check_mode=check_mode, **task_args)
     assert result["failed"] and result["msg"].startswith(message), result
