@@ -71,7 +71,7 @@ class Node:
         self.playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n"
                                  "  roles:\n    - role: inferops.snapshot.snapshot_node\n")
 
-    def run_role(self, check=False, **overrides):
+    def run_role(self, check=False, diff=False, **overrides):
         """Run the role; returns (ok, changed, failed, output)."""
         ensure_collection_link()
         extra = dict(self.vars, **overrides)
@@ -81,6 +81,8 @@ class Node:
                    "-e", "@%s" % vars_file, str(self.playbook)]
         if check:
             command.append("--check")
+        if diff:
+            command.append("--diff")
         env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_LOCALHOST_WARNING="False")
         with node_wide():

@@ -6,11 +6,13 @@ CRIU and the sample workload on the simulated NPU.
 The runtime is installed under a name, paths and a state directory of its own for this test run
 and removed at the end (state=absent, SIGHUP); dockerd is never restarted."""
 
+import base64
 import fcntl
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 import uuid
@@ -67,6 +69,15 @@ def test_role_installs_registers_idempotently(node):
         assert "tcp-close" in handle.read().split()
     settings = json.loads((node.lib_dir / "runtime.json").read_text())
     assert settings["snapshot_roots"] == [str(node.roots)] and settings["criu"].startswith("/")
+    assert stat.S_IMODE((node.lib_dir / "runtime.json").stat().st_mode) == 0o600, "it may hold keys as text"
+
+
+def test_encryption_keys_given_as_text_are_shown_nowhere(node):
+    """snapshot_node_encryption_keys may be key text (from a vault): --diff printed it in the job's log."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    ok, changed, failed, out = node.run_role(check=True, diff=True, snapshot_node_encryption_keys=[key])
+    assert failed == 0 and changed >= 1, out[-3000:]
+    assert key not in out and key[:16] not in out, "the key is in the output"
 
 
 def test_role_refuses_what_would_hurt_running_containers(node, docker_env):
