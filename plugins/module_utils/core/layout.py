@@ -175,6 +175,11 @@ CRI_REQUESTER_KEYS = (
     ("cri-o", "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
      "io.kubernetes.cri-o.ContainerType"),
 )
+# Kubernetes on Docker Engine (cri-dockerd) puts no annotations in the OCI config: the kubelet's labels on the
+# container, in dockerd's own record, say who asks (a pod's own labels cannot override them: the kubelet sets them
+# last). A sandbox is labelled "podsandbox".
+DOCKER_REQUESTER_LABELS = ("cri-dockerd", "io.kubernetes.pod.namespace", "io.kubernetes.pod.name",
+                           "io.kubernetes.container.name", "io.kubernetes.docker.type")
 
 # -- host paths and their defaults ------------------------------------------------------------------
 TMPFS = "/dev/shm"                                # what must never reach a disk (plaintext, env values) lives here

@@ -125,17 +125,21 @@ def _bool(text):
     raise ValueError("expected true or false, got %r" % text)
 
 
-def requester(spec):
+def requester(spec, labels=None):
     """(who asks, problems): the namespace, pod and container the container runtime says this container belongs to
-    (layout.CRI_REQUESTER_KEYS; None on a node without one), and why it cannot be trusted to ask at all."""
+    (layout.CRI_REQUESTER_KEYS in the OCI annotations; else, under cri-dockerd, layout.DOCKER_REQUESTER_LABELS in
+    dockerd's ``labels`` of the container; None on a node without one), and why it cannot be trusted to ask."""
     annotations = spec.get("annotations") or {}
     found, problems = [], []
-    for runtime_name, namespace, pod, container, kind in layout.CRI_REQUESTER_KEYS:
-        if annotations.get(kind) == "sandbox":
+    sources = [(annotations, keys, "sandbox") for keys in layout.CRI_REQUESTER_KEYS]
+    if isinstance(labels, dict):
+        sources.append((labels, layout.DOCKER_REQUESTER_LABELS, "podsandbox"))
+    for said, (runtime_name, namespace, pod, container, kind), sandbox in sources:
+        if said.get(kind) == sandbox:
             problems.append("requester: %s says this is a pod sandbox (%s), which is never restored" % (runtime_name, kind))
-        if annotations.get(namespace):
-            found.append({"namespace": annotations[namespace], "pod": annotations.get(pod),
-                          "container": annotations.get(container), "by": runtime_name})
+        if said.get(namespace):
+            found.append({"namespace": said[namespace], "pod": said.get(pod), "container": said.get(container),
+                          "by": runtime_name})
     if len(set(item["namespace"] for item in found)) > 1:
         problems.append("requester: the container's annotations name namespaces %s; refusing to guess its tenant"
                         % " and ".join(sorted(set(item["namespace"] for item in found))))
@@ -219,7 +223,8 @@ def docker_record(config, container_id):
     if record is None:
         return {}
     return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image"),
-            "networks": sorted(((record.get("NetworkSettings") or {}).get("Networks") or {}))}
+            "networks": sorted(((record.get("NetworkSettings") or {}).get("Networks") or {})),
+            "labels": (record.get("Config") or {}).get("Labels") or {}}
 
 
 # -- the runtime ----------------------------------------------------------------------------------
@@ -282,8 +287,11 @@ class Runtime:
         request = restore_request(spec, self.config)
         if request is None or not create["id"]:
             return self.exec_runc()
-        driver = OnCreate(self.node, spec, bundle, create, request, docker_record(self.config, create["id"]),
-                          self.node.criu.version())
+        record = docker_record(self.config, create["id"])
+        if request["requester"] is None:  # cri-dockerd: the kubelet's labels on the container say who asks
+            request["requester"], refused = requester(spec, record.get("labels"))
+            request["problems"].extend(problem for problem in refused if problem not in request["problems"])
+        driver = OnCreate(self.node, spec, bundle, create, request, record, self.node.criu.version())
         trusted = keys = None
         try:
             trusted = signature.load_public_keys(self.config["trusted_keys"], "trusted_keys")

@@ -126,9 +126,12 @@ class OnCreate(Driver):
         clone's source): a pod restores only its own tenant's snapshots, whatever its annotations or env ask for."""
         depth = len(layout.IDENTITY_KEYS)
         who = self.request.get("requester")
-        if len(below_root) < depth and (self.identity is None or who is not None):
+        # With tenants the namespace is the first directory below the root (their boundary), never a deeper one.
+        deeper = who is not None and len(below_root) > depth
+        if deeper or (len(below_root) < depth and (self.identity is None or who is not None)):
             raise Fallback("bad_request: restore-from: %s is not <namespace>/<service>/<instance>/<pod> below its "
-                           "snapshot root%s" % ("/".join(below_root), "" if who else
+                           "snapshot root%s" % ("/".join(below_root), "; on a node with tenants the namespace is the "
+                                                "first directory below the root" if who else
                                                 "; or give the identity (%s)" % layout.ENV_RESTORE_IDENTITY))
         if self.identity is None:  # the layout's last four components
             self.identity = dict(zip(layout.IDENTITY_KEYS, below_root[-depth:]))

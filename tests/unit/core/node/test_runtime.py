@@ -305,6 +305,10 @@ def test_the_requester_is_who_the_container_runtime_says_it_is(annotations, expe
       "INFEROPS_RESTORE_IDENTITY": "tenant-b/svc/p0/pod-b"}, "the clone's source is of namespace tenant-a"),
     ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-b/svc/p0"}, "bad_request: restore-from: tenant-b/svc/p0 is not "
      "<namespace>/<service>/<instance>/<pod> below"),
+    # the namespace of the last four components, nested in another tenant's directory
+    ({"INFEROPS_RESTORE_FROM": "{roots}/tenant-a/svc/p0/pod-a/tenant-b/svc/p0/pod-b"}, "bad_request: restore-from: "
+     "tenant-a/svc/p0/pod-a/tenant-b/svc/p0/pod-b is not <namespace>/<service>/<instance>/<pod> below its snapshot "
+     "root; on a node with tenants the namespace is the first directory below the root"),
 ])
 def test_a_pod_never_restores_another_namespaces_snapshot_whatever_it_asks(fake_node, asks, reason):
     env = dict((key, value.format(roots=fake_node["roots"])) for key, value in asks.items())
@@ -314,6 +318,38 @@ def test_a_pod_never_restores_another_namespaces_snapshot_whatever_it_asks(fake_
     record = log_records(fake_node)[-1]
     assert record["outcome"] == "cold" and reason in record["reason"], record
     assert record["requester"]["namespace"] == "tenant-b"
+
+
+CRI_DOCKERD = {"io.kubernetes.pod.namespace": "tenant-b", "io.kubernetes.pod.name": "pod-b",
+               "io.kubernetes.container.name": "engine", "io.kubernetes.docker.type": "container"}
+
+
+@pytest.mark.parametrize("labels, expected, problem", [
+    (CRI_DOCKERD, {"namespace": "tenant-b", "pod": "pod-b", "container": "engine", "by": "cri-dockerd"}, None),
+    (dict(CRI_DOCKERD, **{"io.kubernetes.docker.type": "podsandbox"}), "any", "pod sandbox"),
+    ({"maintainer": "someone"}, None, None),  # plain Docker: no tenants
+])
+def test_under_cri_dockerd_the_kubelets_labels_say_who_asks(labels, expected, problem):
+    found, problems = rr.requester(spec({}), labels)
+    if problem is None:
+        assert (found, problems) == (expected, [])
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_a_pod_under_cri_dockerd_never_restores_another_namespaces_snapshot(fake_node):
+    """cri-dockerd puts no annotations in the OCI config: without dockerd's labels the runtime saw no requester and
+    took the identity from the path, so a pod of tenant-b could restore tenant-a's snapshot by naming it."""
+    record = fake_node["tmp"] / "docker" / "containers" / CID / "config.v2.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"Name": "/k8s_engine_pod-b", "Config": {"Labels": CRI_DOCKERD}}))
+    b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": str(fake_node["roots"] / "tenant-a" / "svc" / "p0" / "pod-a")})
+    argv = CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID]
+    assert run(fake_node, argv) == ("exec", [fake_node["runc"]] + argv)
+    logged = log_records(fake_node)[-1]
+    assert logged["outcome"] == "cold" and logged["reason"].startswith("tenant_mismatch: the snapshot's directory is of "
+                                                                       "namespace tenant-a, and cri-dockerd says"), logged
+    assert logged["requester"]["namespace"] == "tenant-b"
 
 
 def test_without_an_identity_the_path_below_the_root_is_the_identity_checked(fake_node):
