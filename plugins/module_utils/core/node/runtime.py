@@ -44,6 +44,7 @@ from ..restore.on_create import OnCreate, Refused
 # Node settings (the role writes them to runtime.json; see roles/snapshot_node/defaults/main.yml).
 DEFAULTS = layout.RUNTIME_DEFAULTS
 REQUEST_KEYS = layout.RESTORE_REQUEST_KEYS
+REQUEST_VALUE_LIMIT = 4096  # characters of one request value (a path is at most PATH_MAX, 4096)
 POLICIES = layout.RESTORE_POLICIES
 # create options runc restore accepts as well, and which of them take a value.
 CREATE_VALUE_OPTIONS = ("--bundle", "-b", "--pid-file", "--console-socket", "--preserve-fds")
@@ -154,7 +155,7 @@ def restore_request(spec, config):
     """
     annotations = spec.get("annotations") or {}
     env = env_map(spec)
-    raw = {}
+    raw, refused = {}, []
     for key, annotation, variable in REQUEST_KEYS:
         if annotations.get(annotation) not in (None, ""):
             raw[key] = annotations[annotation]
@@ -162,6 +163,18 @@ def restore_request(spec, config):
             raw[key] = env[variable]
     if not raw.get("snapshot"):
         return None
+    # Every value below reaches the runtime's log (reasons, the restore record): one of any length or with line
+    # breaks would let any container fill the node's disk or forge log lines. Refused without being repeated.
+    for key in sorted(raw):
+        if len(raw[key]) > REQUEST_VALUE_LIMIT or re.search(r"[\x00-\x1f\x7f]", raw[key]):
+            refused.append("restore-%s: a value of %d characters%s is refused (at most %d, one line)"
+                           % (key.replace("_", "-"), len(raw[key]),
+                              " with control characters" if len(raw[key]) <= REQUEST_VALUE_LIMIT else "",
+                              REQUEST_VALUE_LIMIT))
+            if key == "snapshot":
+                raw[key] = "(refused)"  # still a request: it starts cold with the reason
+            else:
+                del raw[key]
     request = {"snapshot": raw["snapshot"], "timeout": config["timeout"], "policy": config["policy"],
                "identity": None, "device": config["device_restore"], "strict": False,
                "runtime_version": raw.get("runtime_version"),
@@ -170,13 +183,16 @@ def restore_request(spec, config):
                "agent_socket_dir": raw.get("agent_socket_dir") or config["agent_socket_dir"], "problems": [],
                "annotated": sorted(key for key, annotation, _variable in REQUEST_KEYS if annotations.get(annotation))}
     problems = request["problems"]
+    problems.extend(refused)
     request["requester"], refused = requester(spec)
     problems.extend(refused)
     if "timeout" in raw:
         try:
-            request["timeout"] = float(raw["timeout"])
-            if not 0 < request["timeout"] <= 3600:
+            asked = float(raw["timeout"])
+            if not 0 < asked <= 3600:
                 raise ValueError
+            # never longer than the node allows: a restore holds the snapshot's leases and its plaintext meanwhile
+            request["timeout"] = min(asked, config["timeout"])
         except ValueError:
             problems.append("restore-timeout: %r is not a number of seconds in (0, 3600]" % raw["timeout"])
     if "policy" in raw:

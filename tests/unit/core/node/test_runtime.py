@@ -113,6 +113,31 @@ def test_the_restored_process_reads_the_paths_of_its_old_environment():
         on_create.restored_process_paths(request, {"INFEROPS_AGENT_SOCKET_DIR": "rel"}, CONFIG)
 
 
+def test_a_container_may_shorten_its_restore_deadline_never_lengthen_it():
+    """A restore holds the snapshot's leases and its plaintext while it waits: a pod asking 3600 s would hold them
+    for an hour, whatever the node's operator allowed."""
+    asked = dict(CONFIG, timeout=60.0)
+    assert rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/s", "INFEROPS_RESTORE_TIMEOUT": "3600"}),
+                              asked)["timeout"] == 60.0
+    assert rr.restore_request(spec({"INFEROPS_RESTORE_FROM": "/s", "INFEROPS_RESTORE_TIMEOUT": "12.5"}),
+                              asked)["timeout"] == 12.5
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("INFEROPS_RESTORE_POLICY", "A" * 200000),
+    ("INFEROPS_RESTORE_FROM", "/s/" + "A" * 200000),
+    ("INFEROPS_RESTORE_IDENTITY", "ns/svc/p0/pod\nFORGED LOG LINE"),
+])
+def test_a_request_value_of_any_length_or_with_line_breaks_is_refused_without_being_repeated(variable, value):
+    """Every request value reaches the runtime's log: one of 200 kB (a crash-looping pod writes it at every restart)
+    would fill the node's disk, and a line break would forge log lines."""
+    env = {"INFEROPS_RESTORE_FROM": "/s", variable: value}
+    request = rr.restore_request(spec(env), CONFIG)
+    text = " | ".join(request["problems"])
+    assert "is refused (at most 4096, one line)" in text and value not in json.dumps(request), text
+    assert len(json.dumps(request)) < 4096
+
+
 def test_unparseable_settings_are_problems_not_guesses():
     request = rr.restore_request(spec({
         "INFEROPS_RESTORE_FROM": "/s", "INFEROPS_RESTORE_TIMEOUT": "0", "INFEROPS_RESTORE_POLICY": "sometimes",
