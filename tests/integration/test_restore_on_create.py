@@ -72,6 +72,25 @@ def test_role_installs_registers_idempotently(node):
     assert stat.S_IMODE((node.lib_dir / "runtime.json").stat().st_mode) == 0o600, "it may hold keys as text"
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"snapshot_node_restore_timeout": -5}, "snapshot_node_restore_timeout: give a number of seconds in (0, 3600]"),
+    ({"snapshot_node_min_size": -1}, "snapshot_node_min_size: give a number of bytes, 0 or more"),
+    ({"snapshot_node_runtime_name": "bad name/.."}, "snapshot_node_runtime_name: \"bad name/..\" is no name"),
+    ({"snapshot_node_encryption_keys": ["not-a-key"]}, "snapshot_node_encryption_keys[0]: not a 256-bit key"),
+    ({"snapshot_node_encryption_keys": ["/nonexistent/inferops.key"]},
+     "snapshot_node_encryption_keys[0]: cannot read the key file /nonexistent/inferops.key"),
+    ({"snapshot_node_trusted_keys": [{"kee": "/x.pub"}]}, "snapshot_node_trusted_keys[0]"),
+])
+def test_settings_the_runtime_could_not_use_are_refused_naming_the_variable_before_they_are_written(node, overrides,
+                                                                                                   message):
+    """The runtime loads its keys only when a container asks for a restore, and without them restores nothing: the
+    role reported success while every restore on the node became a cold start."""
+    before = (node.lib_dir / "runtime.json").read_bytes()
+    ok, changed, failed, out = node.run_role(**overrides)
+    assert failed == 1 and message in out, out[-3000:]
+    assert (node.lib_dir / "runtime.json").read_bytes() == before, "the settings were written"
+
+
 def test_encryption_keys_given_as_text_are_shown_nowhere(node):
     """snapshot_node_encryption_keys may be key text (from a vault): --diff printed it in the job's log."""
     key = base64.b64encode(os.urandom(32)).decode()
