@@ -81,3 +81,20 @@ def test_says_what_to_install_when_the_modules_python_has_no_jsonschema(tmp_path
     run = run_playbook(tmp_path / "runs", "node_setup.yml", local_inventory(**settings), extra_vars=[NO_RUNTIME])
     assert run.rc != 0, run
     assert "%s on npu-host has no jsonschema, the modules need 4.0 or later" % (bare / "bin" / "python") in run.stdout, run
+
+
+def test_a_dockerd_restart_nobody_allowed_is_refused_before_daemon_json_is_written(tmp_path):
+    """dockerd runs without experimental features (its answer stubbed at the process boundary: this machine's dockerd
+    has them on): daemon.json was written first and the role failed after, leaving a file dockerd does not run with
+    for its next unrelated restart to pick up."""
+    files = scratch_files(tmp_path)
+    before = open(files["snapshot_prereqs_docker_daemon_json"]).read()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\n[ \"$1\" = info ] && { echo false; exit 0; }\nexec /usr/bin/docker \"$@\"\n")
+    (fake / "docker").chmod(0o755)
+    env = dict(os.environ, PATH="%s:%s" % (fake, os.environ.get("PATH", "")))
+    run = run_playbook(tmp_path / "runs", "node_setup.yml", local_inventory(**files), extra_vars=[NO_RUNTIME], env=env)
+    assert run.rc != 0 and "runs without experimental features" in run.stdout, run
+    assert "Nothing was written to it" in run.stdout, run
+    assert open(files["snapshot_prereqs_docker_daemon_json"]).read() == before, "daemon.json was written"
