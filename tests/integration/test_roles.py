@@ -57,6 +57,67 @@ def test_bad_input_is_rejected_before_anything_runs(tmp_path, bad, words):
     assert not (tmp_path / "host").exists() and not (tmp_path / "npu").exists()
 
 
+SECRET_HEADER = "Bearer never-in-a-log-%s" % uuid.uuid4().hex[:8]
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"snapshot_generate_warmup_timeout": -5}, "snapshot_generate_warmup_timeout: must be a finite number of seconds "
+                                               "greater than 0, got -5; give how long the warmup may take"),
+    ({"snapshot_generate_poll_interval": "nan"}, "snapshot_generate_poll_interval: must be a finite number"),
+    ({"snapshot_generate_progress_interval": 0}, "snapshot_generate_progress_interval: must be a finite number"),
+    ({"snapshot_generate_lease": "inf"}, "snapshot_generate_lease: must be a finite number of seconds 0 or more"),
+    ({"snapshot_generate_unlock_timeout": -3}, "snapshot_generate_unlock_timeout: must be a finite number"),
+    ({"snapshot_generate_max_age": -1}, "snapshot_generate_max_age: must be a finite number of seconds 0 or more, "
+                                        "got -1; give the seconds a snapshot may be restored for"),
+    ({"snapshot_generate_max_age": "nan"}, "snapshot_generate_max_age: must be a finite number"),
+    ({"snapshot_generate_stage_dir": "relative/stage"},
+     'snapshot_generate_stage_dir: "relative/stage" is not an absolute path; give the node\'s cache'),
+    ({"snapshot_generate_keys_dir": "rel/keys"}, 'snapshot_generate_keys_dir: "rel/keys" is not an absolute path'),
+    ({"snapshot_generate_runc_root": "rel/runc"}, 'snapshot_generate_runc_root: "rel/runc" is not an absolute path'),
+    ({"snapshot_generate_agent_socket_dir": "rel"}, 'snapshot_generate_agent_socket_dir: "rel" is not an absolute'),
+    ({"snapshot_generate_canary": {"URL": "http://127.0.0.1:8000/v1/completions"}},
+     "snapshot_generate_canary.URL. Supported parameters include: body, compare, headers, method, url"),
+    ({"snapshot_generate_canary": {"method": "GET"}}, "snapshot_generate_canary.url: give the engine's URL to ask"),
+    ({"snapshot_generate_canary": {"url": "https://127.0.0.1:8000/"}},
+     'snapshot_generate_canary.url: "https://127.0.0.1:8000/" is not an http:// URL'),
+    ({"snapshot_generate_canary": {"url": "http://127.0.0.1:8000/", "compare": "full",
+                                   "headers": {"Authorization": SECRET_HEADER}}},
+     'snapshot_generate_canary.compare: "full" is not exact, status or json:<field path>'),
+])
+def test_generate_refuses_bad_role_variables_before_the_claim_in_check_mode_too(tmp_path, bad, words):
+    """Checked right after the plan: no claim, no status record, no key, no warmup wait, in both modes."""
+    inv = inventory(tmp_path, "pre", [{"name": "no-such-container-%s" % uuid.uuid4().hex[:6],
+                                       "readiness_url": "http://127.0.0.1:%d/" % free_port()}])
+    inv["all"]["hosts"]["npu-host"].update(dict({"snapshot_generate_keys_dir": str(tmp_path / "keys"),
+                                                 "snapshot_generate_warmup_timeout": 600}, **bad))
+    for check in (True, False):
+        run = run_playbook(tmp_path / "runs", "generate.yml", inv, check=check)
+        assert run.rc != 0 and words in run.stdout, (check, run)
+        assert run.recap["npu-host"]["changed"] == 0, (check, run)
+        assert SECRET_HEADER not in run.stdout + run.stderr, "a canary header value was repeated"
+        assert "snapshot_generate : Start the report" not in run.stdout, "the role went on past its preflight"
+    for made in ("host", "npu", "keys"):
+        assert not (tmp_path / made).exists(), made
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"snapshot_cleanup_max_age": -1}, "snapshot_cleanup_max_age: must be a whole number of seconds 0 or more, got -1"),
+    ({"snapshot_cleanup_generation_grace": 0},
+     "snapshot_cleanup_generation_grace: must be a whole number of seconds greater than 0, got 0"),
+])
+def test_cleanup_refuses_a_negative_max_age_and_names_its_variables(tmp_path, bad, words):
+    """max_age -1 was "no age limit" without a word; the grace's error named the module's option only."""
+    (tmp_path / "host").mkdir()
+    inv = inventory(tmp_path, "pre", [{"name": "p0"}])
+    inv["all"]["hosts"]["npu-host"].update(bad)
+    for check in (True, False):
+        run = run_playbook(tmp_path / "runs", "cleanup.yml", inv, check=check)
+        assert run.rc != 0 and words in run.stdout, (check, run)
+        assert run.recap["npu-host"]["changed"] == 0, (check, run)
+        assert "snapshot_cleanup : Validate the snapshot config" not in run.stdout, "the role went on past its check"
+    assert listing(tmp_path / "host") == []
+
+
 @pytest.fixture
 def pod_factory(docker_env, containers, tmp_path):
     def make(name=None, readiness=True, **env):
