@@ -81,8 +81,8 @@ def test_role_installs_registers_idempotently(node):
      "snapshot_node_encryption_keys[0]: cannot read the key file /nonexistent/inferops.key"),
     ({"snapshot_node_trusted_keys": [{"kee": "/x.pub"}]}, "snapshot_node_trusted_keys[0]"),
 ])
-def test_settings_the_runtime_could_not_use_are_refused_naming_the_variable_before_they_are_written(node, overrides,
-                                                                                                   message):
+def test_settings_the_runtime_could_not_use_are_refused_naming_the_variable_before_they_are_written(
+        node, overrides, message):
     """The runtime loads its keys only when a container asks for a restore, and without them restores nothing: the
     role reported success while every restore on the node became a cold start."""
     before = (node.lib_dir / "runtime.json").read_bytes()
