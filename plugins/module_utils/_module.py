@@ -13,13 +13,12 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import math
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.common.validation import check_type_dict
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, paths, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import clock, layout, paths, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control, runner
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
@@ -96,12 +95,8 @@ LIBRARIES = {"jsonschema": lambda: (schema.HAS_JSONSCHEMA, schema.JSONSCHEMA_IMP
 
 
 def positive(params, *names):
-    """Fail, naming the option, unless each of ``names`` that is set is a finite number > 0 (before anything runs):
-    NaN and infinity are no number of seconds -- a wait on them never ends, a deadline of them cannot be a time."""
-    for name in names:
-        value = params.get(name)
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, value), field=name)
+    """Fail, naming the option, unless each of ``names`` that is set is a finite number > 0 (clock.check_seconds)."""
+    clock.check_seconds(params, *names)
 
 
 def sizes(params):

@@ -178,11 +178,8 @@ def put_back(entries, check_mode, now):
         if leftover:
             found.append({"path": snapshot_dir, "from": leftover})
         if leftover and check_mode:  # as retention.scan will see it once it is back
-            document = paths.read_json(os.path.join(leftover, layout.MANIFEST)) or {}
-            created = retention._parse_time(document.get("created_at"))  # pylint: disable=protected-access
-            entry.update(published=True, manifest=document,
-                         age=now - (created if created is not None else os.lstat(leftover).st_mtime),
-                         leftovers=[item for item in entry["leftovers"] if item["path"] != leftover])
+            retention.mark_published(entry, leftover, now)
+            entry["leftovers"] = [item for item in entry["leftovers"] if item["path"] != leftover]
     return found
 
 

@@ -13,10 +13,11 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import datetime
+import math
 import threading
 import time
 
-from .errors import SnapshotTimeout
+from .errors import ParameterError, SnapshotTimeout
 
 
 def utc_now():
@@ -139,3 +140,13 @@ class Renewer:
                 self._timer.cancel()
             if last is not None:
                 last()
+
+
+def check_seconds(params, *names):
+    """Fail, naming the option, unless each of ``names`` that is set is a finite number > 0 (before anything runs):
+    NaN and infinity are no number of seconds -- a wait on them never ends, a deadline of them cannot be a time, a
+    lease of them never lapses."""
+    for name in names:
+        value = params.get(name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, value), field=name)

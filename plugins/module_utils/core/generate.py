@@ -22,7 +22,6 @@ __metaclass__ = type
 
 import contextlib
 import json
-import math
 import os
 import threading
 
@@ -34,7 +33,7 @@ from .clients.control import AgentSocketClient, LeaseKeeper, bounded_lease, leas
 from .clients.criu import CriuCli, make_work_dir
 from .clients.docker import DockerCli, env_dict
 from .clients.runc import RuncCli, check_criu_config
-from .clock import Deadline, Stopwatch, utc_now
+from .clock import Deadline, Stopwatch, check_seconds, utc_now
 from .errors import ParameterError, RuntimeRefusedError, SnapshotError, SnapshotTimeout
 
 
@@ -518,19 +517,9 @@ class Checkpointer:
             self.progress.note("cannot enter the engine in the record of restores: %s" % exc, force=True)
 
 
-def _seconds(params, name):
-    """Fail, naming the option, unless it is unset or a finite number > 0 (NaN and infinity are no time: a lease of
-    them never lapses, or makes its renewer spin)."""
-    value = params.get(name)
-    if value is not None and not (value > 0 and math.isfinite(value)):
-        raise ParameterError("%s: must be a positive number of seconds, got %s" % (name, value), field=name)
-
-
 def host_checkpoint(params, check_mode=False, log=None):
     """The result of a host_checkpoint task."""
-    if not (params["timeout"] > 0 and math.isfinite(params["timeout"])):
-        raise ParameterError("timeout: must be a positive number of seconds, got %s" % params["timeout"], field="timeout")
-    _seconds(params, "generation_lease")
+    check_seconds(params, "timeout", "generation_lease")
     if params.get("signing_key"):
         raise ParameterError("signing_key: is read on the controller by host_checkpoint's action plugin, which signs "
                              "there, and is never sent to the node; this run reached the module without it (run the "
@@ -542,7 +531,7 @@ def host_checkpoint(params, check_mode=False, log=None):
                                  % signing["phase"], field="generation_id")
         job = Checkpointer(params, log)
         return job.publish_signed() if signing["phase"] == PUBLISH else job.abort_signing()
-    _seconds(params, "max_age")
+    check_seconds(params, "max_age")
     job = Checkpointer(params, log)
     result = dict(snapshot_dir=job.snapshot_dir, durations=job.watch.durations)
     published = os.path.lexists(job.snapshot_dir)

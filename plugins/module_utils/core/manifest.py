@@ -236,21 +236,11 @@ def read_document(path, limit=DOCUMENT_LIMIT, fd=None, sink=None):
     if own:
         fd = paths.open_regular(path)  # a held descriptor was checked when it was opened
     try:
-        chunks, total = [], 0
-        while True:
-            data = os.pread(fd, 1 << 20, total)
-            if not data:
-                break
-            if sink is not None:
-                _write_at(sink, data, total)
-            total += len(data)
-            if total > limit:
-                raise ValueError("%s is larger than %d bytes" % (path, limit))
-            chunks.append(data)
+        return paths.read_limited(fd, limit, path, each=None if sink is None else
+                                  lambda data, offset: _write_at(sink, data, offset))
     finally:
         if own:
             os.close(fd)
-    return b"".join(chunks)
 
 
 def _write_at(fd, data, offset):

@@ -346,22 +346,30 @@ def read_json(path, limit=RECORD_LIMIT):
     try:
         fd = open_regular(path)
         try:
-            parts, total = [], 0
-            while total <= limit:
-                part = os.read(fd, limit + 1 - total)
-                if not part:
-                    break
-                parts.append(part)
-                total += len(part)
+            data = read_limited(fd, limit, path)
         finally:
             os.close(fd)
-        data = b"".join(parts)
-        if len(data) > limit:
-            return None
         found = json.loads(data.decode("utf-8"))
-    except (IOError, OSError, ValueError):
+    except (IOError, OSError, ValueError):  # ValueError: larger than ``limit`` too
         return None
     return found if isinstance(found, dict) else None
+
+
+def read_limited(fd, limit, what, each=None):
+    """The bytes of the file open at ``fd``, from its start; one larger than ``limit`` bytes is a ValueError naming
+    ``what``, not a partial read. ``each(data, offset)`` is called with every piece as it is read."""
+    chunks, total = [], 0
+    while True:
+        data = os.pread(fd, 1 << 20, total)
+        if not data:
+            break
+        if each is not None:
+            each(data, total)
+        total += len(data)
+        if total > limit:
+            raise ValueError("%s is larger than %d bytes" % (what, limit))
+        chunks.append(data)
+    return b"".join(chunks)
 
 
 def fsync_dir(path):

@@ -128,6 +128,15 @@ def instance_dirs(root):
     return found
 
 
+def mark_published(entry, path, now):
+    """``entry`` of scan with the published snapshot at ``path``: its manifest, and its age (from its manifest's
+    created_at, else from the directory's mtime)."""
+    entry["published"] = True
+    entry["manifest"] = _read_manifest(path)
+    created = _parse_time((entry["manifest"] or {}).get("created_at"))
+    entry["age"] = now - created if created is not None else _age(path, now)
+
+
 def scan(root, now):
     """Every pod that has anything under ``root``: published snapshot, staging, old copies, status."""
     pods = {}
@@ -149,10 +158,7 @@ def scan(root, now):
                                           "leftovers": [], "manifest": None, "age": None, "restores_path": None,
                                           "restoring": []})
             if kind == "snapshot":
-                entry["published"] = True
-                entry["manifest"] = _read_manifest(full)
-                created = _parse_time((entry["manifest"] or {}).get("created_at"))
-                entry["age"] = now - created if created is not None else _age(full, now)
+                mark_published(entry, full, now)
             elif kind == "status":
                 entry["status_path"] = full
                 entry["status"] = status.read(entry["snapshot_dir"])

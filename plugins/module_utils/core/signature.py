@@ -50,7 +50,7 @@ def _require(field):
                              "host (pip install cryptography, or Debian's python3-cryptography)" % field, field=field)
 
 
-def _may_be_key_text(text):
+def _may_be_pem_body(text):
     """Whether ``text`` could be the base64 body of a PEM key (40 characters or more of base64, no dot) rather than the
     path of a key file (named like signing.pem)."""
     return re.match(r"\A[A-Za-z0-9+/=\s]{40,}\Z", text) is not None and "." not in text
@@ -69,7 +69,7 @@ def _read_key_text(value, field):
         with open(value, "rb") as handle:
             data = handle.read(64 * 1024)
     except (IOError, OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        if _may_be_key_text(value):  # base64 may start with "/": a key pasted without its -----BEGIN line
+        if _may_be_pem_body(value):  # base64 may start with "/": a key pasted without its -----BEGIN line
             raise ParameterError("%s: neither a PEM key (-----BEGIN ...) nor a readable key file (the value is not "
                                  "repeated here: it may be a key)" % field, field=field)
         raise ParameterError("%s: cannot read the key file %s: %s" % (field, value, exc), field=field)
