@@ -13,7 +13,7 @@ import time
 import uuid
 
 from common import FirstAnswer, REPO, agent_package_dir, control_mounts_below, run  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 
 class BareProcess:

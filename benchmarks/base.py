@@ -17,9 +17,9 @@ from common import (  # pylint: disable=import-error
     BIN, COLLECTIONS, FirstAnswer, HERE, IMAGE, MB, PLAYBOOKS, PROMPTS, REPO, SIM_KNOBS, docker, free_port,
     generate, load_average, log, run, sizes_of,
 )
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import device
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import device
 
 
 class BenchBase:
@@ -44,7 +44,7 @@ class BenchBase:
         self.has_resume = False  # host_checkpoint has resume
         self.has_device_backup = False  # host_checkpoint has device_backup
         self.lazy_pages = False  # the node runtime has lazy_pages and this kernel has userfaultfd
-        self.staging = False  # the collection has the node cache of verified snapshots (core/stage.py)
+        self.staging = False  # the collection has the node cache of verified snapshots (core/restore/cache.py)
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def record(self, section, variant, size_mb, rep, seconds, **extra):

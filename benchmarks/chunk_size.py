@@ -23,7 +23,7 @@ import statistics
 
 from common import MIB  # pylint: disable=import-error  # also puts the collection on sys.path
 from floors import Floors  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest, seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal
 
 
 def sha256_all_cores(buf):

@@ -56,7 +56,9 @@ sys.path.insert(0, COLLECTIONS)
 
 sys.path.insert(0, HERE)
 try:  # the node cache of verified snapshots, where the checkout has it
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import stage as stage_cache  # noqa: E402 pylint: disable=unused-import
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import (  # noqa: E402 pylint: disable=unused-import
+        cache as stage_cache,
+    )
 except ImportError:
     stage_cache = None
 SIM_LIBRARY = os.path.join(REPO, "build", "simulator", "libascendcl.so")

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from common import MB, MIB, run  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest as manifest_utils
 
 
 class Files:

@@ -20,8 +20,7 @@ import time
 import uuid
 
 from common import HERE, IMAGE, MB, MIB, SIM_LIBRARY, docker, run, sizes_of  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import digests
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import world
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import digests, world
 import report  # pylint: disable=import-error
 
 

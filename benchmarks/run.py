@@ -38,8 +38,8 @@ from common import (  # pylint: disable=import-error
     BIN, COLLECTIONS, DEVICE_SHARE, IMAGE, REPO, become_subreaper, control_mounts_below, docker, load_average, log,
     machine_info, run, stage_cache,
 )
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import container
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import container_record as container
 import report  # pylint: disable=import-error
 from base import BenchBase  # pylint: disable=import-error
 from bare_process import BareProcess  # pylint: disable=import-error

@@ -13,7 +13,7 @@ import sys
 import time
 
 from common import BIN, COLLECTIONS, PLAYBOOKS, log, run, stage_cache  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 
 class Runtime:

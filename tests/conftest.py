@@ -205,7 +205,7 @@ def protobuf_varint(value):
 def criu_image(directory, name, magic, messages, common=True):
     """Write CRIU image ``name`` into ``directory`` as CRIU does: (common magic,) its magic, then each protobuf
     message after its 4-byte size. Returns ``directory``."""
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images
     directory.mkdir(parents=True, exist_ok=True)
     data = (struct.pack("<I", criu_images.IMG_COMMON_MAGIC) if common else b"") + struct.pack("<I", magic)
     for message in messages:

@@ -4,7 +4,7 @@
 """Action plugin of inferops.snapshot.host_checkpoint: the snapshot is signed here, on the controller.
 
 With ``signing_key`` the key is read here and never sent to the node. The module runs twice under the generation's
-claim (core/generate.py): ``seal`` takes and seals the snapshot into its staging directory and sends its checksum
+claim (core/generate/checkpointer.py): ``seal`` takes and seals the snapshot into its staging directory and sends its checksum
 list and manifest up; this plugin checks that the manifest is the one listed, of the task's identity, with the
 generation it gave out (from its signer's ledger, ``signing_ledger``) and the expiry it asked for, signs the list's
 exact bytes and sends the signature down; ``publish`` writes it beside them and publishes. Anything wrong in between
@@ -23,9 +23,9 @@ import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import freshness, layout, manifest, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import signature
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import freshness, manifest, signature
 
 MODULE = "inferops.snapshot.host_checkpoint"
 

@@ -13,8 +13,9 @@ __metaclass__ = type
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, signature
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import signature
 
 
 class ActionModule(ActionBase):

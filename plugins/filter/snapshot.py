@@ -2,7 +2,7 @@
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller-side filters of the snapshot roles: validate a snapshotConfig, plan an instance's pods, the
-names of core/layout.py for the roles' tasks and templates, and the admission policy the Kubernetes role applies.
+names of core/base/layout.py for the roles' tasks and templates, and the admission policy the Kubernetes role applies.
 
 The first two run on the controller before anything touches a host, so a bad config or a bad inventory is
 rejected with the field that is wrong and how to fix it. Docs: snapshot_config.yml, snapshot_plan.yml, layout.yml,
@@ -19,9 +19,8 @@ import re
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_native
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import config as core_config
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, snapshot_config
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import admission
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
@@ -41,8 +40,8 @@ def _plain(value):
 
 
 def normalize_config(config):
-    """The validated snapshotConfig with the schema's defaults filled in (core/config.py)."""
-    return core_config.normalize(_plain(config))
+    """The validated snapshotConfig with the schema's defaults filled in (core/base/snapshot_config.py)."""
+    return snapshot_config.normalize(_plain(config))
 
 
 def _name(value, field):
@@ -190,21 +189,17 @@ def _filter(function):
     return wrapper
 
 
-def snapshot_config(config):
-    return normalize_config(config)
-
-
 def snapshot_plan(instances, config, service, instance_name=None, host=None, all_instances=False):
     return plan(instances, config, service, instance=instance_name or None, host=host, all_instances=all_instances)
 
 
 def layout_value(name):
-    """The value of a name of core/layout.py, the one home of the names the collection's programs share: roles
+    """The value of a name of core/base/layout.py, the one home of the names the collection's programs share: roles
     take them from here instead of spelling them."""
     name = _plain(name)
     if not isinstance(name, str) or not name.isupper() or not hasattr(layout, name) \
             or not isinstance(getattr(layout, name), (str, int, float, tuple, list, dict)):
-        raise ParameterError("the layout filter: %r is no name of core/layout.py (its names are upper case, such as "
+        raise ParameterError("the layout filter: %r is no name of core/base/layout.py (its names are upper case, such as "
                              "MANIFEST or ENV_RESTORE_FROM)" % (name,))
     value = getattr(layout, name)
     return list(value) if isinstance(value, tuple) else value
@@ -218,7 +213,7 @@ def admission_policy(namespaces, runtime_classes):
 class FilterModule(object):
     def filters(self):
         return {
-            "snapshot_config": _filter(snapshot_config),
+            "snapshot_config": _filter(normalize_config),
             "snapshot_plan": _filter(snapshot_plan),
             "layout": _filter(layout_value),
             "admission_policy": _filter(admission_policy),

@@ -16,7 +16,7 @@ __metaclass__ = type
 import json
 import os
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 
 def _text(lines):

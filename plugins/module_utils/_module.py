@@ -18,10 +18,11 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.common.validation import check_type_dict
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import clock, layout, paths, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control, runner
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import clock, layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import commands, control
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 
 HIDDEN = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"  # Ansible's own word for a no_log value
 
@@ -170,7 +171,7 @@ def run(argument_spec, logic, requires=("jsonschema",), diff=None, **module_opti
 def _hide_remembered(module):
     """Ansible masks each no_log value wherever it occurs in a result (msg, cmd, stderr, invocation, ...): add the
     secrets the task met on its way -- the environment a snapshot recorded, given to `docker create` -- to them."""
-    module.no_log_values.update(value for value in runner.remembered() if runner.may_be_secret(value))
+    module.no_log_values.update(value for value in commands.remembered() if commands.may_be_secret(value))
 
 
 def _quiet_no_log(module):
@@ -180,8 +181,8 @@ def _quiet_no_log(module):
     Ansible masks each no_log value wherever it occurs in a result, in every string and every number that
     contains it: snapshot_restore's env {"WORKERS": "1"} turned each 1 of a message into ******** and each
     duration into VALUE_SPECIFIED_IN_NO_LOG_PARAMETER. Values of up to 3 characters and booleans hide nothing
-    (runner.may_be_secret); longer ones stay masked, and the invocation below shows none of them."""
-    module.no_log_values = set(value for value in module.no_log_values if runner.may_be_secret(value))
+    (commands.may_be_secret); longer ones stay masked, and the invocation below shows none of them."""
+    module.no_log_values = set(value for value in module.no_log_values if commands.may_be_secret(value))
     shown = dict(module.params)
     for name, spec in module.argument_spec.items():
         value = shown.get(name)

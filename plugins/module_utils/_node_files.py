@@ -18,8 +18,8 @@ import json
 import os
 import stat
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 
 INSTALLED = ".inferops-installed.json"
 SKIPPED_DIRS = ("__pycache__",)

@@ -189,8 +189,11 @@ lease:
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, device, layout, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import lease_seconds
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import device
 
 ARGUMENT_SPEC = dict(_module.CONTROL_TARGET_ARGS, **_module.GENERATION_ARGS)
 ARGUMENT_SPEC.update(snapshot_dir=dict(type="path", required=True),

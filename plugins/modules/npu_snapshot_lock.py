@@ -164,9 +164,9 @@ abandoned:
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import Stopwatch
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import lease_seconds
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
 
 LOCKED_STATES = (protocol.STATE_LOCKED, protocol.STATE_BACKED_UP)
 LEASED = (protocol.OP_LOCK, protocol.OP_RENEW)

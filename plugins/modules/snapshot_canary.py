@@ -127,10 +127,12 @@ canary_path:
 
 import os
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
-from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import canary, claim, layout, paths
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import canary
 
 ARGUMENT_SPEC = dict(
     _module.GENERATION_ARGS,

@@ -146,11 +146,13 @@ summary:
 import os
 import time
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
-from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import retention
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, leftovers, paths, seal
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import leftovers
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import retention
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import seal
 
 ARGUMENT_SPEC = dict(
     root=dict(type="path", required=True),

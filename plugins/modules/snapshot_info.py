@@ -249,14 +249,17 @@ npu_dir_exists:
 import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, retention
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, paths, signature, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError, SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import docker_world_now
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, signature, status
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],

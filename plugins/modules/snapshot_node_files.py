@@ -88,7 +88,7 @@ files:
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module, _node_files
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 
 ARGUMENT_SPEC = dict(
     src=dict(type="path"),

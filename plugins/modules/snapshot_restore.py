@@ -390,9 +390,8 @@ durations:
   type: dict
 """
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
-from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import task
 
 ARGUMENT_SPEC = dict(

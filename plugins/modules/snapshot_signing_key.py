@@ -85,7 +85,7 @@ key_id:
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 ARGUMENT_SPEC = dict(path=dict(type="path", default=layout.CONTROLLER_KEYS_DIR))
 

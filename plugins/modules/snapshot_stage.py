@@ -46,7 +46,7 @@ attributes:
     support: full
 options:
   snapshot_dir:
-    description: The published snapshot directory to stage.
+    description: The published snapshot directory to cache.
     type: path
     required: true
   stage_dir:
@@ -126,9 +126,10 @@ retention:
   type: dict
 """
 
-from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
-from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, signature, stage
+from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import signature
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],
@@ -145,7 +146,7 @@ def main_logic(module):
     params = module.params
     _module.sizes(params)
     trusted = signature.load_public_keys(params["trusted_keys"], "trusted_keys")
-    result = stage.stage(params["snapshot_dir"], params["stage_dir"], trusted=trusted, min_size=params["min_size"],
+    result = cache.stage(params["snapshot_dir"], params["stage_dir"], trusted=trusted, min_size=params["min_size"],
                          workers=params["workers"], keep=params["keep"], max_bytes=params["max_bytes"],
                          check_mode=module.check_mode)
     result.pop("hashing", None)

@@ -144,8 +144,11 @@ import os
 import re
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, manifest, paths, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, status
 
 ARGUMENT_SPEC = dict(
     generation_id=_module.GENERATION_ARGS["generation_id"],

@@ -160,12 +160,14 @@ progress:
 """
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import paths, schema, signature
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Stopwatch
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import Progress
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import Stopwatch
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.checkpointer import Progress
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import signature
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],

@@ -147,12 +147,16 @@ import os
 import time
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import health, proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import Deadline, wait_for
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
+    ParameterError,
+    SnapshotError,
+    SnapshotTimeout,
+)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import Deadline, wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
-    ParameterError, SnapshotError, SnapshotTimeout)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import health
 
 ARGUMENT_SPEC = dict(
     url=dict(type="str"),

@@ -19,7 +19,7 @@ import pytest
 from conftest import (WORKLOAD, agent_command, ensure_agent_package, free_port, http_get, install_devices, posix_locks,
                       reset_device, run_module)
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images
 
 PROMPTS = ["what is an NPU?", "snapshot me", "数据", "the quick brown fox"]
 MARK = "INFEROPS_TEST_MARK"

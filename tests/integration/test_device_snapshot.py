@@ -74,7 +74,7 @@ def _client(workload):
 
 
 def test_wrong_state_transitions_get_the_mapped_acl_error(workload):
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import RuntimeRefusedError
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import RuntimeRefusedError
     client = _client(workload)
     cases = [("restore", 507909), ("backup", 507908), ("unlock", 507907)]
     for op, code in cases:

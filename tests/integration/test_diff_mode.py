@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from conftest import BIN, COLLECTIONS
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import status
 
 
 def cleanup(root, *flags):

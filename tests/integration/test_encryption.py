@@ -13,7 +13,9 @@ import uuid
 import pytest
 
 from _runtime_helpers import installed_runtime
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, plaintext, seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import plaintext
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import seal
 from conftest import REPO, WorkloadContainer, docker, free_port, reset_device, run_module
 
 PROMPTS = ["what is an NPU?", "数据"]
@@ -35,7 +37,7 @@ def device_marker(device_dir):
 
 
 def plaintext_left():
-    """Plaintext directories in /dev/shm (core/plaintext.py)."""
+    """Plaintext directories in /dev/shm (core/linux/plaintext.py)."""
     return [n for n in os.listdir("/dev/shm") if n.startswith(plaintext.PREFIX)]
 
 

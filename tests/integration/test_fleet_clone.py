@@ -16,8 +16,9 @@ import pytest
 from _runtime_helpers import installed_runtime
 from conftest import WorkloadContainer, docker, free_port, install_devices, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import fleet, layout, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import fleet, status
 
 PROMPTS = ["what is an NPU?", "clone me", "数据"]
 DEVICE_MOUNT = "/var/lib/inferops-npu"   # where every instance sees its NPU, whichever host directory backs it

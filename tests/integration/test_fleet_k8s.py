@@ -22,9 +22,10 @@ from _runtime_helpers import installed_runtime
 from conftest import free_port, http_get, reset_device
 from test_fleet_eda import collect, load_plugin
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import status
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 
 NODE = "node-a"
 DEVICE_MOUNT = "/var/lib/inferops-npu"   # where a pod of a cloned service sees its NPU, whichever device backs it

@@ -13,9 +13,10 @@ import uuid
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import generate, manifest
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest
 from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint as host_checkpoint_module
 from conftest import WorkloadContainer, docker, free_port, posix_locks, reset_device, run_module
 

@@ -15,7 +15,7 @@ import yaml
 from _k8s_helpers import VERBS, ApiServer, run_playbook, write_inventory, write_kubeconfig
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import admission
 
 pytestmark = pytest.mark.timeout(600)

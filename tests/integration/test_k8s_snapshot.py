@@ -31,7 +31,8 @@ from _k8s_helpers import (Api, ApiServer, Kubelet, playbook_command, run_playboo
 from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, manifest, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, status
 
 NODE = "node-a"
 RUNTIME_CLASS = "inferops-restore"  # the pods' runtimeClassName; its handler is the runtime the role installed

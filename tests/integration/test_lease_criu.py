@@ -22,9 +22,10 @@ import pytest
 import test_bare_process_restore as bare
 from conftest import WORKLOAD, agent_command, free_port, renewed_at, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import device, generate
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu import CriuCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu_cli import CriuCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import device
 from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint as host_checkpoint_module
 
 PROMPTS = bare.PROMPTS

@@ -25,7 +25,7 @@ from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_p
                       run_module)
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images
 
 SIZES = dict(WORKLOAD_DEVICE_MB=16, WORKLOAD_HOST_MB=8, ACL_SIM_DEVICE_MEM_BYTES="64M", WORKLOAD_WARMUP_SECONDS=2)
 

@@ -19,7 +19,8 @@ import pytest
 from _runtime_helpers import installed_runtime
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, plaintext, proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import plaintext, proc
 
 pytestmark = pytest.mark.timeout(600)
 TMPFILES = shutil.which("systemd-tmpfiles") or "systemd-tmpfiles"

@@ -21,11 +21,14 @@ import pytest
 
 from _runtime_helpers import (PROMPTS, Node, WarmSnapshot, identity, read_daemon_json, runtimes, wait_answer)
 from _runtime_helpers import recreated_containers_removed  # noqa: F401  # pylint: disable=unused-import  # the fixture
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.layout import IDENTITY_KEYS
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.layout import IDENTITY_KEYS
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import manifest as manifest_utils
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
+    manifest as manifest_utils,
+    seal,
+    status,
+)
 
 WARMUP = 8.0
 

@@ -11,7 +11,9 @@ import uuid
 import pytest
 
 from conftest import docker, free_port, reset_device, run_module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, stage, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache as stage
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import status
 from _roles_helpers import local_inventory, run_playbook, finish, status_record
 from _runtime_helpers import installed_runtime
 

@@ -14,7 +14,8 @@ from test_fleet_clone import Instance, wait_answer
 from test_multihost import hosts  # two hosts behind sshd in network namespaces of their own
 from _runtime_helpers import installed_runtime
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import status
 
 FIXTURES = (hosts,)  # pytest finds the imported fixture here
 

@@ -1,4 +1,4 @@
-"""Verified snapshots staged ahead (core/stage.py), on the real (shared) dockerd, runc and CRIU with the sample
+"""Verified snapshots staged ahead (core/restore/cache.py), on the real (shared) dockerd, runc and CRIU with the sample
 workload on the simulated NPU: a snapshot staged into the node's cache by the snapshot_stage module comes back
 through the restore-on-create runtime without any of its content hashed, with identical answers; a staged copy
 changed behind the cache's back (one byte, its mtime put back) is not used -- the snapshot is verified in full
@@ -17,7 +17,9 @@ from _runtime_helpers import PROMPTS, WarmSnapshot, installed_runtime
 from _runtime_helpers import recreated_containers_removed  # noqa: F401  # pylint: disable=unused-import  # the fixture
 from conftest import flip_byte_keeping_mtime, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, stage, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache as stage
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, status
 
 WARMUP = 4.0
 DEVICE_MB = int(os.environ.get("INFEROPS_STAGED_DEVICE_MB", "32"))

@@ -23,7 +23,9 @@ import pytest
 from conftest import docker, run_module
 from test_lease_kill import PROMPTS, Playbook, checkpoints_running, start_pod, wait
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, layout, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import status
 
 ROLE = "inferops.snapshot.snapshot_generate : "
 pytestmark = pytest.mark.timeout(900)

@@ -40,7 +40,7 @@ import uuid
 import pytest
 
 from _runtime_helpers import Node, WarmEngine, installed_runtime, read_daemon_json, runtimes
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
 PROMPT = "whose engine is this?"

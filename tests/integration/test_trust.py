@@ -14,7 +14,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import seal
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
 PROMPT = "snapshot me"

@@ -21,7 +21,8 @@ import shutil
 import pytest
 
 from _runtime_helpers import WarmEngine, installed_runtime
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, manifest, seal, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, status
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
 PROMPT = "fresh and signed"

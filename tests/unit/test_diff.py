@@ -5,7 +5,7 @@ say so (diff_mode: full)."""
 
 from conftest import REPO
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 from unit.project.test_docs import gen
 

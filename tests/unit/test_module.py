@@ -3,7 +3,7 @@
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), float("-inf"), 1e400])

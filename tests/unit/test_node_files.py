@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_module
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _node_files
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 
 
 def encoded(**files):

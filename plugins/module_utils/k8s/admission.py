@@ -20,8 +20,8 @@ __metaclass__ = type
 import json
 import re
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 # The engine's own settings, read by its agent in every pod: where it writes its metadata file and listens. They ask

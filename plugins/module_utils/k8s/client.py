@@ -23,8 +23,8 @@ import json
 import time
 import traceback
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import SnapshotError, SnapshotTimeout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import wait_for
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError, SnapshotTimeout
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
 

@@ -8,7 +8,7 @@ its environment as the kubelet resolves it, the manifest it is created again fro
 the collection's annotations (``snapshot.inferops.org/*`` and the restore-on-create request
 ``org.inferops.restore-*``): every change a module makes is built here, as a merge patch's
 ``metadata.annotations`` (None removes a key), and checked against schemas/k8s-annotations.schema.json
-before it is sent. Their names live in core/layout.py.
+before it is sent. Their names live in core/base/layout.py.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,8 +19,8 @@ import copy
 import re
 import time
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 
 # The request's device restore switch (host-only snapshots: the runtime must not look for a device part).
 RESTORE_DEVICE_ANNOTATION = [annotation for key, annotation, _env in layout.RESTORE_REQUEST_KEYS if key == "device"][0]

@@ -17,7 +17,7 @@ __metaclass__ = type
 import json
 import time
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s.client import K8sError
 
 INVALID = "invalid"  # the key of what parse() makes of an entry that does not match the schema: why

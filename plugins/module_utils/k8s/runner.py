@@ -15,15 +15,15 @@ __metaclass__ = type
 import json
 import math
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import wait_for
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
     ParameterError,
     SnapshotError,
     SnapshotTimeout,
 )
-from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client as k8s_client
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods, record, service
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s.client import connect
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
 
@@ -197,7 +197,7 @@ def pods_logic(module):
     """The logic of the module k8s_snapshot_pods."""
     params = module.params
     check_params(params)
-    client = k8s_client.connect(params)
+    client = connect(params)
     pod_list = service.list_pods(client, params)
     state = service.read_service(client, params, pod_list)
     changer = PodChanger(module, client, pod_list)
@@ -271,7 +271,7 @@ def info_logic(module):
     """The logic of the module k8s_snapshot_pods_info."""
     params = module.params
     check_params(params)
-    client = k8s_client.connect(params)
+    client = connect(params)
     result = service.read_service(client, params)
     if params["wait_for"] != "none":
         try:
@@ -327,7 +327,7 @@ def status_logic(module):
     check_params(params)
     enabled, config, _why = service.normalize_config(params["config"])
     _check_status_params(params, enabled)
-    client = k8s_client.connect(params)
+    client = connect(params)
     by_name = dict((pods.name(pod), pod) for pod in service.list_pods(client, params))
     missing = [pod_name for pod_name in params["pods"] if pod_name not in by_name]
     if missing:

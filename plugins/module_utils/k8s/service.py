@@ -19,9 +19,13 @@ __metaclass__ = type
 import os
 import re
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import config as core_config
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, metadata, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import (
+    layout,
+    schema,
+    snapshot_config,
+)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods, record
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s.pods import STATUS_COMPLETED
 
@@ -44,11 +48,11 @@ DEVICE_ARG = dict(type="bool", default=True)
 
 def normalize_config(config):
     """(enabled, config with defaults or None, why disabled). No config or enabled=false means: change nothing."""
-    normal = core_config.normalize(config, "snapshotConfig")
+    normal = snapshot_config.normalize(config, "snapshotConfig")
     if not normal["configured"]:
-        return False, None, core_config.disabled_reason(normal)
+        return False, None, snapshot_config.disabled_reason(normal)
     normal = dict((key, value) for key, value in normal.items() if key != "configured")
-    return normal["enabled"], normal, core_config.disabled_reason(dict(normal, configured=True))
+    return normal["enabled"], normal, snapshot_config.disabled_reason(dict(normal, configured=True))
 
 
 def wants_npu_env(params):

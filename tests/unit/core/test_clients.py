@@ -7,16 +7,16 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import container
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu, runner
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu import CriuCli, parse_version
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc import RuncCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
     CommandError,
     ParameterError,
     SnapshotTimeout,
 )
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import commands as runner, criu_cli as criu
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu_cli import CriuCli, parse_version
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc_cli import RuncCli
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import container_record as container
 
 
 class FakeRunner(runner.Runner):
@@ -248,8 +248,8 @@ def test_work_dir_with_a_mount_below_is_never_removed(tmp_path):
 def test_a_stopped_restore_adds_leave_stopped_for_one_restore_only(tmp_path, monkeypatch, configured):
     """runc 1.1 has no leave-stopped: it goes through the bundle's CRIU config annotation, with the host's own
     options kept, and afterwards the bundle is as it was and the file leads to the host's configuration."""
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc import StoppedRestore
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.runc_cli import StoppedRestore
     host_conf = tmp_path / "runc.conf"
     host_conf.write_text("tcp-close\nskip-in-flight\n")
     monkeypatch.setattr(layout, "RUNC_CRIU_CONFIG", str(host_conf))

@@ -1,5 +1,5 @@
 """The admission policy that keeps restore requests in the namespaces an operator lists (k8s/admission.py): its
-structure against core/layout.py's names, and its CEL evaluated for real (cel-python) as an API server would for a
+structure against core/base/layout.py's names, and its CEL evaluated for real (cel-python) as an API server would for a
 pod's CREATE or UPDATE -- a pod of an unlisted namespace with any forbidden field is denied with a message naming
 the field, its value, the namespace and the fix; a listed namespace, or a pod without them, is admitted."""
 
@@ -13,8 +13,8 @@ from ansible.errors import AnsibleFilterError
 from conftest import REPO
 
 from ansible_collections.inferops.snapshot.plugins.filter.snapshot import FilterModule
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import admission
 
 LISTED = ["inference", "team-a"]

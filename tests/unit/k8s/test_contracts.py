@@ -1,5 +1,5 @@
 """The Kubernetes contracts: the pod annotations and the record ConfigMap have one writer each (k8s/pods.py,
-k8s/record.py), their schemas name exactly core/layout.py's names, every document a writer makes is valid and
+k8s/record.py), their schemas name exactly core/base/layout.py's names, every document a writer makes is valid and
 the reader refuses one that is not; the client is kubernetes.core's, with every one of its connection options."""
 
 import http.server
@@ -12,8 +12,8 @@ import pytest
 
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout, schema
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client, pods, record, service
 
 IDENT = {"namespace": "ns", "service": "qwen", "instance": "p0", "pod": "qwen-p0-0"}

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import runner
 
 from unit.k8s.test_service import CONFIG, pod
@@ -47,7 +47,7 @@ def test_pods_info_returns_the_pods_as_they_are_once_every_one_arrived(monkeypat
     """A pod recreated just before the wait had no container when first read: what the caller acts on after a wait
     is the pods read after it (the generation role checked a container runtime of None on a loaded machine)."""
     cluster = Cluster()
-    monkeypatch.setattr(runner.k8s_client, "connect", lambda params: cluster)
+    monkeypatch.setattr(runner, "connect", lambda params: cluster)
     result = runner.info_logic(Module(wait_for="ready"))
     assert result["waited"]["qwen-p0-0"]["ready"] is True, result["waited"]
     assert [(p["name"], p["ready"], p["container_runtime"]) for p in result["pods"]] == [("qwen-p0-0", True, "docker")]
@@ -68,7 +68,7 @@ def test_pods_info_returns_the_pods_as_they_are_once_every_one_arrived(monkeypat
 def test_the_modules_own_options_are_checked_before_it_connects(monkeypatch, logic, params, field):
     def connect(params):
         raise AssertionError("connected to the API before the options were checked")
-    monkeypatch.setattr(runner.k8s_client, "connect", connect)
+    monkeypatch.setattr(runner, "connect", connect)
     with pytest.raises(ParameterError, match="^%s: " % field) as raised:
         logic(Module(wait_for="ready", **params))
     assert raised.value.result["field"] == field

@@ -5,10 +5,9 @@ import json
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods
-from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods, service as svc
 
 CONFIG = {"enabled": True, "npuSnapshotPath": "/snap/npu/", "hostSnapshotPath": "/snap/host"}
 

@@ -15,17 +15,23 @@ import pytest
 
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import config, layout, metadata, proc, schema, status
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker import env_dict
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clock import wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import (
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import (
+    layout,
+    schema,
+    snapshot_config as config,
+)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import wait_for
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
     ParameterError,
     RuntimeRefusedError,
     SnapshotTimeout,
 )
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import env_dict
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import service as svc
 from ansible_collections.inferops.snapshot.plugins.filter import snapshot as snapshot_filter
 
 PLUGINS = REPO / "plugins"
@@ -77,15 +83,15 @@ def test_roles_and_playbooks_run_no_docker_runc_or_criu_command_that_a_module_of
 
 
 def test_each_document_has_one_writer():
-    """The metadata document is built only by core/metadata.py and the status record written only by
-    core/status.py; everything else calls them."""
+    """The metadata document is built only by core/store/metadata.py and the status record written only by
+    core/store/status.py; everything else calls them."""
     writers = {"status": [], "metadata": []}
     for path in python_files(PLUGINS):
         text = path.read_text()
         rel = str(path.relative_to(REPO))
-        if "STATUS_SUFFIX" in text and not rel.endswith(("core/layout.py", "core/status.py")):
+        if "STATUS_SUFFIX" in text and not rel.endswith(("core/base/layout.py", "core/store/status.py")):
             writers["status"].append(rel)
-        if re.search(r"[\"']written_by[\"']\s*:", text) and not rel.endswith(("core/metadata.py", "core/schemas.py")):
+        if re.search(r"[\"']written_by[\"']\s*:", text) and not rel.endswith(("core/store/metadata.py", "core/base/schemas.py")):
             writers["metadata"].append(rel)
     assert writers == {"status": [], "metadata": []}
 
@@ -180,7 +186,7 @@ def test_one_definition_of_a_live_process():
 
 def test_one_device_resume_that_insists_on_running(monkeypatch):
     """Only one of the two device resumes checked the engine ended RUNNING; the one left does."""
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import device
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import device
 
     class Client:
         path = "/dev/null"
@@ -268,9 +274,9 @@ def test_no_hand_written_poll_loop_is_left():
                 if "sleep" in body or "'wait'" in body and "Event" not in body:
                     loops.append("%s:%d" % (path.relative_to(REPO), node.lineno))
     # the Follower waits on its Event for the writer (not a deadline wait): allowed by name
-    loops = [loop for loop in loops if not loop.startswith(("plugins/module_utils/core/seal.py",
-                                                            "plugins/module_utils/core/clock.py"))]
-    assert not loops, "use core/clock.wait_for: %s" % loops
+    loops = [loop for loop in loops if not loop.startswith(("plugins/module_utils/core/store/seal.py",
+                                                            "plugins/module_utils/core/base/clock.py"))]
+    assert not loops, "use core/base/clock.wait_for: %s" % loops
 
 
 def test_modules_are_docs_argspec_and_a_hand_over():
@@ -309,8 +315,8 @@ def test_no_two_test_modules_share_a_module_name():
 
 
 def test_every_process_is_started_by_the_runner():
-    """clients/runner.py is the process boundary: no other file of the collection starts a process itself."""
-    runner = PLUGINS / "module_utils" / "core" / "clients" / "runner.py"
+    """clients/commands.py is the process boundary: no other file of the collection starts a process itself."""
+    runner = PLUGINS / "module_utils" / "core" / "clients" / "commands.py"
     found = []
     for path in python_files(PLUGINS):
         if path == runner:
@@ -319,16 +325,16 @@ def test_every_process_is_started_by_the_runner():
             if re.search(r"\bsubprocess\.(run|call|Popen|check_call|check_output)\(|\bos\.(system|popen|spawn\w*|exec\w+)\(",
                          line) and "os.execv" not in line:
                 found.append("%s:%d" % (path.relative_to(REPO), number))
-    assert not found, "start processes through clients/runner.py: %s" % found
+    assert not found, "start processes through clients/commands.py: %s" % found
 
 
 # -- one home per mechanism: a second definition anywhere is a copy (issue 29, 4) --------------------------------
 
 ONE_HOME = {  # module-level function or class -> the one file that defines it
-    "alive": "core/proc.py", "env_dict": "core/clients/docker.py", "expectations": "core/restore/verify.py",
-    "wait_for": "core/clock.py", "Renewer": "core/clock.py", "read_json": "core/paths.py",
-    "fsync_dir": "core/paths.py", "image_reason": "core/world.py", "resume_process": "core/device.py",
-    "normalize": "core/config.py", "run_in": "core/netns.py", "record_usable": "core/restore/verify.py",
+    "alive": "core/linux/proc.py", "env_dict": "core/clients/docker_cli.py", "expectations": "core/restore/verify.py",
+    "wait_for": "core/base/clock.py", "Renewer": "core/base/clock.py", "read_json": "core/linux/paths.py",
+    "fsync_dir": "core/linux/paths.py", "image_reason": "core/store/world.py", "resume_process": "core/store/device.py",
+    "normalize": "core/base/snapshot_config.py", "run_in": "core/linux/netns.py", "record_usable": "core/restore/verify.py",
 }
 
 
@@ -351,7 +357,7 @@ def test_one_renewal_timer():
     images without the rest of core/)."""
     found = [str(path.relative_to(REPO)) for path in python_files(PLUGINS)
              if "threading.Timer(" in path.read_text()
-             and str(path.relative_to(PLUGINS / "module_utils" / "core")) not in ("clock.py", "agent/lease.py")]
+             and str(path.relative_to(PLUGINS / "module_utils" / "core")) not in ("base/clock.py", "agent/lease.py")]
     assert not found, found
 
 
@@ -359,7 +365,7 @@ def test_every_schema_is_the_contract_of_a_document_the_code_writes(tmp_path):
     """All the schemas are used: each validates what its one writer makes (the manifest here; the metadata file and
     the status record above; the Kubernetes record and annotations in k8s/test_contracts) or the operator's input
     (the snapshot config)."""
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import seal
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import seal
     names = sorted(p.name.split(".")[0] for p in (REPO / "schemas").glob("*.schema.json"))
     assert names == ["k8s-annotations", "k8s-record", "manifest", "metadata", "snapshot-config", "status"]
     staging = tmp_path / "ns" / "svc" / "p0" / ".pod.partial"

@@ -1,4 +1,4 @@
-"""Names are imported, not spelled: a value of core/layout.py (a file name of the snapshot directory, an env
+"""Names are imported, not spelled: a value of core/base/layout.py (a file name of the snapshot directory, an env
 variable, an annotation, a default path the programs share) appears as a literal nowhere else in plugins/, roles/
 or extensions/ -- in the code of Python files and in the tasks, templates and variables of YAML and Jinja.
 
@@ -16,12 +16,12 @@ import yaml
 
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 ROOTS = ("plugins", "roles", "extensions")
-HOME = REPO / "plugins" / "module_utils" / "core" / "layout.py"
-GENERATED = {REPO / "plugins" / "module_utils" / "core" / "schemas.py"}  # scripts/gen_schemas.py
+HOME = REPO / "plugins" / "module_utils" / "core" / "base" / "layout.py"
+GENERATED = {REPO / "plugins" / "module_utils" / "core" / "base" / "schemas.py"}  # scripts/gen_schemas.py
 PROSE_KEYS = {"name", "msg", "fail_msg", "success_msg", "description", "short_description"}
 DOC_ASSIGNMENTS = {"DOCUMENTATION", "EXAMPLES", "RETURN"}
 # Tests spell the contract on purpose -- a second opinion that catches a changed layout -- and so do the molecule
@@ -179,7 +179,7 @@ def test_no_layout_value_is_spelled_outside_its_home():
             for hit in spelled_in(text, values):
                 if hit.split(" ")[0] not in allowed:
                     found.append("%s:%s %s" % (rel, where, hit))
-    assert not found, "import these names from core/layout.py (or pass them in) instead:\n" + "\n".join(
+    assert not found, "import these names from core/base/layout.py (or pass them in) instead:\n" + "\n".join(
         sorted(set(found)))
 
 
@@ -216,7 +216,7 @@ def test_the_roles_take_the_names_through_the_layout_filter():
     take = FilterModule().filters()["layout"]
     assert take("MANIFEST") == layout.MANIFEST and take("RUNC_CRIU_OPTIONS") == list(layout.RUNC_CRIU_OPTIONS)
     for wrong in ("manifest", "NOPE", "os", 3):
-        with pytest.raises(AnsibleFilterError, match="is no name of core/layout.py"):
+        with pytest.raises(AnsibleFilterError, match="is no name of core/base/layout.py"):
             take(wrong)
     used = [path for path in scanned() if path.suffix in (".yml", ".j2") and
             "inferops.snapshot.layout" in path.read_text(encoding="utf-8")]

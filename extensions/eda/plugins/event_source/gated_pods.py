@@ -40,7 +40,7 @@ Examples:
         service: qwen
         release_after: 60
 
-The names (labels, gate, annotations, env) and the client are the collection's own (core/layout.py,
+The names (labels, gate, annotations, env) and the client are the collection's own (core/base/layout.py,
 module_utils/k8s/): the source imports them from the collection it is installed with -- ansible-rulebook
 loads a source by its path, so the source puts the ``ansible_collections`` tree it lies in on ``sys.path``
 when the collection is not importable already. It needs what the collection's k8s modules need where
@@ -69,7 +69,7 @@ def _import_the_collection():
                               "inside an installed collection (ansible_collections/inferops/snapshot/...): install "
                               "the collection (ansible-galaxy collection install) where ansible-rulebook runs")
         sys.path.append(os.sep.join(tree[:-8]) or os.sep)
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
     from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import client, pods, service
     return layout, client, pods, service
 

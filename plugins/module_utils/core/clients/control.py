@@ -19,16 +19,11 @@ import re
 import socket
 import stat
 
-from .. import paths
-from .. import proc as proc_facts
 from ..agent import protocol
+from ..base.clock import Renewer, wait_for
+from ..base.errors import EndpointError, ParameterError, RuntimeRefusedError
+from ..linux import paths, proc
 from . import engine_http
-from ..clock import Renewer, wait_for
-from ..errors import (
-    EndpointError,
-    ParameterError,
-    RuntimeRefusedError,
-)
 
 DEFAULT_AGENT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
 DEFAULT_HTTP_PATHS = {
@@ -43,7 +38,7 @@ DEFAULT_HTTP_PATHS = {
 TRANSPORT_MARGIN = 10.0
 
 
-def agent_socket_for_pid(pid, socket_dir=DEFAULT_AGENT_SOCKET_DIR, proc="/proc"):
+def agent_socket_for_pid(pid, socket_dir=DEFAULT_AGENT_SOCKET_DIR, proc_root="/proc"):
     """Path of the agent socket of ``pid``, reached through its own mount namespace.
 
     The agent names its socket after its namespace pid; /proc/PID/root reaches it from the host
@@ -51,12 +46,12 @@ def agent_socket_for_pid(pid, socket_dir=DEFAULT_AGENT_SOCKET_DIR, proc="/proc")
     """
     if not isinstance(pid, int) or pid <= 0:
         raise ParameterError("pid: expected a positive process id, got %r" % (pid,))
-    ns_pid = proc_facts.namespace_pid(pid, proc)
+    ns_pid = proc.namespace_pid(pid, proc_root)
     if ns_pid is None:
         raise EndpointError("process %d does not exist (or /proc/%d/status is unreadable): check `pid` "
                             "or that the container is running" % (pid, pid), pid=pid)
     inner = os.path.join(socket_dir, protocol.SOCKET_NAME % ns_pid).lstrip("/")
-    return os.path.join(proc, str(pid), "root", inner)
+    return os.path.join(proc_root, str(pid), "root", inner)
 
 
 # A generation's lock and backup take a lease that ends at most this long after the generation's timeout (the

@@ -17,8 +17,8 @@ import re
 import socket
 from urllib.parse import urlsplit
 
-from .. import netns
-from ..errors import ParameterError
+from ..base.errors import ParameterError
+from ..linux import netns
 
 MAX_BODY = 1024 * 1024
 # http.client refuses these anywhere in a URL (urlsplit silently drops a tab or a newline instead)

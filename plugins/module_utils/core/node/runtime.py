@@ -33,13 +33,15 @@ import re
 import time
 import traceback
 
-from .. import encryption, fleet, freshness, layout, paths, signature
-from ..clients.docker import env_dict
-from ..clients.runc import RuncCli, split_argv
-from ..errors import SnapshotError
+from ..base import layout
+from ..base.errors import SnapshotError
+from ..clients.docker_cli import env_dict
+from ..clients.runc_cli import RuncCli, split_argv
+from ..linux import paths
 from ..restore import pipeline, verify
 from ..restore.node_state import NodeState
 from ..restore.on_create import OnCreate, Refused
+from ..store import encryption, fleet, freshness, signature
 
 # Node settings (the role writes them to runtime.json; see roles/snapshot_node/defaults/main.yml).
 DEFAULTS = layout.RUNTIME_DEFAULTS

@@ -17,11 +17,12 @@ __metaclass__ = type
 import os
 import subprocess
 
-from .. import metadata, paths, proc, status
-from ..clients import runner as runner_mod
-from ..clients.criu import CriuCli
-from ..criu_images import read_pstree
-from ..errors import CommandError, ParameterError
+from ..base.errors import CommandError, ParameterError
+from ..clients import commands
+from ..clients.criu_cli import CriuCli
+from ..linux import paths, proc
+from ..store import metadata, status
+from ..store.criu_images import read_pstree
 from .pipeline import Driver, Fallback
 
 ENGINE = "criu"
@@ -72,7 +73,7 @@ def start_detached(argv, env, log_path=None, runner=None):
     try:
         if log_path:
             out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, paths.FILE_MODE)
-        return (runner or runner_mod.DEFAULT).spawn(argv, stdin=subprocess.DEVNULL, stdout=out,
+        return (runner or commands.DEFAULT).spawn(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                     stderr=subprocess.STDOUT, env=env, cwd="/", close_fds=True,
                                                     start_new_session=True)
     except (IOError, OSError) as exc:

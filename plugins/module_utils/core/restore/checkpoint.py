@@ -18,11 +18,12 @@ import os
 import shutil
 import tempfile
 
-from .. import container as container_record
-from .. import device, layout, metadata, paths, world
-from ..clients.runc import RuncCli
-from ..clients.docker import env_dict
-from ..errors import CommandError, ParameterError
+from ..base import layout
+from ..base.errors import CommandError, ParameterError
+from ..clients.docker_cli import env_dict
+from ..clients.runc_cli import RuncCli
+from ..linux import paths
+from ..store import container_record, device, metadata, world
 from . import verify
 from .containerd_leak import LeakGuard
 from .pipeline import Driver, Fallback

@@ -20,7 +20,7 @@ __metaclass__ = type
 import os
 import shutil
 
-from ..layout import IMAGES_INVENTORY as INVENTORY
+from ..base.layout import IMAGES_INVENTORY as INVENTORY
 
 PREFIX = "ctrd-checkpoint"
 

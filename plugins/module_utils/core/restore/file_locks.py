@@ -25,10 +25,11 @@ __metaclass__ = type
 
 import os
 
-from .. import criu_images, proc
 from ..agent import protocol
+from ..base.errors import SnapshotError
 from ..clients.control import AgentSocketClient
-from ..errors import SnapshotError
+from ..linux import proc
+from ..store import criu_images
 
 AGENT_WAIT = 5.0  # an agent's socket comes back with its process; a process without one never has it
 

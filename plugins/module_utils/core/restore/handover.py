@@ -25,10 +25,11 @@ __metaclass__ = type
 import os
 import shlex
 
-from .. import container as container_record
-from .. import layout, metadata, paths, status
-from ..clients.docker import env_dict
-from ..errors import CommandError, ParameterError, SnapshotError
+from ..base import layout
+from ..base.errors import CommandError, ParameterError, SnapshotError
+from ..clients.docker_cli import env_dict
+from ..linux import paths
+from ..store import container_record, metadata, status
 from . import verify
 from .checkpoint import docker_world_now, recreate_or_refuse, write_metadata
 from .pipeline import Driver, Fallback

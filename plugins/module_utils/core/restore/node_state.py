@@ -19,12 +19,11 @@ import json
 import os
 import time
 
-from .. import paths, proc
-from ..clients import criu as criu_client
-from ..clients import runner as runner_mod
-from ..clients.criu import CriuCli
-from ..clients.runc import STOP_GRACE
-from ..clock import utc_now
+from ..base.clock import utc_now
+from ..clients import commands, criu_cli
+from ..clients.criu_cli import CriuCli
+from ..clients.runc_cli import STOP_GRACE
+from ..linux import paths, proc
 
 ONCE_DIR = "restored-once"     # <state_dir>/restored-once/<id>: this container id was restored once
 RESTORED_FILE = "restored"     # <state_dir>/<id>/restored: the next `start` is a no-op
@@ -64,7 +63,7 @@ class NodeState:
         self.config = config
         self.runc = runc
         self.log = log or Log(config["log_file"])
-        self.runner = runner or runner_mod.DEFAULT
+        self.runner = runner or commands.DEFAULT
         self._criu = None
 
     @property
@@ -120,9 +119,9 @@ class NodeState:
     # -- cleaning up ---------------------------------------------------------------------------------
     def drop_state(self, container_id):
         path = self.path(container_id)
-        if os.path.isdir(path) and not criu_client.remove_work_dir(path):
+        if os.path.isdir(path) and not criu_cli.remove_work_dir(path):
             self.log.event("cleanup", container=container_id,
-                           action="left %s in place: mounts below it (%s)" % (path, criu_client.mounts_below(path)))
+                           action="left %s in place: mounts below it (%s)" % (path, criu_cli.mounts_below(path)))
 
     def undo_restore(self, container_id):
         """Remove a half-done or rejected restore so that `runc create` of the same id can follow."""
@@ -141,13 +140,13 @@ class NodeState:
         work = self.path(container_id, "work")
         runc_state = os.path.join(self.runc.root, container_id)
         for base in (work, runc_state):
-            for point in sorted(criu_client.mounts_below(base), reverse=True):
+            for point in sorted(criu_cli.mounts_below(base), reverse=True):
                 try:
                     rc = self.runner.run(["umount", "-l", point], timeout=30, check=False)[0]
                 except Exception as exc:  # cleanup goes on; the log says what was left
                     rc = str(exc)
                 self.log.event("cleanup", container=container_id, action="umount -l %s" % point, rc=rc)
         if os.path.isdir(runc_state) and not os.path.exists(os.path.join(runc_state, "state.json")):
-            criu_client.remove_work_dir(runc_state)
-        if os.path.lexists(work) and not criu_client.remove_work_dir(work):
+            criu_cli.remove_work_dir(runc_state)
+        if os.path.lexists(work) and not criu_cli.remove_work_dir(work):
             self.log.event("cleanup", container=container_id, action="left %s in place: mounts below it" % work)

@@ -19,14 +19,15 @@ import hashlib
 import os
 import shutil
 
-from .. import criu_images, device, fleet, layout, metadata, netns, paths, proc, world
-from .. import held as held_files
-from ..clients import criu as criu_client
-from ..clients.runc import StoppedRestore
-from ..clients.docker import DockerCli, env_dict
-from ..container import parse_container_record
-from ..errors import SnapshotError
-from . import verify
+from ..base import layout
+from ..base.errors import SnapshotError
+from ..clients import criu_cli
+from ..clients.docker_cli import DockerCli, env_dict
+from ..clients.runc_cli import StoppedRestore
+from ..linux import netns, paths, proc
+from ..store import criu_images, device, fleet, metadata, world
+from ..store.container_record import parse_container_record
+from . import held, verify
 from .pipeline import Driver, Fallback
 
 # What of the verdict the runtime's log line keeps.
@@ -200,7 +201,7 @@ class OnCreate(Driver):
         node, container_id = self.node, self.container_id
         state = paths.ensure_dir(node.path(container_id))
         work = os.path.join(state, "work")
-        if os.path.lexists(work) and not criu_client.remove_work_dir(work):
+        if os.path.lexists(work) and not criu_cli.remove_work_dir(work):
             raise Fallback("busy: %s has mounts below it from an earlier restore; unmount them" % work)
         paths.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
@@ -211,7 +212,7 @@ class OnCreate(Driver):
                                       lazy_pages=lazy)
         if lazy:  # listening before runc starts: CRIU hands it the tasks' memory as they are created
             try:
-                self.lazy = criu_client.LazyPages(node.criu, attempt.images_dir, work).start(
+                self.lazy = criu_cli.LazyPages(node.criu, attempt.images_dir, work).start(
                     min(5.0, attempt.remaining()))
             except SnapshotError as exc:
                 raise Fallback("lazy_pages_failed: %s" % exc.msg)
@@ -240,7 +241,7 @@ class OnCreate(Driver):
         except (IOError, OSError, ValueError):
             raise Fallback("criu_failed: runc restore wrote no pid to %s" % pid_file)
         if not self.lazy:  # the lazy-pages daemon works (and logs) there until every page is in
-            criu_client.remove_work_dir(work)
+            criu_cli.remove_work_dir(work)
         attempt.pid_start_time = proc.start_time(pid)
         return pid
 
@@ -300,7 +301,7 @@ class OnCreate(Driver):
             attempt.held.write_into_view(rel, data_new)
             try:
                 attempt.held.seal_view()  # the view holds this restore's own files alone again, and is watched
-            except held_files.HoldError as exc:
+            except held.HoldError as exc:
                 raise Fallback(exc.reason)
         else:
             shutil.copytree(source, target, dirs_exist_ok=True)
@@ -339,7 +340,7 @@ class OnCreate(Driver):
                                          "status": self.lazy.status}
         if not complete:
             raise Fallback(self.lazy_failed())
-        criu_client.remove_work_dir(self.lazy.work_dir)
+        criu_cli.remove_work_dir(self.lazy.work_dir)
 
     def after_host_restore(self, attempt):
         """The new environment, through /proc/PID/root (which sees the container's own mounts)."""
@@ -434,5 +435,5 @@ class OnCreate(Driver):
             os.close(root_fd)
 
     def keep_log(self, work):
-        return criu_client.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
+        return criu_cli.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
                                     self.node.config["criu_log_dir"])

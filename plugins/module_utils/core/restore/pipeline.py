@@ -50,12 +50,12 @@ import os
 import threading
 import traceback
 
-from .. import canary, device, encryption, fleet, keyscope, layout, manifest, paths, plaintext, proc, stage as staged_cache
-from .. import status
-from .. import held as held_files
-from ..clock import Deadline, Stopwatch
-from ..errors import SnapshotError
-from . import file_locks, reseed, verify
+from ..base import layout
+from ..base.clock import Deadline, Stopwatch
+from ..base.errors import SnapshotError
+from ..linux import paths, plaintext, proc
+from ..store import canary, device, encryption, fleet, keyscope, manifest, status
+from . import cache, file_locks, held, reseed, verify
 
 
 DECRYPT_DIR = layout.TMPFS   # the plaintext of an encrypted snapshot never reaches a disk
@@ -284,12 +284,12 @@ def run(driver, attempt):
             staged_why = _find_staged(driver, attempt)
             if not (attempt.staged or attempt.check_mode or driver.delegates or not driver.reads_images):
                 try:  # every file opened once, before anything is hashed: what is verified is what is restored
-                    attempt.held = held_files.Held.open(attempt.snapshot_dir, attempt.decrypt_dir)
-                except held_files.HoldError as exc:
+                    attempt.held = held.Held.open(attempt.snapshot_dir, attempt.decrypt_dir)
+                except held.HoldError as exc:
                     raise Fallback(exc.reason)
             # Hashing the page images while CRIU reads them needs both to read the same bytes: the same leased inodes
             defer = layout.is_page_image if attempt.overlap and driver.can_leave_stopped and not attempt.check_mode \
-                and not attempt.staged and (attempt.held is None or attempt.held.mode == held_files.LEASED) else None
+                and not attempt.staged and (attempt.held is None or attempt.held.mode == held.LEASED) else None
             # A delegate hashes the images and the device state right before it restores them, and a run that restores
             # neither does not need them: this run hashes what it acts on itself, the documents.
             unhashed = _not_a_document if (driver.delegates or not driver.reads_images) and not attempt.check_mode \
@@ -321,7 +321,7 @@ def run(driver, attempt):
             if attempt.held:  # what the restore reads: the inodes just verified (links), or their verified copy
                 try:
                     attempt.held.make_view()
-                except held_files.HoldError as exc:
+                except held.HoldError as exc:
                     raise Fallback(exc.reason)
                 attempt.verdict["held"] = attempt.held.summary()
             _check_key(attempt)  # a host without the key says so, not that it lacks the room to decrypt
@@ -479,7 +479,7 @@ def _find_staged(driver, attempt):
     returns why not (None without a cache)."""
     if not attempt.stage_dir or not attempt.hash_files or not driver.can_use_staged:
         return None
-    attempt.staged, why = staged_cache.find(attempt.stage_dir, attempt.snapshot_dir, drop=not attempt.check_mode)
+    attempt.staged, why = cache.find(attempt.stage_dir, attempt.snapshot_dir, drop=not attempt.check_mode)
     return why
 
 
@@ -582,7 +582,7 @@ def decrypt(attempt):
         encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,
                                 attempt.plain_dir, described["files"], encryption.Binding.of(attempt.manifest),
                                 attempt.workers,
-                                files=attempt.held if attempt.held and attempt.held.mode == held_files.LEASED else None)
+                                files=attempt.held if attempt.held and attempt.held.mode == held.LEASED else None)
     except encryption.DecryptError as exc:
         raise Fallback(exc.msg)
 

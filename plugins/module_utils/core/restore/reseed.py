@@ -26,8 +26,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ..agent import protocol
+from ..base.errors import RuntimeRefusedError
 from ..clients.control import AgentSocketClient
-from ..errors import RuntimeRefusedError
 
 AGENT_WAIT = 5.0      # the socket comes back with its process (device.resume_process waits the same way)
 REQUEST_TIMEOUT = 10.0

@@ -15,13 +15,15 @@ __metaclass__ = type
 
 import os
 
-from .. import encryption, fleet, freshness, health, layout, paths, schema, signature, stage
+from ..base import layout, schema
+from ..base.errors import ParameterError
 from ..clients import engine_http
-from ..clients.docker import DockerCli, env_dict
-from ..errors import ParameterError
-from . import bare, pipeline, verify
+from ..clients.docker_cli import DockerCli, env_dict
+from ..linux import paths
+from ..store import encryption, fleet, freshness, signature
+from . import bare, cache, health, pipeline, verify
 from .checkpoint import DockerCheckpoint
-from .handover import Handover, covers, runtime_settings
+from .handover import covers, Handover, runtime_settings
 
 
 def check_options(params):
@@ -61,7 +63,7 @@ def check_options(params):
                                  "break, each with its value" % (key,), field="env")
     schema.validate("manifest", params["identity"], "identity", definition="identity")
     if params.get("stage_dir"):
-        stage.check_root(params["stage_dir"])
+        cache.check_root(params["stage_dir"])
     if params.get("source"):
         return clone_source(params)
     if not params["snapshot_dir"]:

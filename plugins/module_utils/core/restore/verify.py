@@ -15,9 +15,10 @@ __metaclass__ = type
 
 import os
 
-from .. import encryption, fleet, freshness, layout, manifest, world
-from ..clients.criu import CriuCli
-from ..errors import ParameterError
+from ..base import layout
+from ..base.errors import ParameterError
+from ..clients.criu_cli import CriuCli
+from ..store import encryption, fleet, freshness, manifest, world
 
 image_reason = world.image_reason  # the one image check of every path
 

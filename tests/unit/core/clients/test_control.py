@@ -13,9 +13,10 @@ import pytest
 
 from conftest import free_port
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import EndpointError, ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import EndpointError, ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 from ansible_collections.inferops.snapshot.plugins.modules.npu_snapshot_lock import plan
 
 
@@ -38,7 +39,7 @@ def test_socket_for_host_pid(tmp_path):
 
 def test_missing_process(tmp_path):
     with pytest.raises(EndpointError, match="process 5 does not exist"):
-        control.agent_socket_for_pid(5, proc=str(tmp_path))
+        control.agent_socket_for_pid(5, proc_root=str(tmp_path))
     with pytest.raises(ParameterError, match="pid: expected a positive"):
         control.agent_socket_for_pid(0)
 

@@ -4,8 +4,8 @@ and no message repeats a header's value or a password given in a URL."""
 import pytest
 
 from conftest import free_port
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
 
 TOKEN = "Bearer s3cr3tTOKENvalue42"
 

@@ -17,10 +17,11 @@ import yaml
 
 from conftest import BIN, COLLECTIONS, REPO, ensure_collection_link
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, paths
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu, runc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu_cli as criu, runc_cli as runc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 
 ROLE = REPO / "roles" / "snapshot_node"
 CID = "ab" * 32

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import criu_image, protobuf_varint as varint
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import metadata, proc as proc_facts, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import CommandError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import CommandError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import proc as proc_facts
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import bare, verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images, metadata, status
 
 
 def pstree_entry(pid, ppid, threads, packed=False, extra=b""):

@@ -17,8 +17,8 @@ import pytest
 from conftest import criu_image, posix_locks, protobuf_varint
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import launcher, protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import file_locks
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images
 
 DB_SHARED = 1073741826  # where the workload's read lock on cache.db starts (SQLite's SHARED range)
 

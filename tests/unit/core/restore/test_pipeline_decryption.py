@@ -5,10 +5,11 @@ hashed in full. Either way every changed byte ends in a cold start with the reas
 import os
 
 from conftest import flip_byte_keeping_mtime
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption, layout, manifest
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption, manifest
 
-from unit.core.test_stage import PAGES, Fake, keys, make
+from unit.core.restore.test_cache import PAGES, Fake, keys, make
 
 
 class Stopping(Fake):

@@ -2,10 +2,11 @@
 
 import os
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import encryption, paths, proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths, proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption
 
-from unit.core.test_stage import Fake, make
+from unit.core.restore.test_cache import Fake, make
 
 
 def meminfo(tmp_path, available_kb):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import task
 
 

@@ -63,7 +63,7 @@ def test_by_its_path_alone_it_imports_the_collection_it_lies_in(tmp_path):
         "try:\n    import ansible_collections.inferops\n    sys.exit('the collection is importable already')\n"
         "except ImportError:\n    pass\n"
         "source = runpy.run_path(sys.argv[1])\n"
-        "layout = sys.modules['ansible_collections.inferops.snapshot.plugins.module_utils.core.layout']\n"
+        "layout = sys.modules['ansible_collections.inferops.snapshot.plugins.module_utils.core.base.layout']\n"
         "print(json.dumps([source['check_args']({'namespace': 'ns'})['gate'] == layout.K8S_RESTORE_GATE,\n"
         "                  source['k8s_client'].connect.__module__, source['k8s_service'].requested.__module__,\n"
         "                  'proxy' in source['ARGUMENTS']]))\n")

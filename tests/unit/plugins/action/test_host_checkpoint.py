@@ -12,9 +12,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.action import host_checkpoint as action
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import claim, generate, layout, manifest, seal
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import signature, status
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate, claim
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, signature, status
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 GENERATION_ID = "gen-under-test"

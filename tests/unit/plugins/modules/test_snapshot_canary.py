@@ -8,7 +8,7 @@ import stat
 
 from conftest import run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 
 SECRET = "Bearer s3cr3t-canary-token-4f1d"
 IDENTITY = {"namespace": "default", "service": "canary", "instance": "p0", "pod": "canary-0"}

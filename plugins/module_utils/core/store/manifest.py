@@ -1,0 +1,490 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.snapshot contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Hashing, the checksum list and the verification of published snapshots. PRIVATE to inferops.snapshot.
+
+A published snapshot directory holds ``manifest.json`` (schemas/manifest.schema.json),
+``checksum.sha256`` (``sha256sum -c`` format, one line per file, the manifest included, sorted, in
+exactly the form ``format_checksums`` writes: any other byte is a reason to refuse it) and the
+device and host parts. Files larger than CHUNK_BYTES also get per-chunk digests in the chunk index
+``host/chunks.json`` (itself listed in ``checksum.sha256``), so verification hashes a multi-GB page
+image on all cores at once. Verification reads every byte exactly once. Sealing (writing them) is
+seal.py; the layout's names are layout.py.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import json
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..base import layout, schema
+from ..clients.criu_cli import major as criu_major
+from ..linux import paths
+from . import mapped, signature, status
+from .world import image_reason
+
+MANIFEST = layout.MANIFEST
+CHECKSUMS = layout.CHECKSUMS
+CHUNK_INDEX = layout.CHUNK_INDEX
+# Files above this size get per-chunk digests in the chunk index, so that one big file is hashed on all cores. A chunk
+# is one SHA-256 stream that no second core can share: at 64 MiB, the 5-6 jobs of a 0.3 GB snapshot left one of two
+# cores hashing 192 MiB against the other's 152 (about 10 % of the check); at 16 MiB the last job is short. A
+# verification takes the size from the snapshot's own index, so snapshots sealed with 64 MiB chunks still verify.
+CHUNK_BYTES = 16 * 1024 * 1024
+CHUNK = 1024 * 1024
+_CHECKSUM_LINE = re.compile(r"^([0-9a-f]{64})  ([^\n]+)$")
+
+
+class ChecksumFormatError(ValueError):
+    pass
+
+
+def list_files(root):
+    """Relative paths of the regular files below ``root``, sorted (paths.list_plain_files: links and special files
+    raise NotRegularFile, a ValueError)."""
+    return paths.list_plain_files(root)
+
+
+def _hash_range(path, offset=0, length=None, fd=None, sink=None):
+    """(bytes read, sha256) of ``length`` bytes of ``path`` from ``offset`` (to the end when None). ``fd``: read
+    through this descriptor (held.Held) instead of opening ``path``; ``sink``: write what was read there too, at
+    the same offsets (a copy made by the read that verifies it)."""
+    digest = hashlib.sha256()
+    own = fd is None
+    if own:
+        fd = paths.open_regular(path)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead when cold
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        done = 0
+        while length is None or done < length:
+            want = CHUNK if length is None else min(CHUNK, length - done)
+            n = os.preadv(fd, [view[:want]], offset + done)
+            if not n:
+                break
+            digest.update(view[:n])  # hashlib releases the GIL: files and chunks hash in parallel threads
+            if sink is not None:
+                _write_at(sink, view[:n], offset + done)
+            done += n
+    finally:
+        if own:
+            os.close(fd)
+    return done, digest.hexdigest()
+
+
+def hash_file(path):
+    """(size, sha256) of a whole file."""
+    return _hash_range(path)
+
+
+def hash_range(path, offset, length):
+    return _hash_range(path, offset, length)
+
+
+def fingerprint(directory):
+    """The snapshot's fingerprint: SHA-256 of its checksum.sha256 (what status records and annotations hold)."""
+    try:
+        return hash_file(os.path.join(directory, CHECKSUMS))[1]
+    except (IOError, OSError):
+        return None
+
+
+def hash_tree(root, whole, chunked=None, workers=None, progress=None, files=None):
+    """Hash files in parallel threads: ``whole`` relpaths as one stream each, ``chunked`` ({relpath:
+    chunk_bytes}) chunk by chunk, so that one big file is hashed on every core at once.
+
+    Returns (results {relpath: (size, sha256)} for ``whole``, chunks {relpath: [(length, sha256), ...]}
+    for ``chunked``, stats). ``progress(done_bytes, done_jobs)`` is called as jobs complete. A file in
+    both is read twice (sealing does that, from the page cache the checkpoint just filled); verification
+    reads every byte once. ``files``: a held.Held the files are read through (and copied into), instead of paths.
+    """
+    chunked = chunked or {}
+    size_of = files.size if files is not None else (lambda rel: os.lstat(os.path.join(root, rel)).st_size)
+    jobs = []
+    for rel in whole:
+        size = size_of(rel)
+        jobs.append((rel, None, 0, None, (1 if rel in chunked else 0, size)))
+    for rel, chunk_bytes in chunked.items():
+        size = size_of(rel)
+        for index, offset in enumerate(range(0, max(size, 1), chunk_bytes)):
+            length = min(chunk_bytes, size - offset)
+            jobs.append((rel, index, offset, length, (0, length)))
+    # Longest first (a whole-file digest of a chunked file is the one serial job): nothing long starts last.
+    jobs.sort(key=lambda job: job[4], reverse=True)
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    started = time.monotonic()
+    results, chunks, done = {}, {}, [0, 0]
+
+    def record(index, got):
+        job = jobs[index]
+        if job[1] is None:
+            results[job[0]] = got
+        else:
+            chunks.setdefault(job[0], {})[job[1]] = got
+        done[0] += got[0]
+        done[1] += 1
+        if progress:
+            progress(done[0], done[1])
+
+    # A check by path hashes mappings of the page cache in a child (mapped.py: no copy, and a file truncated
+    # under it fails the check instead of killing this process); the bytes a restore uses are read through
+    # ``files``, and a process with other threads does not fork.
+    mapped_jobs = [(os.path.join(root, job[0]), job[2], job[3]) for job in jobs] if files is None else []
+    reader = None  # nothing to hash
+    if jobs:
+        reader = "mapped" if mapped_jobs and mapped.hash_jobs(mapped_jobs, workers, record) is not None else "read"
+    if reader == "read":
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(_hash_range, os.path.join(root, job[0]), job[2], job[3],
+                                   *((files.fd(job[0]), files.sink(job[0])) if files is not None else ()))
+                       for job in jobs]
+            for index, future in enumerate(futures):
+                record(index, future.result())
+    chunks = dict((rel, [parts[i] for i in sorted(parts)]) for rel, parts in chunks.items())
+    elapsed = time.monotonic() - started
+    done_bytes = done[0]
+    stats = {"bytes": done_bytes, "files": len(set(results) | set(chunks)), "chunks": sum(len(c) for c in chunks.values()),
+             "seconds": round(elapsed, 6), "workers": workers, "reader": reader,
+             "throughput_mb_s": round(done_bytes / 1e6 / elapsed, 1) if elapsed > 0 else None}
+    return results, chunks, stats
+
+
+def hash_files(root, relpaths, workers=None, progress=None):
+    """{relpath: (size, sha256)} hashing whole files in parallel, each read once. Returns (hashes, stats)."""
+    results, _chunks, stats = hash_tree(root, relpaths, None, workers, progress)
+    return results, stats
+
+
+def _chunk_plan(index_data, listed):
+    """{relpath: entry} of the files the (already verified) chunk index lets us check chunk by chunk.
+
+    A file is checked by chunks only when the index agrees with checksum.sha256 about its digest and
+    the chunk list covers its recorded size; any other file is hashed whole, as without an index.
+    """
+    try:
+        index = json.loads(index_data.decode("utf-8"))
+        chunk_bytes = int(index["chunk_bytes"])
+        entries = index["files"]
+        if chunk_bytes <= 0 or not isinstance(entries, dict):
+            return {}, None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}, None
+    plan = {}
+    for rel, entry in entries.items():
+        try:
+            size, chunks = int(entry["size"]), list(entry["chunks"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if rel in listed and entry.get("sha256") == listed[rel] and size > 0 and len(chunks) == (size + chunk_bytes - 1) // chunk_bytes:
+            plan[rel] = dict(size=size, chunks=chunks)
+    return plan, chunk_bytes
+
+
+def format_checksums(hashes):
+    return "".join("%s  %s\n" % (hashes[rel][1], rel) for rel in sorted(hashes))
+
+
+def parse_checksums(text):
+    """{relpath: sha256} from checksum.sha256; anything but the canonical form raises ChecksumFormatError.
+
+    Canonical: the bytes ``format_checksums`` writes for these entries (sorted, two spaces, one LF
+    per line, nothing else). A list that says the same thing in other bytes was not written by us.
+    """
+    entries = {}
+    if not text.endswith("\n") or "\r" in text:
+        raise ChecksumFormatError("not in canonical form (every line ends with one LF, no CR)")
+    for number, line in enumerate(text[:-1].split("\n"), 1):
+        match = _CHECKSUM_LINE.match(line)
+        if not match:
+            raise ChecksumFormatError("line %d is not '<sha256>  <path>'" % number)
+        digest, rel = match.groups()
+        if rel.startswith("/") or ".." in rel.split("/") or rel in entries:
+            raise ChecksumFormatError("line %d names an absolute, parent or repeated path %r" % (number, rel))
+        entries[rel] = digest
+    if format_checksums(dict((rel, (None, digest)) for rel, digest in entries.items())) != text:
+        raise ChecksumFormatError("not in canonical form (sorted '<sha256>  <path>' lines)")
+    return entries
+
+
+def manifest_files(hashes, exclude=(MANIFEST, CHECKSUMS)):
+    files = [{"path": rel, "size": hashes[rel][0], "sha256": hashes[rel][1]} for rel in sorted(hashes)
+             if rel not in exclude]
+    return files, sum(item["size"] for item in files)
+
+
+def load_manifest(directory):
+    with open(os.path.join(directory, MANIFEST)) as handle:
+        return json.load(handle)
+
+
+# The documents a restore acts on besides the CRIU images: read once, hashed from those same bytes, and handed back
+# (``verify(keep=...)``) so that nothing reads them again by path after the verdict.
+DOCUMENTS = (MANIFEST, layout.CONTAINER_RECORD, layout.CANARY, layout.DEVICE_PART, CHUNK_INDEX)
+DOCUMENT_LIMIT = 16 * 1024 * 1024
+
+
+def read_document(path, limit=DOCUMENT_LIMIT, fd=None, sink=None):
+    """The bytes of a small regular file, never through a link; a larger one is an error, not a partial read.
+    ``fd``: read through this descriptor (held.Held) instead of opening ``path``; ``sink``: also write them there."""
+    own = fd is None
+    if own:
+        fd = paths.open_regular(path)  # a held descriptor was checked when it was opened
+    try:
+        return paths.read_limited(fd, limit, path, each=None if sink is None else
+                                  lambda data, offset: _write_at(sink, data, offset))
+    finally:
+        if own:
+            os.close(fd)
+
+
+def _write_at(fd, data, offset):
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None, defer=None,
+           keep=DOCUMENTS, unhashed=None, files=None):
+    """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
+
+    ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
+    the restore would run with, and ``checksum``: the fingerprint a caller knows the snapshot by (a
+    Kubernetes annotation). A key whose value is None is not checked. ``trusted`` ({key id: public
+    key}, signature.load_public_keys): when given, the snapshot must carry a valid signature by one of
+    them; ``details["authenticated"]`` says whether it did.
+
+    ``hash_files=False`` checks everything but the content of the files other than the manifest
+    (listing, sizes, manifest, identity, versions); ``unhashed`` (relpath -> bool) does so for some files
+    only: for a caller whose next step hands those files to a component that hashes them right before it
+    uses them (the node's runtime), so that no file is read twice. ``details["checksums"]`` says which was done.
+
+    ``defer`` (relpath -> bool): files whose content is checked later, by ``verify_deferred``, while the
+    caller already uses them in a way that runs nothing of theirs (CRIU copying page images into tasks it
+    leaves stopped). Everything else, and their listing and size, is checked now; ``details["deferred"]``
+    is what ``verify_deferred`` needs (None when nothing was deferred). Until it has passed, the verdict
+    covers everything but those files' bytes.
+
+    ``keep``: the small files whose bytes are read once, hashed from memory and returned in
+    ``details["documents"]`` ({relpath: bytes}, only those whose digest is the listed one): the manifest is
+    parsed from its own, and a restore acts on these bytes, never on the file again. ``checksum.sha256`` is read
+    once too: its fingerprint, its parse and the signature check are of the same bytes.
+
+    ``files`` (held.Held): every file is read through the descriptors the restore holds (and copied as it is
+    read, when the Held copies), never by path: what is verified is what the restore then reads.
+    """
+    expect = expect or {}
+    reasons = []
+    details = {"path": directory, "bytes": 0, "files": 0, "hashing": None, "manifest": None, "authenticated": False,
+               "key_id": None, "fingerprint": None, "documents": {}}
+    if not os.path.isdir(directory):
+        return False, ["missing: no snapshot at %s" % directory], details
+    for name in (MANIFEST, CHECKSUMS):
+        if not os.path.isfile(os.path.join(directory, name)):
+            reasons.append("incomplete: %s is missing" % name)
+    if reasons:
+        return False, reasons, details
+
+    def held(rel):
+        """(fd, sink) of ``rel`` through ``files``: a file the restore did not hold is not verified."""
+        if files is None:
+            return None, None
+        if rel not in files.fds:
+            raise ValueError("%s appeared after the restore began" % rel)
+        return files.fd(rel), files.sink(rel)
+
+    def size_of(rel):
+        return files.size(rel) if files is not None and rel in files.fds else \
+            os.lstat(os.path.join(directory, rel)).st_size
+
+    try:
+        raw = read_document(os.path.join(directory, CHECKSUMS), DOCUMENT_LIMIT, *held(CHECKSUMS))
+        listed = parse_checksums(raw.decode("utf-8"))
+    except (ChecksumFormatError, UnicodeDecodeError, ValueError, IOError, OSError) as exc:
+        return False, ["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)], details
+    details["fingerprint"] = hashlib.sha256(raw).hexdigest()
+    # Who made it, before anything else is read: an untrusted snapshot is refused whatever it holds.
+    signed = None
+    if files is not None and layout.SIGNATURE in files.fds:
+        signed = read_document(os.path.join(directory, layout.SIGNATURE), 64 * 1024, *held(layout.SIGNATURE))
+    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw,
+                                                                           document=signed)
+    if refused:
+        return False, [refused], details
+    reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
+    try:
+        # A restore's files are the ones it holds, which is what it restores from: a file held and then unlinked
+        # from the folder must still be judged (a second listing would not see it).
+        present = set(files.fds if files is not None else list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
+    except paths.NotRegularFile as exc:
+        return False, ["unsafe_file: %s" % exc], details
+    except OSError as exc:
+        return False, ["unreadable: the snapshot's folder could not be listed: %s" % exc], details
+    for rel in sorted(set(listed) - present):
+        reasons.append("file_missing: %s is listed in %s but absent" % (rel, CHECKSUMS))
+    for rel in sorted(present - set(listed)):
+        reasons.append("file_unlisted: %s is not covered by %s" % (rel, CHECKSUMS))
+
+    to_hash = sorted(set(listed) & present)
+    hashes, plan, chunk_bytes = {}, {}, None
+    unhashed = (lambda rel: rel != MANIFEST) if not hash_files else (unhashed or (lambda rel: False))
+    taken = [rel for rel in to_hash if rel != MANIFEST and unhashed(rel)]
+    details["checksums"] = "verified" if not taken else ("sizes only" if not hash_files else
+                                                         "verified but %d files taken as listed" % len(taken))
+    # Taken as listed; a file whose size differs from the manifest's record is still caught below.
+    hashes.update((rel, (size_of(rel), listed[rel])) for rel in taken)
+    documents = details["documents"]
+    for rel in to_hash:
+        if rel in keep and rel not in hashes:
+            try:
+                data = read_document(os.path.join(directory, rel), DOCUMENT_LIMIT, *held(rel))
+            except (IOError, OSError, ValueError) as exc:
+                return False, ["unreadable: %s: %s" % (rel, exc)], details
+            hashes[rel] = (len(data), hashlib.sha256(data).hexdigest())
+            if hashes[rel][1] == listed[rel]:
+                documents[rel] = data
+    refused = _scope_reason(trusted, details, documents.get(MANIFEST))
+    if refused:  # a trusted key outside the identities it may sign: refused before the images are read
+        details["authenticated"] = False
+        return False, [refused], details
+    if CHUNK_INDEX in documents:  # plan the chunked checks from the listed bytes of the index
+        plan, chunk_bytes = _chunk_plan(documents[CHUNK_INDEX], listed)
+    chunked = {}
+    for rel, entry in plan.items():
+        if rel not in to_hash or rel in hashes:  # absent, or taken as listed: not read
+            continue
+        size = size_of(rel)
+        if size != entry["size"]:
+            hashes[rel] = (size, None)  # truncated or grown: no need to read it to know
+        else:
+            chunked[rel] = chunk_bytes
+    whole = [rel for rel in to_hash if rel not in hashes and rel not in chunked]
+    details["deferred"] = None
+    if defer is not None and hash_files:
+        later = [rel for rel in whole + sorted(chunked) if rel != MANIFEST and defer(rel)]
+        if later:
+            details["deferred"] = {"whole": [rel for rel in later if rel in whole],
+                                   "chunked": dict((rel, (chunked[rel], plan[rel]["chunks"])) for rel in later
+                                                   if rel in chunked),
+                                   "listed": dict((rel, listed[rel]) for rel in later)}
+            for rel in later:  # taken as listed for now; the size is checked against the manifest below
+                hashes[rel] = (size_of(rel), listed[rel])
+            whole = [rel for rel in whole if rel not in hashes]
+            chunked = dict((rel, size) for rel, size in chunked.items() if rel not in hashes)
+    try:
+        if files is not None:
+            missing = sorted(rel for rel in whole + list(chunked) if rel not in files.fds)
+            if missing:
+                raise ValueError("%s appeared after the restore began" % ", ".join(missing))
+        whole_hashes, chunk_hashes, stats = hash_tree(directory, whole, chunked, workers=workers, progress=progress,
+                                                      files=files)
+    except (IOError, OSError, ValueError) as exc:
+        return False, ["unreadable: the snapshot's files could not be hashed: %s" % exc], details
+    hashes.update(whole_hashes)
+    for rel in chunked:
+        good = [digest for _length, digest in chunk_hashes[rel]] == plan[rel]["chunks"]
+        hashes[rel] = (plan[rel]["size"], listed[rel] if good else None)
+    stats["bytes"] += sum(size for rel, (size, _digest) in hashes.items() if rel in keep and rel not in taken
+                          and rel not in whole_hashes)  # the documents, hashed apart
+    stats["chunked_files"] = len(chunked)
+    if details["deferred"]:
+        stats["deferred_files"] = len(details["deferred"]["listed"])
+    details["hashing"] = stats
+    details["files"] = len(hashes)
+    details["bytes"] = sum(size for size, _digest in hashes.values())
+    corrupted = set(rel for rel in to_hash if hashes[rel][1] != listed[rel])
+    reasons.extend("checksum_mismatch: %s" % rel for rel in sorted(corrupted))
+
+    manifest = None
+    if MANIFEST in documents:  # parsed from the bytes just hashed, never read again
+        try:
+            manifest = json.loads(documents[MANIFEST].decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            reasons.append("manifest_invalid: %s is not JSON: %s" % (MANIFEST, exc))
+    if manifest is not None:
+        problems = schema.errors("manifest", manifest)
+        reasons.extend("manifest_invalid: %s" % problem for problem in problems[:5])
+        if not problems:
+            details["manifest"] = manifest
+            reasons.extend(_compare(manifest, hashes, expect, corrupted))
+    if details["bytes"] < min_size:
+        reasons.append("too_small: %d bytes in total, below the minimum of %d" % (details["bytes"], min_size))
+    return not reasons, reasons, details
+
+
+def verify_deferred(directory, deferred, workers=None, progress=None, files=None):
+    """The content check ``verify(defer=...)`` left for later: (reasons, stats); [] when every byte is as listed."""
+    chunked = dict((rel, entry[0]) for rel, entry in deferred["chunked"].items())
+    whole_hashes, chunk_hashes, stats = hash_tree(directory, deferred["whole"], chunked, workers=workers,
+                                                  progress=progress, files=files)
+    reasons = []
+    for rel in sorted(deferred["listed"]):
+        if rel in chunked:
+            good = [digest for _length, digest in chunk_hashes.get(rel, [])] == deferred["chunked"][rel][1]
+        else:
+            good = (whole_hashes.get(rel) or (None, None))[1] == deferred["listed"][rel]
+        if not good:
+            reasons.append("checksum_mismatch: %s" % rel)
+    return reasons, stats
+
+
+def _compare(manifest, hashes, expect, already_reported):
+    reasons = []
+    for item in manifest["files"]:
+        got = hashes.get(item["path"])
+        if got is not None and item["path"] not in already_reported and (got[0] != item["size"] or got[1] != item["sha256"]):
+            reasons.append("manifest_mismatch: %s differs from the manifest's record" % item["path"])
+    if expect.get("identity") is not None and manifest["identity"] != expect["identity"]:
+        reasons.append("identity_mismatch: snapshot belongs to %s, not %s"
+                       % (_identity_str(manifest["identity"]), _identity_str(expect["identity"])))
+    wrong = image_reason((manifest.get("image") or {}).get("id"), expect.get("image_id"))
+    if wrong:
+        reasons.append(wrong)
+    wanted_criu = criu_major(expect.get("criu_version"))
+    taken_criu = criu_major(manifest["engine"].get("criu_version"))
+    if wanted_criu is not None and taken_criu != wanted_criu:
+        reasons.append("criu_mismatch: snapshot was taken with CRIU %s, this host has %s"
+                       % (manifest["engine"].get("criu_version"), expect["criu_version"]))
+    if expect.get("runtime_version") is not None and manifest["runtime"]["version"] != expect["runtime_version"]:
+        reasons.append("runtime_mismatch: snapshot was taken with ACL runtime %s, the engine would load %s"
+                       % (manifest["runtime"]["version"], expect["runtime_version"]))
+    return reasons
+
+
+def _scope_reason(trusted, details, data):
+    """signature_untrusted when the key that signed the snapshot (authenticated: the manifest's bytes are the signed
+    ones) may not sign the identity its manifest names (the node's policy, keyscope.py)."""
+    if not details["authenticated"] or data is None:
+        return None
+    try:
+        identity = json.loads(data.decode("utf-8"))["identity"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return None  # the manifest's own check says what is wrong with it
+    if not isinstance(identity, dict):
+        return None
+    return signature.scope_reason(trusted, details["key_id"], identity)
+
+
+def _fingerprint_reasons(directory, fingerprint, expected):
+    """The fingerprint the generation recorded (the status record) and the one the caller knows must match."""
+    reasons = []
+    record = status.read(directory) or {}
+    if record.get("status") == "completed" and record.get("checksum") and record["checksum"] != fingerprint:
+        reasons.append("checksum_mismatch: the status record says the snapshot is %s, its %s hashes to %s"
+                       % (record["checksum"], CHECKSUMS, fingerprint))
+    if expected and expected != fingerprint:
+        reasons.append("checksum_mismatch: the snapshot was recorded as %s, its %s hashes to %s"
+                       % (expected, CHECKSUMS, fingerprint))
+    return reasons
+
+
+def _identity_str(identity):
+    return "/".join(identity[key] for key in ("namespace", "service", "instance", "pod"))

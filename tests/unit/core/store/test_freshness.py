@@ -1,0 +1,108 @@
+"""Freshness (issue 28, 4): a snapshot's signed generation only grows per identity, a node refuses one older than it
+has restored (rollback:) and an expired one (expired:), and the counters that keep them are root's alone.
+
+Real files, real flocks, real processes racing for the high-water mark."""
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import freshness
+
+IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
+
+
+def manifest(generation=None, identity=None, **extra):
+    recorded = dict(extra, identity=identity or IDENTITY)
+    if generation is not None:
+        recorded["generation"] = generation
+    return recorded
+
+
+def mark(tmp_path):
+    return freshness.HighWater(str(tmp_path / "state" / "generations.json"))
+
+
+def test_the_next_generation_is_above_the_last_and_never_below_the_clock():
+    assert freshness.next_generation(None, now=1000.5) == 1000
+    assert freshness.next_generation(1000, now=1000.9) == 1001   # twice in one second: still above
+    assert freshness.next_generation(5000, now=1000) == 5001     # a clock behind: the record wins
+    assert freshness.next_generation(0, now=2000) == 2000        # a lost record: the clock keeps it above the past
+    assert freshness.generation({}) == 0 and freshness.generation(manifest(7)) == 7
+
+
+def test_an_older_generation_is_a_rollback_the_same_or_a_newer_one_is_admitted_and_raises_the_mark(tmp_path):
+    high = mark(tmp_path)
+    assert high.admit(manifest(10)) is None
+    assert high.admit(manifest(10)) is None, "the same snapshot restores again"
+    refused = high.admit(manifest(9))
+    assert refused.startswith("rollback: the snapshot is generation 9 of tenant-a/qwen/p0/qwen-0, and this node has "
+                              "already restored generation 10 of it"), refused
+    assert high.admit(manifest(12)) is None
+    assert high.admit(manifest(10)).startswith("rollback: the snapshot is generation 10"), "12 is the mark now"
+    assert high.admit(manifest(None)).startswith("rollback: the snapshot is generation 0"), "no generation: 0"
+    assert high.admit(manifest(1, identity=dict(IDENTITY, pod="qwen-1"))) is None, "each identity its own mark"
+    record = json.loads(open(high.path).read())
+    assert record["tenant-a/qwen/p0/qwen-0"]["generation"] == 12 and record["tenant-a/qwen/p0/qwen-1"]["generation"] == 1
+    assert oct(os.stat(high.path).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(os.path.dirname(high.path)).st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.parametrize("damage", ["file mode", "directory writable", "link", "not a record"])
+def test_a_record_that_cannot_be_trusted_admits_nothing(tmp_path, damage):
+    high = mark(tmp_path)
+    assert high.admit(manifest(3)) is None
+    if damage == "file mode":
+        os.chmod(high.path, 0o644)
+    elif damage == "directory writable":
+        os.chmod(os.path.dirname(high.path), 0o777)
+    elif damage == "link":
+        os.rename(high.path, high.path + ".real")
+        os.symlink(high.path + ".real", high.path)
+    else:
+        with open(high.path, "w") as handle:
+            handle.write('{"tenant-a/qwen/p0/qwen-0": 3}')
+    refused = high.admit(manifest(4))
+    assert refused is not None and refused.startswith("generations_unreadable: "), refused
+
+
+def _admit(path, number, out):
+    out.put(freshness.HighWater(path).admit(manifest(number)))
+
+
+def test_restores_racing_for_the_mark_leave_the_highest_one(tmp_path):
+    path = str(tmp_path / "state" / "generations.json")
+    numbers = list(range(100, 124))
+    out = multiprocessing.Queue()
+    workers = [multiprocessing.Process(target=_admit, args=(path, n, out)) for n in numbers]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    answers = [out.get(timeout=10) for _n in numbers]
+    assert json.loads(open(path).read())["tenant-a/qwen/p0/qwen-0"]["generation"] == max(numbers)
+    assert answers.count(None) >= 1 and all(a is None or a.startswith("rollback:") for a in answers)
+
+
+def test_an_expired_snapshot_is_refused_by_this_hosts_clock():
+    when = freshness.parse_time("2026-12-01T00:00:00Z")
+    assert freshness.expires_at(3600, now=when) == "2026-12-01T01:00:00Z"
+    assert freshness.expired_reason(manifest(1)) is None, "no expires: never"
+    assert freshness.expired_reason(manifest(1, expires="2026-12-01T01:00:00Z"), now=when) is None
+    late = freshness.expired_reason(manifest(1, expires="2026-12-01T01:00:00Z"), now=when + 3600)
+    assert late.startswith("expired: the snapshot expired at 2026-12-01T01:00:00Z (this host's clock says "
+                           "2026-12-01T01:00:00Z)"), late
+    assert freshness.expired_reason(manifest(1, expires="soon"), now=when).startswith("expired: the snapshot's expiry")
+
+
+def test_the_signers_ledger_gives_every_identity_a_growing_number_also_twice_in_a_second(tmp_path):
+    ledger = freshness.SignerLedger(str(tmp_path / "keys" / layout.SIGNER_LEDGER_FILE))
+    first = ledger.allocate(IDENTITY, now=5000)
+    second = ledger.allocate(IDENTITY, now=5000)
+    other = ledger.allocate(dict(IDENTITY, pod="qwen-1"), now=5000)
+    assert (first, second, other) == (5000, 5001, 5000)
+    lost = freshness.SignerLedger(str(tmp_path / "elsewhere" / layout.SIGNER_LEDGER_FILE))
+    assert lost.allocate(IDENTITY, now=6000) == 6000 > second, "a lost ledger still counts above the past"
