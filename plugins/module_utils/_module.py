@@ -22,7 +22,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import commands, control
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs
 
 HIDDEN = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"  # Ansible's own word for a no_log value
 
@@ -152,7 +152,7 @@ def run(argument_spec, logic, requires=("jsonschema",), diff=None, **module_opti
         module.fail_json(msg=exc.msg, invocation=invocation, **exc.result)
     except EnvironmentError as exc:
         _hide_remembered(module)
-        store = paths.store_error(exc)
+        store = fs.store_error(exc)
         if store is not None:  # a read-only or full snapshot store: say which path and why, no traceback
             module.fail_json(msg=store, invocation=invocation, path=exc.filename, errno=exc.errno)
         module.fail_json(msg="unexpected error in %s: %s" % (module._name, exc), exception=traceback.format_exc(),

@@ -19,7 +19,7 @@ import os
 import stat
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs
 
 INSTALLED = ".inferops-installed.json"
 SKIPPED_DIRS = ("__pycache__",)
@@ -68,7 +68,7 @@ def _differs(path, data, mode):
 
 
 def _previously_installed(dest):
-    listed = (paths.read_json(os.path.join(dest, INSTALLED)) or {}).get("files")
+    listed = (fs.read_json(os.path.join(dest, INSTALLED)) or {}).get("files")
     return set(rel for rel in listed if isinstance(rel, str)) if isinstance(listed, list) else set()
 
 
@@ -122,10 +122,10 @@ def install(dest, files, mode=0o644, directory_mode=0o755, check_mode=False):
             if not os.path.isdir(directory):
                 os.makedirs(directory, mode=directory_mode)
                 os.chmod(directory, directory_mode)  # makedirs' mode is masked by the umask
-            paths.write_file_atomic(path, wanted[rel], mode)
+            fs.write_file_atomic(path, wanted[rel], mode)
             os.chmod(path, mode)
         for rel in removed:
             os.unlink(os.path.join(dest, rel))
-        paths.write_file_atomic(os.path.join(dest, INSTALLED),
+        fs.write_file_atomic(os.path.join(dest, INSTALLED),
                                 json.dumps({"files": sorted(wanted)}, indent=0).encode("utf-8"), 0o644)
     return {"written": written, "removed": removed, "files": len(wanted)}

@@ -147,7 +147,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, status
 
 ARGUMENT_SPEC = dict(
@@ -231,7 +231,7 @@ def main_logic(module):
         return dict(changed=True, record=preview, status=wanted, diff=diff, **result)
 
     for path in to_remove:
-        paths.remove_tree(path)
+        fs.remove_tree(path)
     if to_remove and not os.path.lexists(snapshot_dir) and os.path.isfile(layout.restores_path(snapshot_dir)):
         os.unlink(layout.restores_path(snapshot_dir))  # the record of restores of a snapshot that is gone
     if wanted == "failed" and params["generation_id"]:

@@ -332,8 +332,8 @@ def test_every_process_is_started_by_the_runner():
 
 ONE_HOME = {  # module-level function or class -> the one file that defines it
     "alive": "core/linux/proc.py", "env_dict": "core/clients/docker_cli.py", "expectations": "core/restore/verify.py",
-    "wait_for": "core/base/clock.py", "Renewer": "core/base/clock.py", "read_json": "core/linux/paths.py",
-    "fsync_dir": "core/linux/paths.py", "image_reason": "core/store/world.py", "resume_process": "core/store/device.py",
+    "wait_for": "core/base/clock.py", "Renewer": "core/base/clock.py", "read_json": "core/linux/fs.py",
+    "fsync_dir": "core/linux/fs.py", "image_reason": "core/store/world.py", "resume_process": "core/store/device.py",
     "normalize": "core/base/snapshot_config.py", "run_in": "core/linux/netns.py", "record_usable": "core/restore/verify.py",
 }
 

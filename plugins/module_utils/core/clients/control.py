@@ -22,7 +22,7 @@ import stat
 from ..agent import protocol
 from ..base.clock import Renewer, wait_for
 from ..base.errors import EndpointError, ParameterError, RuntimeRefusedError
-from ..linux import paths, proc
+from ..linux import proc, syscalls
 from . import engine_http
 
 DEFAULT_AGENT_SOCKET_DIR = protocol.DEFAULT_SOCKET_DIR
@@ -102,19 +102,19 @@ def _check_reply(op, reply, where):
 # sun_path holds 108 bytes. A host path longer than that is reached through its directory, opened first (O_PATH), as
 # /proc/self/fd/<n>/<name>.
 SUN_PATH_MAX = 107
-# A socket inside a process's own root: resolved there without following any link (paths.open_path_in_root).
+# A socket inside a process's own root: resolved there without following any link (syscalls.open_path_in_root).
 IN_PROCESS_ROOT = re.compile(r"^(/proc/[0-9]+/root)(/.+)$")
 
 
 def open_socket_path(path):
     """An O_PATH descriptor of the socket at ``path``. Below /proc/<pid>/root -- a container's root, which a
-    compromised engine controls -- no symbolic link is followed (paths.LinkRefused); None for any other path."""
+    compromised engine controls -- no symbolic link is followed (syscalls.LinkRefused); None for any other path."""
     match = IN_PROCESS_ROOT.match(path)
     if not match:
         return None
     root = os.open(match.group(1), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the host's /proc: trusted
     try:
-        fd = paths.open_path_in_root(root, match.group(2))
+        fd = syscalls.open_path_in_root(root, match.group(2))
     finally:
         os.close(root)
     if not stat.S_ISSOCK(os.fstat(fd).st_mode):
@@ -171,7 +171,7 @@ class AgentSocketClient:
         """Whether the socket is there (reached as ``request`` reaches it); a planted link is an EndpointError."""
         try:
             fd = open_socket_path(self.path)
-        except paths.LinkRefused as exc:
+        except syscalls.LinkRefused as exc:
             raise _refused_link(self.path, exc)
         except (IOError, OSError):
             return False
@@ -189,7 +189,7 @@ class AgentSocketClient:
         try:
             try:
                 _connect(sock, self.path)
-            except paths.LinkRefused as exc:
+            except syscalls.LinkRefused as exc:
                 raise _refused_link(self.path, exc)
             except (IOError, OSError) as exc:
                 raise EndpointError(

@@ -24,7 +24,7 @@ import time
 from ..base import layout
 from ..base.clock import wait_for
 from ..base.errors import CommandError, ParameterError, SnapshotError
-from ..linux import paths, proc
+from ..linux import fs, mounts, proc
 from . import commands
 
 MINIMUM_VERSION = (4, 2)
@@ -83,10 +83,10 @@ def keep_log(log_path, kind, name, log_dir=None, now=time.time, data=None):
         return None, None
     cause = first_error_line(data)
     try:
-        paths.ensure_dir(log_dir)
+        fs.ensure_dir(log_dir)
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80] or "unnamed"
         target = os.path.join(log_dir, "%s.%s.%d.%d.log" % (safe, kind, int(now()), os.getpid()))
-        paths.write_file_atomic(target, data)
+        fs.write_file_atomic(target, data)
         logs = sorted((os.path.join(log_dir, entry) for entry in os.listdir(log_dir) if entry.endswith(".log")),
                       key=lambda p: os.lstat(p).st_mtime)
         for old in logs[:-KEEP_LOGS]:
@@ -349,7 +349,7 @@ def parse_work_dir(name):
 def mounts_below(path, mountinfo=None):
     """Mount points at or below ``path`` (a killed CRIU restore can leave its cgroup yard mounted)."""
     prefix = path.rstrip("/") + "/"
-    return [point for point, _fstype in paths.mounts(mountinfo)
+    return [point for point, _fstype in mounts.mounts(mountinfo)
             if point == path.rstrip("/") or point.startswith(prefix)]
 
 

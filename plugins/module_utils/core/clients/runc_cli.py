@@ -20,7 +20,7 @@ import subprocess
 
 from ..base import layout
 from ..base.errors import ParameterError, SnapshotError
-from ..linux import paths, proc
+from ..linux import fs, proc
 from . import commands, criu_cli
 
 # runc's global options that take a value (the subcommand is the first other non-option word).
@@ -100,16 +100,16 @@ class StoppedRestore:
                     options = [line.rstrip("\n") for line in handle if line.strip() != "leave-stopped"]
             except (IOError, OSError):
                 pass
-        paths.write_file_atomic(self.conf_path, ("\n".join(options + ["leave-stopped"]) + "\n").encode("utf-8"))
+        fs.write_file_atomic(self.conf_path, ("\n".join(options + ["leave-stopped"]) + "\n").encode("utf-8"))
         with open(self.config_json, "rb") as handle:
             self.original = handle.read()
         changed = dict(spec, annotations=dict(spec.get("annotations") or {}, **{CRIU_CONFIG_ANNOTATION: self.conf_path}))
-        paths.write_file_atomic(self.config_json, json.dumps(changed).encode("utf-8"),
+        fs.write_file_atomic(self.config_json, json.dumps(changed).encode("utf-8"),
                                 os.stat(self.config_json).st_mode & 0o777)
 
     def leave(self):
         if self.original is not None:
-            paths.write_file_atomic(self.config_json, self.original, os.stat(self.config_json).st_mode & 0o777)
+            fs.write_file_atomic(self.config_json, self.original, os.stat(self.config_json).st_mode & 0o777)
             self.original = None
         if os.path.lexists(self.conf_path):
             os.unlink(self.conf_path)

@@ -33,7 +33,7 @@ from ..clients.control import AgentSocketClient, bounded_lease, lease_seconds, L
 from ..clients.criu_cli import CriuCli, make_work_dir
 from ..clients.docker_cli import DockerCli, env_dict
 from ..clients.runc_cli import check_criu_config, RuncCli
-from ..linux import paths, plaintext
+from ..linux import fs, paths, plaintext
 from ..store import container_record, device, encryption, fleet, freshness, manifest, seal, signature, status, world
 from . import claim, leftovers
 
@@ -213,15 +213,15 @@ class Checkpointer:
         params = self.params
         image_dir = os.path.join(self.staging_dir, layout.IMAGES_DIR)
         if os.path.lexists(image_dir):
-            paths.remove_tree(image_dir)  # a leftover of an interrupted run: never mix two checkpoints
-        paths.ensure_dir(os.path.dirname(image_dir))
+            fs.remove_tree(image_dir)  # a leftover of an interrupted run: never mix two checkpoints
+        fs.ensure_dir(os.path.dirname(image_dir))
         if self.encryption_key is not None:  # CRIU writes the plaintext to private tmpfs, never to the store
             self.plain = plaintext.PrivateDir(params["encryption_workdir"])
             image_dir = os.path.join(self.plain_dir, layout.IMAGES_DIR)
-            paths.ensure_dir(os.path.dirname(image_dir))
+            fs.ensure_dir(os.path.dirname(image_dir))
         seconds = self.remaining("the checkpoint")
         if params["engine"] == "criu" or params["method"] == "runc":
-            paths.ensure_dir(image_dir)  # docker checkpoint create makes its own
+            fs.ensure_dir(image_dir)  # docker checkpoint create makes its own
             self.work = make_work_dir("dump")
             self.note_work()
         if params["hash_during_checkpoint"] and self.encryption_key is None:  # encrypted: hashed as encryption writes it

@@ -33,7 +33,7 @@ import uuid
 from ..base import layout
 from ..base.clock import Renewer
 from ..base.errors import ParameterError
-from ..linux import paths, proc
+from ..linux import fs, proc
 from ..store import seal
 from ..store.status import locked
 from . import leftovers
@@ -49,7 +49,7 @@ def new_id():
 
 
 def read(snapshot_dir):
-    claim = paths.read_json(layout.claim_path(snapshot_dir))
+    claim = fs.read_json(layout.claim_path(snapshot_dir))
     return claim if claim and claim.get("id") else None
 
 
@@ -121,7 +121,7 @@ def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
     ``took_over`` ({id, holder, why, cleaned}). ``work``: what this run is about to leave should it be killed
     (``dirs`` it hands to runc or CRIU, the ``container_id`` and ``runc_root`` they dump), kept until replaced."""
     now = time.time() if now is None else now
-    paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+    fs.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
     previous, took_over, put_back = None, None, None
     with locked(snapshot_dir):
         found = read(snapshot_dir)
@@ -137,7 +137,7 @@ def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
             previous = found
             took_over = {"id": found["id"], "holder": found.get("holder"), "why": why}
         if not mine:  # a new generation: first what killed runs left of the pod's records and of its snapshot
-            paths.sweep_temp_files(os.path.dirname(layout.claim_path(snapshot_dir)), [os.path.basename(record(
+            fs.sweep_temp_files(os.path.dirname(layout.claim_path(snapshot_dir)), [os.path.basename(record(
                 snapshot_dir)) for record in (layout.status_path, layout.claim_path, layout.restores_path)])
             put_back = seal.put_back(snapshot_dir, locked=False)
         claim = {"id": generation_id, "lease": float(lease), "expires_at": now + float(lease),
@@ -145,7 +145,7 @@ def take(snapshot_dir, generation_id, lease=DEFAULT_LEASE, now=None, work=None):
                  else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
                  "holder": holder((mine or {}).get("holder")),
                  "work": work if work is not None else (mine or {}).get("work")}
-        paths.write_file_atomic(layout.claim_path(snapshot_dir), (json.dumps(claim, sort_keys=True) + "\n").encode())
+        fs.write_file_atomic(layout.claim_path(snapshot_dir), (json.dumps(claim, sort_keys=True) + "\n").encode())
     if put_back:
         claim["put_back"] = put_back
     if took_over is not None:  # the claim is ours now: no other run touches the pod while this cleans up

@@ -32,7 +32,7 @@ from ..base.clock import wait_for
 from ..base.errors import SnapshotTimeout
 from ..clients import criu_cli
 from ..clients.runc_cli import RuncCli
-from ..linux import paths, proc
+from ..linux import fs, proc
 
 LINGER_GRACE = 30.0      # seconds a dead run's runc or CRIU may take to end by itself before it is killed
 LEGACY_AGE = 600.0       # an older work dir (no maker in its name) is swept once nothing used it for this long
@@ -225,7 +225,7 @@ def clean_after(snapshot_dir, previous, grace=LINGER_GRACE, clock=time.monotonic
         if criu_cli.remove_work_dir(path):
             done.append("removed its CRIU work dir %s" % path)
     if os.path.lexists(staging):
-        paths.remove_tree(staging)
+        fs.remove_tree(staging)
         done.append("removed its staging dir %s" % staging)
     done.extend("removed the CRIU work dir %s (its maker is gone)" % path for path in sweep_work_dirs())
     return done

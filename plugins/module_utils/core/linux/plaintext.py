@@ -24,7 +24,7 @@ import stat
 import tempfile
 import time
 
-from . import paths
+from . import fs
 
 PREFIX = "inferops-plain-"
 STALE_AFTER = 60.0
@@ -59,7 +59,7 @@ def sweep(parent, now=None, prefix=PREFIX):
         except (IOError, OSError):
             continue
         try:
-            paths.remove_tree(path)
+            fs.remove_tree(path)
             removed.append(path)
         except OSError:
             pass
@@ -78,14 +78,14 @@ class PrivateDir(object):
         try:
             self._fd = _lock(self.path)
         except OSError:
-            paths.remove_tree(self.path)
+            fs.remove_tree(self.path)
             raise
 
     def remove(self):
         if self.path is None:
             return
         try:
-            paths.remove_tree(self.path)
+            fs.remove_tree(self.path)
         finally:
             os.close(self._fd)
             self.path = None

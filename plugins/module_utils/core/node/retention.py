@@ -24,7 +24,7 @@ import stat
 from ..base import layout, schema
 from ..base.errors import ParameterError
 from ..generate import claim
-from ..linux import paths
+from ..linux import fs
 from ..store import fleet, metadata, status
 
 NPU_ENV = layout.ENV_NPU_SNAPSHOT_PATH
@@ -107,7 +107,7 @@ def _parse_time(text):
 
 
 def _read_manifest(snapshot_dir):
-    return paths.read_json(os.path.join(snapshot_dir, layout.MANIFEST))
+    return fs.read_json(os.path.join(snapshot_dir, layout.MANIFEST))
 
 
 def _subdirs(path):
@@ -329,4 +329,4 @@ def remove_path(path):
     if os.path.islink(path) or os.path.isfile(path):
         os.unlink(path)
     else:
-        paths.remove_tree(path)
+        fs.remove_tree(path)

@@ -37,7 +37,7 @@ from ..base import layout
 from ..base.errors import SnapshotError
 from ..clients.docker_cli import env_dict
 from ..clients.runc_cli import RuncCli, split_argv
-from ..linux import paths
+from ..linux import fs
 from ..restore import pipeline, verify
 from ..restore.node_state import NodeState
 from ..restore.on_create import OnCreate, Refused
@@ -237,7 +237,7 @@ def docker_record(config, container_id):
     """
     if not re.match(r"^[0-9a-f]{64}$", container_id or ""):
         return {}
-    record = paths.read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
+    record = fs.read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
     if record is None:
         return {}
     return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image"),
@@ -299,7 +299,7 @@ class Runtime:
         markers of a restore that counts; anything but a restore is ``exec runc create`` (a cold start)."""
         create = parse_create(self.args)
         bundle = create["bundle"] or os.getcwd()
-        spec = paths.read_json(os.path.join(bundle, "config.json"))
+        spec = fs.read_json(os.path.join(bundle, "config.json"))
         if spec is None:
             return self.exec_runc()
         request = restore_request(spec, self.config)

@@ -20,7 +20,7 @@ import subprocess
 from ..base.errors import CommandError, ParameterError
 from ..clients import commands
 from ..clients.criu_cli import CriuCli
-from ..linux import paths, proc
+from ..linux import fs, proc
 from ..store import metadata, status
 from ..store.criu_images import read_pstree
 from .pipeline import Driver, Fallback
@@ -72,7 +72,7 @@ def start_detached(argv, env, log_path=None, runner=None):
     out = subprocess.DEVNULL
     try:
         if log_path:
-            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, paths.FILE_MODE)
+            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, fs.FILE_MODE)
         return (runner or commands.DEFAULT).spawn(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                     stderr=subprocess.STDOUT, env=env, cwd="/", close_fds=True,
                                                     start_new_session=True)

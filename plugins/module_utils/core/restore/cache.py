@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..base import layout
 from ..base.clock import Stopwatch, utc_now
 from ..base.errors import ParameterError, SnapshotError
-from ..linux import paths
+from ..linux import fs, paths
 from ..store import manifest, status
 
 VERDICT_VERSION = 1
@@ -197,7 +197,7 @@ def drop_entry(root, fingerprint):
             return False
         aside = layout.stage_dropped(root, fingerprint, os.getpid())
         os.rename(path, aside)  # out of every lookup's way at once; then removed at leisure
-        paths.remove_tree(aside)
+        fs.remove_tree(aside)
         return True
     except (IOError, OSError):
         return False
@@ -206,7 +206,7 @@ def drop_entry(root, fingerprint):
 
 
 def _read_verdict(path):
-    return paths.read_json(layout.stage_verdict(path)) or {}
+    return fs.read_json(layout.stage_verdict(path)) or {}
 
 
 def entries(stage_dir):
@@ -254,7 +254,7 @@ def _remove_abandoned(path):
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live stager holds it
-        paths.remove_tree(path)
+        fs.remove_tree(path)
     except (IOError, OSError):
         pass
     finally:
@@ -264,11 +264,11 @@ def _remove_abandoned(path):
 def _copy_file(source, target):
     """Copy one file, 0600, never following a link at either end; flushed to stable storage."""
     try:
-        src = paths.open_regular(source)
-    except paths.NotRegularFile:
+        src = fs.open_regular(source)
+    except fs.NotRegularFile:
         raise SnapshotError("unsafe_file: %s is not a regular file" % source)
     try:
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
         try:
             fast = hasattr(os, "copy_file_range")
             while True:
@@ -291,12 +291,12 @@ def _copy_file(source, target):
 def _copy_tree(source, target, relpaths, workers=None):
     dirs = sorted(set(os.path.dirname(rel) for rel in relpaths) - {""})
     for rel in dirs:
-        paths.ensure_dir(os.path.join(target, rel))
+        fs.ensure_dir(os.path.join(target, rel))
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for done in [pool.submit(_copy_file, os.path.join(source, rel), os.path.join(target, rel)) for rel in relpaths]:
             done.result()
     for rel in dirs + [""]:
-        paths.fsync_dir(os.path.join(target, rel))
+        fs.fsync_dir(os.path.join(target, rel))
 
 
 def _check_limits(keep, max_bytes):
@@ -330,7 +330,7 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
         # A writer of the store may remove a file between the listing and its lstat: that is the same unreadable
         # snapshot, not an unexpected error.
         size = sum(os.lstat(os.path.join(snapshot_dir, rel)).st_size for rel in relpaths)
-    except paths.NotRegularFile as exc:
+    except fs.NotRegularFile as exc:
         raise SnapshotError("unsafe_file: %s" % exc)
     except OSError as exc:
         raise SnapshotError("unreadable: %s could not be listed: %s" % (snapshot_dir, exc))
@@ -352,16 +352,16 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
     result.update(changed=True, reason="not staged" if why in (None, "not staged") else why)
     if check_mode:
         return dict(result, staged=None)
-    paths.make_dir_if_missing(root)  # an existing cache keeps its mode (check_root refused one others can write)
+    fs.make_dir_if_missing(root)  # an existing cache keeps its mode (check_root refused one others can write)
     watch = Stopwatch()
     partial = layout.stage_partial(root, fingerprint, os.getpid())
-    paths.remove_tree(partial)  # an earlier process of this pid left it
-    os.mkdir(partial, paths.DIR_MODE)
+    fs.remove_tree(partial)  # an earlier process of this pid left it
+    os.mkdir(partial, fs.DIR_MODE)
     lock = os.open(partial, _DIR_FLAGS)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # retention leaves a partial copy alone while its stager lives
         content = layout.stage_content(partial)
-        os.mkdir(content, paths.DIR_MODE)
+        os.mkdir(content, fs.DIR_MODE)
         with watch.timed("copy"):
             _copy_tree(snapshot_dir, content, relpaths, workers)
         with watch.timed("verify"):
@@ -379,8 +379,8 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
                    "trusted_key_ids": sorted(trusted or {}), "bytes": details["bytes"],
                    "hashing": details["hashing"], "dirs": sorted(dirs),
                    "files": [dict(_stat_fields(files[rel]), path=rel) for rel in sorted(files)]}
-        paths.write_file_atomic(layout.stage_verdict(partial), (json.dumps(verdict, sort_keys=True) + "\n").encode())
-        paths.fsync_dir(partial)
+        fs.write_file_atomic(layout.stage_verdict(partial), (json.dumps(verdict, sort_keys=True) + "\n").encode())
+        fs.fsync_dir(partial)
         try:
             os.rename(partial, path)
         except OSError as exc:
@@ -391,10 +391,10 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
                 raise SnapshotError("stage_dir: %s appeared meanwhile and is not a valid copy" % path, **result)
             found.release()
             return dict(result, changed=False, staged=found.summary(), reason="staged meanwhile by another task")
-        paths.fsync_dir(root)
+        fs.fsync_dir(root)
     finally:
         os.close(lock)
-        paths.remove_tree(partial)
+        fs.remove_tree(partial)
     watch.total()
     retention = prune(root, keep, max_bytes, protect={fingerprint}, source=snapshot_dir)
     return dict(result, staged={"dir": layout.stage_content(path), "verified_at": verdict["verified_at"]},

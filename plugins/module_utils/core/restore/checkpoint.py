@@ -22,7 +22,7 @@ from ..base import layout
 from ..base.errors import CommandError, ParameterError
 from ..clients.docker_cli import env_dict
 from ..clients.runc_cli import RuncCli
-from ..linux import paths
+from ..linux import fs
 from ..store import container_record, device, metadata, world
 from . import verify
 from .containerd_leak import LeakGuard
@@ -43,7 +43,7 @@ def place_checkpoint(images_dir, container_id, name, docker_root, held=None):
     target = os.path.join(docker_root, "containers", container_id, "checkpoints", name)
     if os.path.lexists(target):
         shutil.rmtree(target)
-    paths.make_dir_if_missing(os.path.dirname(target))
+    fs.make_dir_if_missing(os.path.dirname(target))
     if held is not None:
         os.mkdir(target, 0o700)
         return target, held.place(layout.IMAGES_DIR, target)
@@ -126,7 +126,7 @@ class DockerCheckpoint(Driver):
                                                                 held=attempt.held)
         targets = self.device_targets(attempt)
         if targets:  # CRIU's NPU plugin reads this node's numbering of the devices beside the images (Docker's copy)
-            paths.write_file_atomic(os.path.join(target, layout.NPU_DEVICES_FILE),
+            fs.write_file_atomic(os.path.join(target, layout.NPU_DEVICES_FILE),
                                     device.targets_text(targets).encode("utf-8"))
         with LeakGuard(target):
             try:
@@ -138,7 +138,7 @@ class DockerCheckpoint(Driver):
                     raise
                 self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
                                   what="docker start --checkpoint (retry)")
-        paths.remove_tree(target)  # read by CRIU; Docker would keep it as long as the container exists
+        fs.remove_tree(target)  # read by CRIU; Docker would keep it as long as the container exists
         return self.docker.running_pid(self.container_id)
 
     def undo(self, attempt):
@@ -189,7 +189,7 @@ def write_metadata(docker, container_id, metadata_path, env, attempt, restored):
     try:
         staged = os.path.join(scratch, os.path.basename(inner_dir) or "metadata")
         os.mkdir(staged, 0o700)
-        paths.write_file_atomic(os.path.join(staged, name), metadata.encode(doc))
+        fs.write_file_atomic(os.path.join(staged, name), metadata.encode(doc))
         docker.copy_into(container_id, staged, os.path.dirname(inner_dir) or "/")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -28,7 +28,7 @@ import shlex
 from ..base import layout
 from ..base.errors import CommandError, ParameterError, SnapshotError
 from ..clients.docker_cli import env_dict
-from ..linux import paths
+from ..linux import fs
 from ..store import container_record, metadata, status
 from . import verify
 from .checkpoint import docker_world_now, recreate_or_refuse, write_metadata
@@ -44,7 +44,7 @@ def runtime_settings(registered):
             for line in handle:
                 if line.startswith("LIB="):
                     lib = shlex.split(line[len("LIB="):])[0]
-                    return paths.read_json(os.path.join(lib, "runtime.json"))
+                    return fs.read_json(os.path.join(lib, "runtime.json"))
     except (IOError, OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     return None

@@ -42,7 +42,7 @@ import stat
 import threading
 
 from ..base import layout
-from ..linux import paths, plaintext, proc
+from ..linux import fs, mounts, plaintext, proc
 
 F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
 F_GETLEASE = getattr(fcntl, "F_GETLEASE", 1025)
@@ -83,8 +83,8 @@ class Held:
         held = cls(snapshot_dir, copy_parent, leases)
         try:
             # No snapshot there holds nothing: the verification then names it missing (a first start, not a fault).
-            for rel in paths.list_plain_files(snapshot_dir) if os.path.lexists(snapshot_dir) else []:
-                fd = paths.open_regular(os.path.join(snapshot_dir, rel))
+            for rel in fs.list_plain_files(snapshot_dir) if os.path.lexists(snapshot_dir) else []:
+                fd = fs.open_regular(os.path.join(snapshot_dir, rel))
                 held.fds[rel] = fd
                 held.sizes[rel] = os.fstat(fd).st_size
                 if held.mode == LEASED:
@@ -94,11 +94,11 @@ class Held:
                     except (IOError, OSError) as exc:
                         held._give_up_leases("%s: %s" % (rel, os.strerror(exc.errno)))
             if held.mode == COPIED:
-                paths.make_dir_if_missing(copy_parent)
+                fs.make_dir_if_missing(copy_parent)
                 held._check_room()
                 held.private = plaintext.PrivateDir(copy_parent)
             return held
-        except paths.NotRegularFile as exc:  # listed as a link or special file, or swapped for one since
+        except fs.NotRegularFile as exc:  # listed as a link or special file, or swapped for one since
             held.close()
             raise HoldError("unsafe_file: %s" % exc)
         except (IOError, OSError) as exc:
@@ -118,14 +118,14 @@ class Held:
 
     def _check_room(self):
         need = sum(self.sizes.values())
-        free = paths.free_bytes(self.copy_parent)
+        free = fs.free_bytes(self.copy_parent)
         if free is not None and need > free:
             raise HoldError("insufficient_space: the snapshot's files cannot be leased here (%s), so the restore "
                             "copies them while it verifies them: %d MiB, and %s has %d MiB free; free space there or "
                             "give the node a larger private directory (decrypt_dir)"
                             % (self.why_copied, need >> 20, self.copy_parent, free >> 20))
         have = proc.available_memory()
-        if paths.is_tmpfs(self.copy_parent) and have is not None and need > have:
+        if mounts.is_tmpfs(self.copy_parent) and have is not None and need > have:
             raise HoldError("insufficient_memory: the snapshot's files cannot be leased here (%s), and their copy on "
                             "tmpfs needs %d MiB; this host has %d MiB available" % (self.why_copied, need >> 20,
                                                                                     have >> 20))
@@ -146,9 +146,9 @@ class Held:
             fd = self._copies.get(rel)
             if fd is None:
                 target = os.path.join(self.private.path, rel)
-                paths.ensure_dir(os.path.dirname(target))
+                fs.ensure_dir(os.path.dirname(target))
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             paths.FILE_MODE)
+                             fs.FILE_MODE)
                 os.ftruncate(fd, self.sizes[rel])
                 self._copies[rel] = fd
             return fd
@@ -168,7 +168,7 @@ class Held:
             self.private = plaintext.PrivateDir(parent, prefix=layout.VIEW_PREFIX)
             for rel, fd in sorted(self.fds.items()):
                 target = os.path.join(self.private.path, rel)
-                paths.ensure_dir(os.path.dirname(target))
+                fs.ensure_dir(os.path.dirname(target))
                 if not _link_fd(fd, target):
                     raise OSError(errno.EXDEV, "cannot link %s here" % rel)
                 self._expected[rel] = _identity(os.fstat(fd))
@@ -181,11 +181,11 @@ class Held:
                 self.private = None
             self.why_copied = "no links beside the snapshot (%s)" % exc
         self._check_room()
-        paths.make_dir_if_missing(self.copy_parent)
+        fs.make_dir_if_missing(self.copy_parent)
         self.private = plaintext.PrivateDir(self.copy_parent)
         for rel, fd in sorted(self.fds.items()):
             target = os.path.join(self.private.path, rel)
-            paths.ensure_dir(os.path.dirname(target))
+            fs.ensure_dir(os.path.dirname(target))
             _copy(fd, None, target)
         return self.private.path
 
@@ -217,7 +217,7 @@ class Held:
         how = "hardlink"
         for rel in wanted:
             dst = os.path.join(target, rel[len(prefix):])
-            paths.ensure_dir(os.path.dirname(dst))
+            fs.ensure_dir(os.path.dirname(dst))
             if self.mode == LEASED and how == "hardlink" and _link_fd(self.fds[rel], dst):
                 self._expect(dst, _identity(os.fstat(self.fds[rel])))
                 continue
@@ -231,7 +231,7 @@ class Held:
     def write_into_view(self, rel, data):
         """A file of this restore's own (a rewritten image) at ``rel`` in the view, created, never replaced."""
         target = os.path.join(self.view, rel)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
         try:
             view = memoryview(data)
             while view:
@@ -341,7 +341,7 @@ def _copy(fd, path, target):
     """Copy from the held descriptor ``fd`` (or, without one, the private file ``path``) to ``target`` (0600)."""
     src = os.dup(fd) if fd is not None else os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
         try:
             offset, size = 0, os.fstat(src).st_size
             while offset < size:

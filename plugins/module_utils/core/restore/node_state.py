@@ -23,7 +23,7 @@ from ..base.clock import utc_now
 from ..clients import commands, criu_cli
 from ..clients.criu_cli import CriuCli
 from ..clients.runc_cli import STOP_GRACE
-from ..linux import paths, proc
+from ..linux import fs, proc
 
 ONCE_DIR = "restored-once"     # <state_dir>/restored-once/<id>: this container id was restored once
 RESTORED_FILE = "restored"     # <state_dir>/<id>/restored: the next `start` is a no-op
@@ -41,7 +41,7 @@ class Log:
             line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
             directory = os.path.dirname(self.path)
             if directory and not os.path.isdir(directory):
-                paths.ensure_dir(directory)
+                fs.ensure_dir(directory)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
                 os.write(fd, line)
@@ -81,11 +81,11 @@ class NodeState:
     def mark_restored(self, container_id, policy):
         """The container runs, restored: its `start` is a no-op, and with policy ``once`` it is not restored again.
         Raises OSError when the markers cannot be written (the restore must then not count)."""
-        paths.ensure_dir(self.path(container_id))
+        fs.ensure_dir(self.path(container_id))
         with open(self.path(container_id, RESTORED_FILE), "w"):
             pass
         if policy == "once":
-            paths.ensure_dir(self.path(ONCE_DIR))
+            fs.ensure_dir(self.path(ONCE_DIR))
             with open(self.path(ONCE_DIR, container_id), "w") as handle:
                 handle.write(utc_now() + "\n")
 

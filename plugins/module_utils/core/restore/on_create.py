@@ -24,7 +24,7 @@ from ..base.errors import SnapshotError
 from ..clients import criu_cli
 from ..clients.docker_cli import DockerCli, env_dict
 from ..clients.runc_cli import StoppedRestore
-from ..linux import netns, paths, proc
+from ..linux import fs, netns, paths, proc, syscalls
 from ..store import criu_images, device, fleet, metadata, world
 from ..store.container_record import parse_container_record
 from . import held, verify
@@ -189,7 +189,7 @@ class OnCreate(Driver):
         try:
             root_fd = os.open(self.rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                os.close(paths.open_dirs_below(root_fd, [p for p in inner.split("/") if p], self.user.get("uid"),
+                os.close(syscalls.open_dirs_below(root_fd, [p for p in inner.split("/") if p], self.user.get("uid"),
                                                self.user.get("gid")))
             finally:
                 os.close(root_fd)
@@ -199,11 +199,11 @@ class OnCreate(Driver):
     def host_restore(self, attempt):
         """runc restore --detach within the deadline; returns the restored pid or raises Fallback."""
         node, container_id = self.node, self.container_id
-        state = paths.ensure_dir(node.path(container_id))
+        state = fs.ensure_dir(node.path(container_id))
         work = os.path.join(state, "work")
         if os.path.lexists(work) and not criu_cli.remove_work_dir(work):
             raise Fallback("busy: %s has mounts below it from an earlier restore; unmount them" % work)
-        paths.ensure_dir(work)
+        fs.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
         lazy = bool(node.config.get("lazy_pages"))
         images_dir = self.remapped_images(attempt, state)  # the pod's new address (issue 24)
@@ -306,7 +306,7 @@ class OnCreate(Driver):
         else:
             shutil.copytree(source, target, dirs_exist_ok=True)
             os.unlink(os.path.join(target, criu_images.FILES_IMAGE))
-            paths.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
+            fs.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}
         self.node.log.event("address", container=self.container_id, action="sockets bound to %s restored on %s"
                             % (", ".join(old), address))

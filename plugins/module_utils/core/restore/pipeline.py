@@ -53,7 +53,7 @@ import traceback
 from ..base import layout
 from ..base.clock import Deadline, Stopwatch
 from ..base.errors import SnapshotError
-from ..linux import paths, plaintext, proc
+from ..linux import fs, mounts, paths, plaintext, proc
 from ..store import canary, device, encryption, fleet, keyscope, manifest, status
 from . import cache, file_locks, held, reseed, verify
 
@@ -459,12 +459,12 @@ def _check_memory(attempt):
     if described:
         encrypted = set(described["files"])
         plain = sum(item["size"] for item in files if item["path"] in encrypted)  # the ciphertext's size bounds it
-        free = paths.free_bytes(attempt.decrypt_dir)
+        free = fs.free_bytes(attempt.decrypt_dir)
         if free is not None and plain > free:  # a tmpfs has its own size limit (a container's /dev/shm: 64 MiB)
             raise Fallback("insufficient_space: decrypting the snapshot needs %d MiB in %s, which has %d MiB free; "
                            "free space there or give the restore a larger private decrypt directory (decrypt_dir)"
                            % (plain >> 20, attempt.decrypt_dir, free >> 20))
-        if paths.is_tmpfs(attempt.decrypt_dir):
+        if mounts.is_tmpfs(attempt.decrypt_dir):
             need += plain
     have = proc.available_memory()
     if have is not None and need > have:
@@ -576,7 +576,7 @@ def _check_key(attempt):
 def decrypt(attempt):
     """The plaintext of an encrypted snapshot, in a private directory (0700) below ``attempt.decrypt_dir``."""
     described = attempt.manifest["encryption"]  # its key is here: _check_key passed before the memory check
-    paths.make_dir_if_missing(attempt.decrypt_dir)
+    fs.make_dir_if_missing(attempt.decrypt_dir)
     attempt.plain = plaintext.PrivateDir(attempt.decrypt_dir)  # 0700, ours alone
     try:
         encryption.decrypt_tree({described["key_id"]: attempt.keys[described["key_id"]]}, attempt.stored_dir,

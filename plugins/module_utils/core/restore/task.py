@@ -19,7 +19,7 @@ from ..base import layout, schema
 from ..base.errors import ParameterError
 from ..clients import engine_http
 from ..clients.docker_cli import DockerCli, env_dict
-from ..linux import paths
+from ..linux import fs, paths
 from ..store import encryption, fleet, freshness, signature
 from . import bare, cache, health, pipeline, verify
 from .checkpoint import DockerCheckpoint
@@ -159,7 +159,7 @@ def choose_method(params, snapshot_dir, docker):
 
 
 def _docker_or_cold(params, snapshot_dir, why_not_runtime):
-    size = paths.tree_bytes(snapshot_dir)
+    size = fs.tree_bytes(snapshot_dir)
     limit = params.get("docker_path_max_bytes", 1 << 30)
     if size <= limit:
         return DOCKER, "%s; docker start --checkpoint for %d MiB (docker_path_max_bytes: %d MiB)" % (

@@ -27,7 +27,7 @@ from ..base import layout, schema
 from ..base.clock import utc_now
 from ..base.errors import ParameterError
 from ..clients import engine_http
-from ..linux import paths
+from ..linux import fs
 
 
 EXAMPLE_URL = "http://127.0.0.1:8000/v1/completions"
@@ -126,8 +126,8 @@ def write(staging_dir, spec, seen):
     """Keep the request and its answer in the staging directory; returns the document."""
     doc = {"schema_version": 1, "request": spec, "answer": seen, "recorded_at": utc_now()}
     schema.validate("manifest", doc, "canary", definition="canary")
-    paths.ensure_dir(staging_dir)
-    paths.write_file_atomic(os.path.join(staging_dir, layout.CANARY), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    fs.ensure_dir(staging_dir)
+    fs.write_file_atomic(os.path.join(staging_dir, layout.CANARY), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
     return doc
 
 

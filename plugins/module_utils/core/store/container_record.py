@@ -16,7 +16,7 @@ import os
 
 from ..base import layout
 from ..clients.docker_cli import env_dict
-from ..linux import paths
+from ..linux import fs
 
 # What is needed to recreate a container with the same process environment and mounts.
 CONFIG_KEYS = ("Image", "Cmd", "Entrypoint", "Env", "WorkingDir", "User", "Labels")
@@ -39,9 +39,9 @@ def container_record(info):
 
 def write_container_record(staging_dir, info):
     """The record, into a snapshot's staging directory; not fsync'd here: the seal flushes the whole directory."""
-    paths.ensure_dir(os.path.join(staging_dir, layout.HOST_DIR))
+    fs.ensure_dir(os.path.join(staging_dir, layout.HOST_DIR))
     target = os.path.join(staging_dir, layout.CONTAINER_RECORD)
-    paths.write_file_atomic(target, (json.dumps(container_record(info), indent=2, sort_keys=True) + "\n").encode(),
+    fs.write_file_atomic(target, (json.dumps(container_record(info), indent=2, sort_keys=True) + "\n").encode(),
                             durable=False)
     return target
 

@@ -21,7 +21,7 @@ from ..base import layout, schema
 from ..base.clock import Deadline, Stopwatch, utc_now
 from ..base.errors import RuntimeRefusedError, SnapshotError
 from ..clients.control import AgentSocketClient
-from ..linux import paths, proc
+from ..linux import fs, proc
 from . import criu_images
 
 RUNTIME_NAME = "ascend-acl"
@@ -61,15 +61,15 @@ def build_device_part(reply, identity=None, durations=None):
 
 
 def read_device_part(directory):
-    return paths.read_json(device_part_path(directory))
+    return fs.read_json(device_part_path(directory))
 
 
 def write_device_part(staging_dir, part):
     """Write device.json into the snapshot's staging directory (0700 dirs, 0600 file, atomic)."""
-    paths.ensure_dir(staging_dir)
-    paths.ensure_dir(os.path.join(staging_dir, layout.DEVICE_DIR))
+    fs.ensure_dir(staging_dir)
+    fs.ensure_dir(os.path.join(staging_dir, layout.DEVICE_DIR))
     target = device_part_path(staging_dir)
-    paths.write_file_atomic(target, (json.dumps(part, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    fs.write_file_atomic(target, (json.dumps(part, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return target
 
 

@@ -24,7 +24,7 @@ import os
 
 from ..base import layout
 from ..base.errors import SnapshotError
-from ..linux import paths
+from ..linux import fs, paths
 
 READ_BYTES = 4 * 1024 * 1024
 MAX_ENTRIES = 10000              # the oldest tenth goes when there are more
@@ -42,7 +42,7 @@ def _identity_of(st):
 
 
 def _open(path):
-    fd = paths.open_regular(path)
+    fd = fs.open_regular(path)
     st = os.fstat(fd)
     return fd, st
 
@@ -121,10 +121,10 @@ def _cache_get(ident):
 def _cache_put(ident, value):
     """Best effort: a cache that cannot be written costs a hash later, never a wrong answer."""
     try:
-        paths.ensure_dir(cache_dir)
+        fs.ensure_dir(cache_dir)
         if not _private(cache_dir):
             return
-        paths.write_file_atomic(_entry_path(ident), (json.dumps(dict(ident, sha256=value), sort_keys=True)).encode())
+        fs.write_file_atomic(_entry_path(ident), (json.dumps(dict(ident, sha256=value), sort_keys=True)).encode())
         names = os.listdir(cache_dir)
         if len(names) > MAX_ENTRIES:
             aged = sorted((os.lstat(os.path.join(cache_dir, name)).st_mtime, name) for name in names)

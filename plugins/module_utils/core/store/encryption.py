@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from ..base import layout
 from ..base.errors import ParameterError, SnapshotError
-from ..linux import paths
+from ..linux import fs
 from . import keyscope, signature
 
 try:
@@ -283,7 +283,7 @@ def encrypt_file(key, source, target, relpath, binding, chunk_bytes=CHUNK_BYTES,
     header = HEADER.pack(MAGIC, prefix, chunk_bytes, size)
     plain_buffers, sealed_buffers = _Buffers(chunk_bytes), _Buffers(chunk_bytes + TAG_BYTES + SLACK)
     fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+    fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
     try:
         _write_all(fd_out, memoryview(header))
         if digest is not None:
@@ -350,7 +350,7 @@ def decrypt_file(keys, source, target, relpath, binding, pool=None, fd=None):
         derived = [binding.key(key) for key in keys.values()]
         plan = _chunks(size, chunk_bytes)
         sealed_buffers, plain_buffers = _Buffers(chunk_bytes + TAG_BYTES), _Buffers(chunk_bytes + SLACK)
-        fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
         try:
             # At its full size before the chunks land out of order (measured: 2 GiB written into /dev/shm by 2
             # threads in 1.0 s, against 1.2 s as the writes grow it)
@@ -416,7 +416,7 @@ def encrypt_tree(key, source_dir, target_dir, relpaths, binding, workers=None, d
     digests = {}
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for rel in relpaths:
-            paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
+            fs.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
             taking = digest() if digest is not None else None
             try:
                 encrypt_file(key, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, binding, pool=pool,
@@ -435,7 +435,7 @@ def decrypt_tree(keys, source_dir, target_dir, relpaths, binding, workers=None, 
     (held.Held), read instead of the paths."""
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         for rel in relpaths:
-            paths.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
+            fs.ensure_dir(os.path.dirname(os.path.join(target_dir, rel)))
             decrypt_file(keys, os.path.join(source_dir, rel), os.path.join(target_dir, rel), rel, binding, pool=pool,
                          fd=files.fd(rel) if files is not None else None)
 

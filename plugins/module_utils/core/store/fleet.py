@@ -38,7 +38,7 @@ import uuid
 
 from ..base import layout
 from ..base.errors import ParameterError
-from ..linux import paths, proc
+from ..linux import fs, proc
 from .status import locked
 
 KEEP = 50                # entries kept per snapshot (the oldest finished ones go first)
@@ -117,8 +117,8 @@ def source_pod(pod, source_pods):
 def _completed(root, identity):
     """(created_at, snapshot dir) of a published, completed snapshot of ``identity`` below ``root``, or None."""
     snapshot_dir = layout.snapshot_dir(root, identity)
-    record = paths.read_json(layout.status_path(snapshot_dir))
-    manifest = paths.read_json(os.path.join(snapshot_dir, layout.MANIFEST))
+    record = fs.read_json(layout.status_path(snapshot_dir))
+    manifest = fs.read_json(os.path.join(snapshot_dir, layout.MANIFEST))
     if record is None or record.get("status") != "completed" or manifest is None:
         return None
     return str(manifest.get("created_at") or ""), snapshot_dir
@@ -244,13 +244,13 @@ def docker_device_keys(info):
 
 # -- the record of restores ---------------------------------------------------------------------------
 def read(snapshot_dir):
-    doc = paths.read_json(layout.restores_path(snapshot_dir))
+    doc = fs.read_json(layout.restores_path(snapshot_dir))
     entries = doc.get("entries") if doc is not None else None
     return [entry for entry in entries or [] if isinstance(entry, dict) and entry.get("id")]
 
 
 def _write(snapshot_dir, entries):
-    paths.write_file_atomic(layout.restores_path(snapshot_dir),
+    fs.write_file_atomic(layout.restores_path(snapshot_dir),
                             (json.dumps({"entries": entries[-KEEP:]}, indent=1, sort_keys=True) + "\n").encode())
 
 

@@ -31,7 +31,7 @@ import time
 
 from ..base import layout
 from ..base.clock import utc_now
-from ..linux import paths
+from ..linux import fs, paths
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -87,12 +87,12 @@ class Counters(object):
     def _locked(self):
         directory = os.path.dirname(self.path)
         if not os.path.isdir(directory):
-            paths.ensure_dir(directory)
+            fs.ensure_dir(directory)
         st = os.lstat(directory)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or stat.S_IMODE(st.st_mode) & 0o022:
             raise CounterError("%s must be a directory of root's that nobody else can write (it is uid %d, mode %o)"
                                % (directory, st.st_uid, stat.S_IMODE(st.st_mode)))
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, paths.FILE_MODE)
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -136,7 +136,7 @@ class Counters(object):
             new, value = decide(current)
             if new is not None and new != current:
                 counters[key] = {"generation": int(new), "at": utc_now()}
-                paths.write_file_atomic(self.path, (json.dumps(counters, indent=1, sort_keys=True) + "\n").encode())
+                fs.write_file_atomic(self.path, (json.dumps(counters, indent=1, sort_keys=True) + "\n").encode())
             return value
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..base import layout, schema
 from ..clients.criu_cli import major as criu_major
-from ..linux import paths
+from ..linux import fs
 from . import mapped, signature, status
 from .world import image_reason
 
@@ -46,9 +46,9 @@ class ChecksumFormatError(ValueError):
 
 
 def list_files(root):
-    """Relative paths of the regular files below ``root``, sorted (paths.list_plain_files: links and special files
+    """Relative paths of the regular files below ``root``, sorted (fs.list_plain_files: links and special files
     raise NotRegularFile, a ValueError)."""
-    return paths.list_plain_files(root)
+    return fs.list_plain_files(root)
 
 
 def _hash_range(path, offset=0, length=None, fd=None, sink=None):
@@ -58,7 +58,7 @@ def _hash_range(path, offset=0, length=None, fd=None, sink=None):
     digest = hashlib.sha256()
     own = fd is None
     if own:
-        fd = paths.open_regular(path)
+        fd = fs.open_regular(path)
     try:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead when cold
@@ -236,9 +236,9 @@ def read_document(path, limit=DOCUMENT_LIMIT, fd=None, sink=None):
     ``fd``: read through this descriptor (held.Held) instead of opening ``path``; ``sink``: also write them there."""
     own = fd is None
     if own:
-        fd = paths.open_regular(path)  # a held descriptor was checked when it was opened
+        fd = fs.open_regular(path)  # a held descriptor was checked when it was opened
     try:
-        return paths.read_limited(fd, limit, path, each=None if sink is None else
+        return fs.read_limited(fd, limit, path, each=None if sink is None else
                                   lambda data, offset: _write_at(sink, data, offset))
     finally:
         if own:
@@ -324,7 +324,7 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
         # A restore's files are the ones it holds, which is what it restores from: a file held and then unlinked
         # from the folder must still be judged (a second listing would not see it).
         present = set(files.fds if files is not None else list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
-    except paths.NotRegularFile as exc:
+    except fs.NotRegularFile as exc:
         return False, ["unsafe_file: %s" % exc], details
     except OSError as exc:
         return False, ["unreadable: the snapshot's folder could not be listed: %s" % exc], details

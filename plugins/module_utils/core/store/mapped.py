@@ -29,7 +29,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..linux import paths
+from ..linux import fs
 
 # Each mapping is hashed in slices of this size: hashlib drops the GIL for each, and the kernel maps
 # the pages in as they are touched (MADV_SEQUENTIAL: read ahead, drop behind).
@@ -119,7 +119,7 @@ def hash_range(path, offset=0, length=None, after_map=None):
     """(bytes hashed, sha256) of ``length`` bytes of ``path`` from ``offset`` (to the end when None), from a
     mapping (from the page boundary at or below ``offset``: a mapping starts on one)."""
     digest = hashlib.sha256()
-    fd = paths.open_regular(path)
+    fd = fs.open_regular(path)
     try:
         size = os.fstat(fd).st_size
         end = size if length is None else min(size, offset + length)

@@ -20,7 +20,7 @@ import os
 
 from ..base import schema
 from ..base.clock import utc_now
-from ..linux import paths
+from ..linux import fs, syscalls
 
 
 def document(env, restored, snapshot_dir, written_by, reason=None, **fields):
@@ -50,19 +50,19 @@ def write_host(path, doc):
     """A bare process's metadata file on the host (0600, its directory created 0700)."""
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
-        paths.ensure_dir(directory)
-    paths.write_file_atomic(path, encode(doc))
+        fs.ensure_dir(directory)
+    fs.write_file_atomic(path, encode(doc))
     return path
 
 
 def write_in_root(root_fd, inner_path, doc, uid=None, gid=None):
     """Write the document at ``inner_path`` below the directory ``root_fd`` (a container's root), as
     ``uid``/``gid`` so that an engine running as that user can read it. No symlink is followed."""
-    paths.write_below(root_fd, inner_path, encode(doc), uid, gid)
+    syscalls.write_below(root_fd, inner_path, encode(doc), uid, gid)
 
 
 def read_in_root(root_fd, inner_path):
-    data = paths.read_below(root_fd, inner_path, 1024 * 1024)
+    data = syscalls.read_below(root_fd, inner_path, 1024 * 1024)
     return decode(data) if data is not None else None
 
 

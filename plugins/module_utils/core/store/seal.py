@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..base import layout, schema
-from ..linux import paths, proc
+from ..linux import fs, proc, syscalls
 from . import manifest, signature, status
 from .manifest import CHUNK, CHUNK_INDEX, hash_tree
 
@@ -71,7 +71,7 @@ def seal_hashes(root, relpaths, workers=None, progress=None, chunk_bytes=None, k
                 raise ValueError("%s changed while it was being hashed" % rel)
             files[rel] = {"size": size, "sha256": digest, "chunks": [d for _length, d in chunks[rel]]}
         data = (json.dumps({"version": 1, "chunk_bytes": chunk_bytes, "files": files}, indent=1, sort_keys=True) + "\n").encode()
-        paths.write_file_atomic(index_path, data)
+        fs.write_file_atomic(index_path, data)
         results[CHUNK_INDEX] = (len(data), hashlib.sha256(data).hexdigest())
     return results, stats
 
@@ -353,12 +353,12 @@ class WrittenDigest(object):
 def secure_modes(root):
     """Every directory 0700 and every file 0600 below ``root`` (CRIU and tar write 0644): a copy, a backup
     or an export that keeps file modes must not expose the engine's memory."""
-    os.chmod(root, paths.DIR_MODE)
+    os.chmod(root, fs.DIR_MODE)
     for directory, dirs, files in os.walk(root):
         for name in dirs:
-            os.chmod(os.path.join(directory, name), paths.DIR_MODE, follow_symlinks=False)
+            os.chmod(os.path.join(directory, name), fs.DIR_MODE, follow_symlinks=False)
         for name in files:
-            os.chmod(os.path.join(directory, name), paths.FILE_MODE, follow_symlinks=False)
+            os.chmod(os.path.join(directory, name), fs.FILE_MODE, follow_symlinks=False)
 
 
 class Flusher(threading.Thread):
@@ -412,10 +412,10 @@ def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=T
     document = dict(fields, schema_version=1, files=files, total_bytes=total)
     schema.validate("manifest", document, "manifest")
     data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    paths.write_file_atomic(os.path.join(staging_dir, manifest.MANIFEST), data)
+    fs.write_file_atomic(os.path.join(staging_dir, manifest.MANIFEST), data)
     hashes[manifest.MANIFEST] = (len(data), hashlib.sha256(data).hexdigest())
     checksums = manifest.format_checksums(hashes).encode("utf-8")
-    paths.write_file_atomic(os.path.join(staging_dir, manifest.CHECKSUMS), checksums)
+    fs.write_file_atomic(os.path.join(staging_dir, manifest.CHECKSUMS), checksums)
     if signing_key is not None:
         stats["key_id"] = signature.sign(staging_dir, signing_key)["key_id"]
     return document, hashlib.sha256(checksums).hexdigest(), stats
@@ -431,29 +431,29 @@ def publish(staging_dir, snapshot_dir):
     ``put_back`` returns it. Both happen under the pod's lock, so that ``put_back`` never takes a publish in progress
     for a leftover.
     """
-    paths.fsync_dir(staging_dir)
+    fs.fsync_dir(staging_dir)
     with status.locked(snapshot_dir):
         replaced = None
         if not os.path.lexists(snapshot_dir):
             os.rename(staging_dir, snapshot_dir)
         else:
             try:
-                paths.exchange(staging_dir, snapshot_dir)
+                syscalls.exchange(staging_dir, snapshot_dir)
                 replaced = staging_dir
             except OSError as exc:
-                if exc.errno not in paths.EXCHANGE_UNSUPPORTED:
+                if exc.errno not in syscalls.EXCHANGE_UNSUPPORTED:
                     raise
                 replaced = layout.old_dir(snapshot_dir, os.getpid())
-                paths.remove_tree(replaced)  # one a killed process of the same pid left: the published one is newer
+                fs.remove_tree(replaced)  # one a killed process of the same pid left: the published one is newer
                 os.rename(snapshot_dir, replaced)
                 try:
                     os.rename(staging_dir, snapshot_dir)
                 except OSError:
                     os.rename(replaced, snapshot_dir)  # put the previous snapshot back: never lose it
                     raise
-        paths.fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+        fs.fsync_dir(os.path.dirname(snapshot_dir.rstrip("/")))
     if replaced:
-        paths.remove_tree(replaced)
+        fs.remove_tree(replaced)
 
 
 def replaced_leftover(snapshot_dir):
@@ -484,12 +484,12 @@ def put_back(snapshot_dir, locked=True):
         leftover = replaced_leftover(snapshot_dir)
         if leftover:
             os.rename(leftover, snapshot_dir)
-            paths.fsync_dir(os.path.dirname(leftover))
+            fs.fsync_dir(os.path.dirname(leftover))
     return leftover
 
 
 def discard(staging_dir):
     """Remove a staging directory after a failure; returns whether there was one."""
     existed = os.path.lexists(staging_dir)
-    paths.remove_tree(staging_dir)
+    fs.remove_tree(staging_dir)
     return existed

@@ -29,7 +29,7 @@ import traceback
 
 from ..base import layout
 from ..base.errors import ParameterError
-from ..linux import paths
+from ..linux import fs
 from . import keyscope
 
 try:
@@ -219,7 +219,7 @@ def key_pair(directory, create=True):
     else:
         _check_missing_directory(directory)
         if create:
-            paths.ensure_dir(directory)
+            fs.ensure_dir(directory)
             _check_key_directory(directory)
     created = False
     if not os.path.lexists(private):
@@ -241,7 +241,7 @@ def key_pair(directory, create=True):
         current = None
     if current != text:
         if create:  # without create (check mode) nothing is written: the public half would be
-            paths.write_file_atomic(public, text.encode(), mode=0o644)
+            fs.write_file_atomic(public, text.encode(), mode=0o644)
         created = True
     return {"private_key": private, "public_key_path": public, "public_key": text,
             "key_id": key_id(key.public_key()), "created": created}
@@ -278,7 +278,7 @@ def sign(directory, private_key):
     with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:
         checksums = handle.read()
     signed = document(checksums, private_key)
-    paths.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(signed))
+    fs.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(signed))
     return signed
 
 
@@ -292,7 +292,7 @@ def write(directory, signed):
     if set(signed) != {"schema_version", "algorithm", "key_id", "checksums_sha256", "signature"} or \
             signed["algorithm"] != ALGORITHM or signed["schema_version"] != 1:
         raise ValueError("not a signature document")
-    paths.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(signed))
+    fs.write_file_atomic(os.path.join(directory, layout.SIGNATURE), encode(signed))
     return signed
 
 

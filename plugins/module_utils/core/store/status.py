@@ -22,7 +22,7 @@ import os
 
 from ..base import layout, schema
 from ..base.clock import utc_now
-from ..linux import paths
+from ..linux import fs
 
 STATUSES = ("generating", "completed", "failed")
 KEEP_HISTORY = 20
@@ -31,7 +31,7 @@ KEEP_RESTORES = 20
 
 def read(snapshot_dir):
     """The record, or None when there is none (or it cannot be read)."""
-    return paths.read_json(layout.status_path(snapshot_dir))
+    return fs.read_json(layout.status_path(snapshot_dir))
 
 
 @contextlib.contextmanager
@@ -62,7 +62,7 @@ def update(snapshot_dir, status=None, reason=None, restore=None, generation_id=N
     records it, and ``fields``), and/or a ``restore`` attempt (a ``restore_entry``). Returns the record as written."""
     if status is not None and status not in STATUSES:
         raise ValueError("unknown status %r" % status)
-    paths.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
+    fs.ensure_dir(os.path.dirname(snapshot_dir.rstrip("/")))
     with locked(snapshot_dir):
         record = _valid_parts(read(snapshot_dir) or {})
         record["schema_version"] = 1
@@ -75,7 +75,7 @@ def update(snapshot_dir, status=None, reason=None, restore=None, generation_id=N
             record["last_restore"] = restore
             record["restores"] = (record.get("restores") or [])[-(KEEP_RESTORES - 1):] + [restore]
         schema.validate("status", record, "status record %s" % layout.status_path(snapshot_dir))
-        paths.write_file_atomic(layout.status_path(snapshot_dir),
+        fs.write_file_atomic(layout.status_path(snapshot_dir),
                                 (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
     return record
 

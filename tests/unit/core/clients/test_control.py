@@ -15,7 +15,7 @@ from conftest import free_port
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import EndpointError, ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import control
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import syscalls
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 from ansible_collections.inferops.snapshot.plugins.modules.npu_snapshot_lock import plan
 
@@ -178,7 +178,7 @@ def _in_root(jail, inner):
 
 @pytest.mark.parametrize("use_openat2", [True, False], ids=["openat2", "fd walk"])
 def test_the_agent_socket_in_a_process_root_is_reached_there(jailed, monkeypatch, use_openat2):
-    monkeypatch.setattr(paths, "open_path_in_root", functools.partial(paths.open_path_in_root,
+    monkeypatch.setattr(syscalls, "open_path_in_root", functools.partial(syscalls.open_path_in_root,
                                                                       use_openat2=use_openat2))
     answered = jailed["listen"](jailed["root"] / "run" / "inferops-snapshot" / "agent.1.sock")
     client = control.AgentSocketClient(_in_root(jailed, "/run/inferops-snapshot/agent.1.sock"))
@@ -190,7 +190,7 @@ def test_the_agent_socket_in_a_process_root_is_reached_there(jailed, monkeypatch
 def test_a_link_planted_in_a_process_root_is_refused_not_followed(jailed, monkeypatch, use_openat2, planted):
     """A compromised engine links its socket dir (or the socket, or a directory above it) to a socket outside its
     root, absolute or relative: a naive path through /proc/<pid>/root would reach the host's socket."""
-    monkeypatch.setattr(paths, "open_path_in_root", functools.partial(paths.open_path_in_root,
+    monkeypatch.setattr(syscalls, "open_path_in_root", functools.partial(syscalls.open_path_in_root,
                                                                       use_openat2=use_openat2))
     root, outside = jailed["root"], jailed["outside"]
     answered = jailed["listen"](outside / "agent.1.sock")

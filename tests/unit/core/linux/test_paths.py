@@ -7,7 +7,7 @@ import pytest
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import UnsafePathError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs, paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import container_record as container, status
 
 
@@ -116,11 +116,11 @@ def test_staging_sibling_is_hidden():
 
 
 def test_write_file_atomic_modes_and_no_symlink_following(tmp_path):
-    directory = paths.ensure_dir(str(tmp_path / "a" / "b"))
+    directory = fs.ensure_dir(str(tmp_path / "a" / "b"))
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     target = os.path.join(directory, "f.json")
-    paths.write_file_atomic(target, b"one")
-    paths.write_file_atomic(target, b"two")
+    fs.write_file_atomic(target, b"one")
+    fs.write_file_atomic(target, b"two")
     assert open(target, "rb").read() == b"two"
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
     assert sorted(os.listdir(directory)) == ["f.json"], "no temporary file may be left behind"
@@ -133,7 +133,7 @@ def test_remove_tree_does_not_follow_symlinks(tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "link").symlink_to(keep)
-    paths.remove_tree(str(tree))
+    fs.remove_tree(str(tree))
     assert not tree.exists() and (keep / "precious").exists()
 
 
@@ -141,13 +141,13 @@ def test_a_store_that_refuses_writes_is_named_with_its_cause_and_its_fix(tmp_pat
     import errno
     target = str(tmp_path / ".pod-a.status.json")
     read_only = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "..pod-a.status.json.tmp.4242"))  # write_file_atomic's
-    assert paths.store_error(read_only) == ("cannot write %s: Read-only file system -- the storage it is on is read-only; "
+    assert fs.store_error(read_only) == ("cannot write %s: Read-only file system -- the storage it is on is read-only; "
                                             "remount it read-write, or point the snapshot path at writable storage"
                                             % target)
-    full = paths.store_error(OSError(errno.ENOSPC, "No space left on device", target))
+    full = fs.store_error(OSError(errno.ENOSPC, "No space left on device", target))
     assert full.startswith("cannot write %s: No space left on device -- the storage it is on is full; " % target) \
         and "snapshot_cleanup" in full
-    assert paths.store_error(OSError(errno.EACCES, "Permission denied", target)) is None
+    assert fs.store_error(OSError(errno.EACCES, "Permission denied", target)) is None
 
 
 def test_a_file_the_seal_flushes_is_written_without_its_own_fsync(tmp_path, monkeypatch):
@@ -157,7 +157,7 @@ def test_a_file_the_seal_flushes_is_written_without_its_own_fsync(tmp_path, monk
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
-    paths.write_file_atomic(str(tmp_path / "durable"), b"x")
+    fs.write_file_atomic(str(tmp_path / "durable"), b"x")
     assert len(synced) == 1
     container.write_container_record(str(tmp_path / "staging"), {"Id": "c" * 64, "Name": "/w", "Image": "sha256:" + "i" * 64})
     assert len(synced) == 1, "the container record is not fsync'd on its own"
@@ -170,7 +170,7 @@ def test_ensure_dir_from_many_threads_leaves_the_process_umask_as_it_was(tmp_pat
     0700, parents included, whatever the umask."""
     def make(worker):
         for index in range(40):
-            paths.ensure_dir(str(tmp_path / str(worker) / str(index) / "leaf"))
+            fs.ensure_dir(str(tmp_path / str(worker) / str(index) / "leaf"))
 
     saved = os.umask(0o002)
     try:
@@ -208,10 +208,10 @@ def test_a_fifo_where_a_file_was_expected_is_refused_not_waited_on(tmp_path, rea
     from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, mapped
     fifo = str(tmp_path / "pages-1.img")
     os.mkfifo(fifo)
-    call = {"open_regular": lambda: paths.open_regular(fifo), "hash_range": lambda: manifest.hash_file(fifo),
+    call = {"open_regular": lambda: fs.open_regular(fifo), "hash_range": lambda: manifest.hash_file(fifo),
             "mapped_hash_range": lambda: mapped.hash_range(fifo), "read_document": lambda: manifest.read_document(fifo)}
     outcome = returns_within(30, call[reader])
-    assert isinstance(outcome.get("error"), paths.NotRegularFile), outcome
+    assert isinstance(outcome.get("error"), fs.NotRegularFile), outcome
     assert "is not a regular file" in str(outcome["error"])
 
 
@@ -228,7 +228,7 @@ def test_an_engine_cannot_hang_the_metadata_read_with_a_fifo_in_its_root(tmp_pat
 
 def test_open_regular_gives_a_plain_blocking_descriptor_and_never_follows_a_link(tmp_path):
     (tmp_path / "f").write_bytes(b"data")
-    fd = paths.open_regular(str(tmp_path / "f"))
+    fd = fs.open_regular(str(tmp_path / "f"))
     try:
         import fcntl
         assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK and os.read(fd, 10) == b"data"
@@ -236,17 +236,17 @@ def test_open_regular_gives_a_plain_blocking_descriptor_and_never_follows_a_link
         os.close(fd)
     (tmp_path / "link").symlink_to(tmp_path / "f")
     with pytest.raises(OSError):
-        paths.open_regular(str(tmp_path / "link"))
+        fs.open_regular(str(tmp_path / "link"))
 
 
 def test_make_dir_if_missing_makes_private_folders_and_leaves_an_existing_one_as_it_is(tmp_path):
     shared = tmp_path / "shm"
     shared.mkdir()
     shared.chmod(0o1777)
-    assert paths.make_dir_if_missing(str(shared)) == str(shared)
+    assert fs.make_dir_if_missing(str(shared)) == str(shared)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     leaf = tmp_path / "missing" / "parent" / "decrypt"
-    paths.make_dir_if_missing(str(leaf))
+    fs.make_dir_if_missing(str(leaf))
     for folder in (leaf, leaf.parent, leaf.parent.parent):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
 
@@ -255,19 +255,19 @@ def test_list_plain_files_sorts_the_whole_tree_and_refuses_anything_but_files_an
     (tmp_path / "b.img").write_bytes(b"b")
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.img").write_bytes(b"x")
-    assert paths.list_plain_files(str(tmp_path)) == ["a/x.img", "b.img"]
+    assert fs.list_plain_files(str(tmp_path)) == ["a/x.img", "b.img"]
     os.mkfifo(str(tmp_path / "a" / "pipe"))
-    with pytest.raises(paths.NotRegularFile, match="a/pipe is not a regular file or directory"):
-        paths.list_plain_files(str(tmp_path))
+    with pytest.raises(fs.NotRegularFile, match="a/pipe is not a regular file or directory"):
+        fs.list_plain_files(str(tmp_path))
     os.unlink(str(tmp_path / "a" / "pipe"))
     os.symlink("/etc", str(tmp_path / "a" / "linked"))
     with pytest.raises(ValueError, match="a/linked"):  # NotRegularFile is a ValueError for the checks that catch that
-        paths.list_plain_files(str(tmp_path))
+        fs.list_plain_files(str(tmp_path))
 
 
 def test_list_plain_files_raises_where_os_walk_would_list_nothing(tmp_path):
     with pytest.raises(FileNotFoundError):
-        paths.list_plain_files(str(tmp_path / "gone"))
+        fs.list_plain_files(str(tmp_path / "gone"))
 
 
 def test_a_record_behind_a_link_a_fifo_or_too_large_reads_as_none_without_blocking(tmp_path):
@@ -275,15 +275,15 @@ def test_a_record_behind_a_link_a_fifo_or_too_large_reads_as_none_without_blocki
     /dev/zero would be read until memory ran out. Each reads as no record."""
     good = tmp_path / "good.json"
     good.write_text('{"status": "completed"}')
-    assert paths.read_json(str(good)) == {"status": "completed"}
+    assert fs.read_json(str(good)) == {"status": "completed"}
     os.mkfifo(str(tmp_path / "fifo.json"))
     os.symlink("/dev/zero", str(tmp_path / "zero.json"))
     os.symlink(str(good), str(tmp_path / "link.json"))
     (tmp_path / "large.json").write_text('{"a": "%s"}' % ("x" * 2000))
     for name in ("fifo.json", "zero.json", "link.json", "missing.json"):
-        assert paths.read_json(str(tmp_path / name)) is None, name
-    assert paths.read_json(str(tmp_path / "large.json"), limit=1000) is None
-    assert paths.read_json(str(tmp_path / "large.json"))["a"] == "x" * 2000
+        assert fs.read_json(str(tmp_path / name)) is None, name
+    assert fs.read_json(str(tmp_path / "large.json"), limit=1000) is None
+    assert fs.read_json(str(tmp_path / "large.json"))["a"] == "x" * 2000
 
 
 def test_a_temporary_file_a_killed_writer_left_does_not_fail_the_next_writer_with_its_pid(tmp_path):
@@ -299,12 +299,12 @@ def test_a_temporary_file_a_killed_writer_left_does_not_fail_the_next_writer_wit
     assert status.update(snap, "generating", generation_id="run-b")["status"] == "generating"
     live = tmp_path / "ns" / "svc" / "p0" / "..pod-a.status.json.tmp.1.0badc0de"  # pid 1 lives: never swept
     live.write_text("")
-    old = os.stat(live).st_mtime - paths.TEMP_STALE_AGE - 1
+    old = os.stat(live).st_mtime - fs.TEMP_STALE_AGE - 1
     for name in left:
         os.utime(str(tmp_path / "ns" / "svc" / "p0" / name), (old, old))
     os.utime(str(live), (old, old))
     assert claim.take(snap, "run-b", lease=60)["id"] == "run-b"
     assert sorted(os.listdir(os.path.dirname(snap))) == sorted([live.name, ".pod-a.generation.json",
                                                                 ".pod-a.status.json"])
-    assert paths.store_error(OSError(30, "Read-only file system", str(tmp_path / "..pod-a.status.json.tmp.7.00ff"))) \
+    assert fs.store_error(OSError(30, "Read-only file system", str(tmp_path / "..pod-a.status.json.tmp.7.00ff"))) \
         .startswith("cannot write %s: " % (tmp_path / ".pod-a.status.json"))

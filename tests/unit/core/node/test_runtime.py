@@ -18,7 +18,7 @@ import yaml
 from conftest import BIN, COLLECTIONS, REPO, ensure_collection_link
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu_cli as criu, runc_cli as runc
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import syscalls
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
@@ -171,7 +171,7 @@ def test_write_in_root_creates_private_dirs_and_file(tmp_path):
     root.mkdir()
     fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        paths.write_below(fd, "/run/inferops-snapshot/metadata.json", b'{"a": 1}')
+        syscalls.write_below(fd, "/run/inferops-snapshot/metadata.json", b'{"a": 1}')
     finally:
         os.close(fd)
     target = root / "run" / "inferops-snapshot" / "metadata.json"
@@ -188,11 +188,11 @@ def test_write_in_root_never_follows_a_planted_link(tmp_path):
     fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(OSError):
-            paths.write_below(fd, "/run/metadata.json", b"x")
+            syscalls.write_below(fd, "/run/metadata.json", b"x")
         (root / "etc").mkdir()
         (root / "etc" / "passwd").symlink_to(outside / "passwd")
         with pytest.raises(OSError):
-            paths.open_dirs_below(fd, ["etc", "passwd"])
+            syscalls.open_dirs_below(fd, ["etc", "passwd"])
     finally:
         os.close(fd)
     assert os.listdir(outside) == []

@@ -93,7 +93,7 @@ def test_where_leases_fail_the_verifying_read_makes_the_copy_the_restore_reads(s
 
 def test_a_copy_that_would_not_fit_is_refused_before_anything_is_copied(snap, tmp_path, monkeypatch):
     no_leases(monkeypatch)
-    monkeypatch.setattr(held.paths, "free_bytes", lambda path: 10)
+    monkeypatch.setattr(held.fs, "free_bytes", lambda path: 10)
     with pytest.raises(held.HoldError, match=r"insufficient_space: .*cannot be leased here .*\(decrypt_dir\)"):
         held.Held.open(snap, str(tmp_path))
 

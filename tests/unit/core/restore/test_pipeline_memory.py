@@ -2,7 +2,7 @@
 
 import os
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths, proc
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs, mounts, proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption
 
@@ -68,7 +68,7 @@ def test_an_encrypted_snapshot_decrypted_to_disk_needs_free_space_there(tmp_path
     snap = make(tmp_path, size=3 << 20, encryption_key=key)
     workdir = tmp_path / "work"
     workdir.mkdir(mode=0o700)
-    monkeypatch.setattr(paths, "free_bytes", lambda path: 1 << 20)
+    monkeypatch.setattr(fs, "free_bytes", lambda path: 1 << 20)
     driver = Fake()
     attempt = pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False,
                                                     keys={encryption.key_id(key): key}, decrypt_dir=str(workdir)))
@@ -84,10 +84,10 @@ def test_filesystem_type_reads_mountinfo(tmp_path):
     info.write_text("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
                     "30 22 0:25 / /dev/shm rw shared:2 - tmpfs tmpfs rw\n"
                     "31 22 0:26 / %s rw - ramfs none rw\n" % str(spaced).replace(" ", "\\040"))
-    assert paths.filesystem_type("/dev/shm/a/b", str(info)) == "tmpfs", "a missing path: its nearest parent's"
-    assert paths.is_tmpfs(str(spaced / "x"), str(info)) and not paths.is_tmpfs("/var/tmp", str(info))
-    assert paths.filesystem_type("/dev/shmx", str(info)) == "ext4", "a prefix of a name is not its mount"
-    assert paths.filesystem_type("/x", str(tmp_path / "absent")) is None
+    assert mounts.filesystem_type("/dev/shm/a/b", str(info)) == "tmpfs", "a missing path: its nearest parent's"
+    assert mounts.is_tmpfs(str(spaced / "x"), str(info)) and not mounts.is_tmpfs("/var/tmp", str(info))
+    assert mounts.filesystem_type("/dev/shmx", str(info)) == "ext4", "a prefix of a name is not its mount"
+    assert mounts.filesystem_type("/x", str(tmp_path / "absent")) is None
 
 
 def test_an_encrypted_snapshot_without_its_key_says_so_before_it_says_memory_or_space(tmp_path, monkeypatch):
@@ -95,7 +95,7 @@ def test_an_encrypted_snapshot_without_its_key_says_so_before_it_says_memory_or_
     key = os.urandom(32)
     snap = make(tmp_path, size=3 << 20, encryption_key=key)
     monkeypatch.setattr(proc, "MEMINFO", meminfo(tmp_path, 1024))  # too little memory as well
-    monkeypatch.setattr(paths, "free_bytes", lambda path: 1 << 20)  # and too little room to decrypt
+    monkeypatch.setattr(fs, "free_bytes", lambda path: 1 << 20)  # and too little room to decrypt
     other = os.urandom(32)
     for keys in ({}, {encryption.key_id(other): other}):
         driver = Fake()

@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs, syscalls
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal
 
 IDENTITY = {"namespace": "ns", "service": "svc", "instance": "p0", "pod": "pod-a"}
@@ -58,8 +58,8 @@ def watch_every_step(monkeypatch, snap, kill_at=None):
                 raise Killed(name)
         return step
     monkeypatch.setattr(seal.os, "rename", watched("rename", os.rename))
-    monkeypatch.setattr(seal.paths, "exchange", watched("exchange", paths.exchange))
-    monkeypatch.setattr(seal.paths, "remove_tree", watched("remove_tree", paths.remove_tree))
+    monkeypatch.setattr(seal.syscalls, "exchange", watched("exchange", syscalls.exchange))
+    monkeypatch.setattr(seal.fs, "remove_tree", watched("remove_tree", fs.remove_tree))
     return seen
 
 
@@ -91,7 +91,7 @@ def test_where_the_filesystem_cannot_exchange_two_renames_replace_it_over_a_kill
     snap = published(tmp_path)
     namesake = layout.old_dir(snap, os.getpid())  # a killed process that had this pid left half its old snapshot
     os.makedirs(os.path.join(namesake, "host"))
-    monkeypatch.setattr(seal.paths, "exchange", unsupported)
+    monkeypatch.setattr(seal.syscalls, "exchange", unsupported)
     seal.publish(sealed(snap, "new"), snap)
     assert content(snap) == "new" and sorted(os.listdir(os.path.dirname(snap))) == ["pod-a"]
 
@@ -100,17 +100,17 @@ def test_the_exchange_swaps_two_paths_or_says_the_host_cannot(tmp_path, monkeypa
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.write_text("b")
-    paths.exchange(str(first), str(second))
+    syscalls.exchange(str(first), str(second))
     assert first.read_text() == "b" and second.is_dir()
 
     class NoWrapper:  # a libc without renameat2 or syscall
         pass
 
-    monkeypatch.setattr(paths, "_libc", NoWrapper)
-    monkeypatch.setattr(paths.platform, "machine", lambda: "sparc64")
+    monkeypatch.setattr(syscalls, "_libc", NoWrapper)
+    monkeypatch.setattr(syscalls.platform, "machine", lambda: "sparc64")
     with pytest.raises(OSError) as info:
-        paths.exchange(str(first), str(second))
-    assert info.value.errno in paths.EXCHANGE_UNSUPPORTED
+        syscalls.exchange(str(first), str(second))
+    assert info.value.errno in syscalls.EXCHANGE_UNSUPPORTED
 
 
 def killed_between_the_two_renames(tmp_path, monkeypatch):
@@ -118,7 +118,7 @@ def killed_between_the_two_renames(tmp_path, monkeypatch):
     aside, the new sealed one in staging, nothing published."""
     snap = published(tmp_path)
     staging = sealed(snap, "new")
-    monkeypatch.setattr(seal.paths, "exchange", unsupported)
+    monkeypatch.setattr(seal.syscalls, "exchange", unsupported)
     renames, real = [], os.rename
 
     def rename(src, dst):
