@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import binascii
+import contextlib
 import errno
 import fcntl
 import json
@@ -272,3 +273,35 @@ def existing_ancestor(path):
     while not os.path.exists(path) and path != os.path.dirname(path):
         path = os.path.dirname(path)
     return path
+
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class LockBusy(OSError):
+    """Another process holds the lock, and the caller would not wait for it."""
+
+
+def locked_fd(path, shared=False, wait=True, flags=DIR_FLAGS, mode=FILE_MODE):
+    """An fd of ``path`` (a folder, never through a link, unless ``flags`` say otherwise) that holds its flock,
+    exclusive or ``shared``. ``wait=False``: LockBusy at once when another process holds it. Closing the fd releases
+    the lock; a killed holder's is released by the kernel, so no lock outlives its process."""
+    fd = os.open(path, flags, mode)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+    except (IOError, OSError) as exc:
+        os.close(fd)
+        if wait:
+            raise
+        raise LockBusy(exc.errno, "%s is locked by another process" % path)
+    return fd
+
+
+@contextlib.contextmanager
+def locked(path, shared=False, flags=DIR_FLAGS, mode=FILE_MODE):
+    """``locked_fd`` held for a ``with`` block (waiting for the lock)."""
+    fd = locked_fd(path, shared, True, flags, mode)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

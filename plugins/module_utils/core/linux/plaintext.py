@@ -18,7 +18,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import fcntl
 import os
 import stat
 import tempfile
@@ -29,16 +28,6 @@ from . import fs
 PREFIX = "inferops-plain-"
 STALE_AFTER = 60.0
 
-
-def _lock(path):
-    """An fd of the directory ``path`` holding its exclusive flock; raises if another process holds it."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (IOError, OSError):
-        os.close(fd)
-        raise
-    return fd
 
 
 def sweep(parent, now=None, prefix=PREFIX):
@@ -55,7 +44,7 @@ def sweep(parent, now=None, prefix=PREFIX):
             st = os.lstat(path)  # a link, or someone else's directory, is not ours to remove
             if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or now - st.st_mtime < STALE_AFTER:
                 continue
-            fd = _lock(path)  # held by a live owner: raises, and the directory stays
+            fd = fs.locked_fd(path, wait=False)  # held by a live owner: raises, and the directory stays
         except (IOError, OSError):
             continue
         try:
@@ -76,7 +65,7 @@ class PrivateDir(object):
         self.swept = sweep(parent, prefix=prefix)
         self.path = tempfile.mkdtemp(prefix=prefix, dir=parent)  # 0700
         try:
-            self._fd = _lock(self.path)
+            self._fd = fs.locked_fd(self.path, wait=False)
         except OSError:
             fs.remove_tree(self.path)
             raise

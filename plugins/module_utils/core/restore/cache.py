@@ -28,7 +28,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
-import fcntl
 import json
 import os
 import re
@@ -44,7 +43,6 @@ from ..store import manifest, status
 VERDICT_VERSION = 1
 BOUND = ("size", "ino", "dev", "mtime_ns", "ctime_ns")   # what a verdict binds of every file of the copy
 _FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Entry:
@@ -159,14 +157,11 @@ def find(stage_dir, source=None, fingerprint=None, drop=True):
         return None, "%r is not a fingerprint" % fingerprint
     path = layout.stage_entry(root, fingerprint)
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = fs.locked_fd(path, shared=True, wait=False)
+    except fs.LockBusy:
+        return None, "the entry is being published or removed"
     except OSError as exc:
         return None, "not staged" if exc.errno == errno.ENOENT else "cannot open %s: %s" % (path, exc)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except (IOError, OSError):
-        os.close(fd)
-        return None, "the entry is being published or removed"
     try:
         verdict, why = _check(path, fd, fingerprint)
     except (IOError, OSError) as exc:
@@ -188,11 +183,10 @@ def drop_entry(root, fingerprint):
     """Remove an entry unless it is in use (held by a restore) or being published; True when removed."""
     path = layout.stage_entry(root, fingerprint)
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = fs.locked_fd(path, wait=False)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if (os.fstat(fd).st_ino, os.fstat(fd).st_dev) != (os.lstat(path).st_ino, os.lstat(path).st_dev):
             return False
         aside = layout.stage_dropped(root, fingerprint, os.getpid())
@@ -249,11 +243,10 @@ def prune(stage_dir, keep=layout.STAGE_DEFAULT_KEEP, max_bytes=layout.STAGE_DEFA
 
 def _remove_abandoned(path):
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = fs.locked_fd(path, wait=False)  # a live stager holds it
     except OSError:
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live stager holds it
         fs.remove_tree(path)
     except (IOError, OSError):
         pass
@@ -357,9 +350,8 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
     partial = layout.stage_partial(root, fingerprint, os.getpid())
     fs.remove_tree(partial)  # an earlier process of this pid left it
     os.mkdir(partial, fs.DIR_MODE)
-    lock = os.open(partial, _DIR_FLAGS)
+    lock = fs.locked_fd(partial)  # retention leaves a partial copy alone while its stager lives
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # retention leaves a partial copy alone while its stager lives
         content = layout.stage_content(partial)
         os.mkdir(content, fs.DIR_MODE)
         with watch.timed("copy"):

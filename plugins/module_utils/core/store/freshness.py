@@ -23,7 +23,6 @@ __metaclass__ = type
 
 import calendar
 import contextlib
-import fcntl
 import json
 import os
 import stat
@@ -92,12 +91,8 @@ class Counters(object):
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or stat.S_IMODE(st.st_mode) & 0o022:
             raise CounterError("%s must be a directory of root's that nobody else can write (it is uid %d, mode %o)"
                                % (directory, st.st_uid, stat.S_IMODE(st.st_mode)))
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with fs.locked(self.path + ".lock", flags=os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC):
             yield
-        finally:
-            os.close(fd)
 
     def _read(self):
         try:

@@ -16,7 +16,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import contextlib
-import fcntl
 import json
 import os
 
@@ -37,12 +36,9 @@ def read(snapshot_dir):
 @contextlib.contextmanager
 def locked(snapshot_dir):
     """The lock of a pod's records (status, claim): the flock of their parent directory."""
-    fd = os.open(os.path.dirname(layout.status_path(snapshot_dir)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    parent = os.path.dirname(layout.status_path(snapshot_dir))
+    with fs.locked(parent, flags=os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def restore_entry(path, outcome, reason=None, container=None, name=None, pid=None, pid_start_time=None, policy=None,
