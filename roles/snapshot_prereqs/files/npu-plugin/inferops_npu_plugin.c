@@ -42,6 +42,7 @@
 #define TARGETS_FILE "inferops-npu-devices"
 #define TARGETS_ENV "INFEROPS_NPU_DEVICES"
 #define IMAGE_HEADER "inferops-npu-plugin v1\n"
+#define MANAGER_NAME "davinci_manager"
 #define RECREATE_LOCK "/run/inferops-npu-plugin.lock"
 #define MAX_RECORDS 256
 
@@ -74,7 +75,7 @@ static int is_npu_path(const char *path)
 {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    if (strcmp(base, "davinci_manager") == 0) {
+    if (strcmp(base, MANAGER_NAME) == 0) {
         return 1;
     }
     if (strncmp(base, "davinci", 7) != 0 || base[7] == '\0') {
@@ -91,7 +92,7 @@ static int is_npu_path(const char *path)
 static int is_manager_path(const char *path)
 {
     const char *base = strrchr(path, '/');
-    return strcmp(base ? base + 1 : path, "davinci_manager") == 0;
+    return strcmp(base ? base + 1 : path, MANAGER_NAME) == 0;
 }
 
 /* path with every byte outside [A-Za-z0-9/._+-] as %XX (one token per path in the image) */
