@@ -1,15 +1,31 @@
 """The contract between the collection's CRIU NPU plugin (C, roles/snapshot_prereqs/files/npu-plugin) and its Python
-side: the names they share are layout.py's and criu_images.py's."""
+side: the names they share are layout.py's and criu_images.py's, and both readers of the plugin's image follow the one
+grammar of docs/simulator.md ("The plugin's text formats") on the same edge cases.
+
+The plugin's side is its own source, compiled with build.sh's warnings into npu_plugin_harness.c, which stands where
+CRIU does (the images directory, the log) and calls the hooks the plugin registers."""
 
 import ast
 import json
+import os
 import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from conftest import REPO
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images, layout
 
-PLUGIN = REPO / "roles" / "snapshot_prereqs" / "files" / "npu-plugin" / "inferops_npu_plugin.c"
+PLUGIN_DIR = REPO / "roles" / "snapshot_prereqs" / "files" / "npu-plugin"
+PLUGIN = PLUGIN_DIR / "inferops_npu_plugin.c"
+HARNESS = REPO / "tests" / "unit" / "core" / "npu_plugin_harness.c"
+WARNINGS = "-std=gnu11 -O2 -g -Wall -Wextra -Werror"  # build.sh's
+DOC = REPO / "docs" / "simulator.md"
+GRAMMAR = "The plugin's text formats"
+MARKER = layout.NPU_PLUGIN_MARKER
 
 # The plugin's #defines that are a contract with the Python side, and the Python side's value of each.
 CONTRACT = {
@@ -19,6 +35,8 @@ CONTRACT = {
     "INFEROPS_NPU_MARKER": layout.NPU_PLUGIN_MARKER,
     "MANAGER_NAME": layout.NPU_MANAGER,
     "IMAGE_HEADER": criu_images.NPU_IMAGE_HEADER + "\n",
+    "MAX_RECORDS": criu_images.NPU_MAX_RECORDS,
+    "PATH_TOKEN_MAX": criu_images.NPU_PATH_MAX,
 }
 
 
@@ -53,3 +71,179 @@ def test_a_changed_a_missing_and_a_respelled_name_are_found():
         "TARGETS_ENV is not #defined (as 'INFEROPS_NPU_DEVICES')"]
     assert contract_broken(source + '\nstatic const char *again = "davinci_manager";\n') == [
         "MANAGER_NAME's value \"davinci_manager\" is spelled again: use the name"]
+    assert contract_broken(source.replace("#define MAX_RECORDS 256", "#define MAX_RECORDS 512")) == [
+        "MAX_RECORDS is 512, the Python side's 256"]
+
+
+def test_the_grammar_is_written_once_with_the_plugins_limits_and_both_sides_cite_it():
+    section = DOC.read_text().split("### " + GRAMMAR + "\n", 1)[1].split("\n## ", 1)[0]
+    limits = defines(PLUGIN.read_text())
+    for words in ("at most %(MAX_RECORDS)d records", "at most %(PATH_TOKEN_MAX)d bytes"):
+        assert words % limits in section, "docs/simulator.md's grammar no longer says %r" % (words % limits)
+    for reader in (PLUGIN, criu_images.__file__):
+        text = Path(reader).read_text()
+        assert "docs/simulator.md" in text and GRAMMAR in text, "%s does not cite the grammar" % reader
+
+
+# -- the plugin's side -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    """npu_plugin_harness.c built over the plugin's source, against the criu-plugin.h build.sh finds -- after build.sh
+    itself has built the plugin (under -Werror) into a fresh place."""
+    out = tmp_path_factory.mktemp("npu-plugin")
+    assert WARNINGS in (PLUGIN_DIR / "build.sh").read_text(), "build.sh's flags changed: follow them in WARNINGS"
+    built = subprocess.run(["bash", str(PLUGIN_DIR / "build.sh"), str(out / layout.NPU_PLUGIN_FILE)],
+                           capture_output=True, text=True, check=False)
+    assert built.returncode == 0, "the plugin does not build: %s%s" % (built.stdout, built.stderr)
+    header = re.search(r"\(header: (.*)/criu-plugin\.h\)", built.stdout).group(1)
+    binary = out / "npu_plugin_harness"
+    compiled = subprocess.run(["cc"] + WARNINGS.split() + ["-isystem", header, "-I", str(PLUGIN_DIR), "-o", str(binary),
+                                                          str(HARNESS)], capture_output=True, text=True, check=False)
+    assert compiled.returncode == 0, compiled.stderr
+    return binary
+
+
+def plugin(harness, *args, **env):
+    """The harness run with ``args`` and only ``env`` of the plugin's variables: (exit status, stdout, stderr)."""
+    environ = dict((k, v) for k, v in os.environ.items() if k != layout.ENV_NPU_DEVICES)
+    environ.update(env)
+    done = subprocess.run([str(harness)] + [str(a) for a in args], capture_output=True, text=True, env=environ,
+                          check=False, errors="surrogateescape")
+    return done.returncode, done.stdout, done.stderr
+
+
+def records(stdout):
+    """The harness's records as read_npu_devices gives them, and the targets: {"fds", "vmas", "targets"}."""
+    found, keys = {"fds": [], "vmas": [], "targets": []}, {"f": "fds", "v": "vmas", "t": "targets"}
+    for words in (line.split(" ") for line in stdout.splitlines() if line[:2] in ("f ", "v ", "t ")):
+        kind, major, minor, path = words[-4:]
+        fields = dict(type=kind, major=int(major), minor=int(minor), path=os.fsdecode(bytes.fromhex(path)))
+        if words[0] == "f":
+            fields.update(id=int(words[1]), flags=int(words[2], 16))
+        found[keys[words[0]]].append(fields)
+    return found
+
+
+def c_reads(harness, images):
+    """What the plugin reads of the image in ``images``: read_npu_devices' shape, or None where it fails the hook."""
+    code, out, err = plugin(harness, "restore", images)
+    assert code in (0, 1), err
+    if code:
+        assert MARKER + " " in err, "the plugin failed without its marker: %s" % err
+        return None
+    found = records(out)
+    return {"fds": found["fds"], "vmas": found["vmas"]}
+
+
+def python_reads(images):
+    try:
+        return criu_images.read_npu_devices(str(images))
+    except ValueError:
+        return None
+
+
+HEADER = (criu_images.NPU_IMAGE_HEADER + "\n").encode()
+
+
+def image(*lines):
+    return HEADER + b"".join(line + b"\n" for line in lines)
+
+
+def fd(path, id_=27, flags=0o2, kind="c", major=120, minor=64):
+    return {"id": id_, "flags": flags, "type": kind, "major": major, "minor": minor, "path": path}
+
+
+def vma(path, kind="c", major=120, minor=64):
+    return {"type": kind, "major": major, "minor": minor, "path": path}
+
+
+LONGEST = "/" + "a" * (criu_images.NPU_PATH_MAX - 1)
+ESCAPED_LONGEST = "/" + "%20" * ((criu_images.NPU_PATH_MAX - 1) // 3)
+ACCEPTED = [
+    ("escaped paths", image(b"fd 27 2 c 120 64 /dev/dav%20inci0", b"vma c 120 64 /dev/%25%C3%A9/davinci_manager"),
+     {"fds": [fd("/dev/dav inci0")], "vmas": [vma(os.fsdecode(b"/dev/%\xc3\xa9/davinci_manager"))]}),
+    ("largest and smallest numbers", image(b"fd 4294967295 ffffffff b 4294967295 4294967295 /", b"fd 0 0 c 0 0 /d"),
+     {"fds": [fd("/", 4294967295, 0xFFFFFFFF, "b", 4294967295, 4294967295), fd("/d", 0, 0, "c", 0, 0)], "vmas": []}),
+    ("longest path", image(b"vma c 120 64 " + LONGEST.encode()), {"fds": [], "vmas": [vma(LONGEST)]}),
+    ("longest escaped path", image(b"vma c 120 64 " + ESCAPED_LONGEST.encode()),
+     {"fds": [], "vmas": [vma(ESCAPED_LONGEST.replace("%20", " "))]}),
+    ("header only", image(), {"fds": [], "vmas": []}),
+    ("most records", image(*[b"vma c 1 %d /m" % i for i in range(criu_images.NPU_MAX_RECORDS)]),
+     {"fds": [], "vmas": [vma("/m", "c", 1, i) for i in range(criu_images.NPU_MAX_RECORDS)]}),
+]
+REFUSED = [
+    ("path over the limit", image(b"vma c 1 2 " + LONGEST.encode() + b"a")),
+    ("escaped path over the limit", image(b"vma c 1 2 " + ESCAPED_LONGEST.encode() + b"%20")),
+    ("id over 32 bits", image(b"fd 4294967296 2 c 1 2 /p")),
+    ("minor over 32 bits", image(b"vma c 1 4294967296 /p")),
+    ("flags over 32 bits", image(b"fd 1 100000000 c 1 2 /p")),
+    ("a leading zero", image(b"fd 027 2 c 1 2 /p")),
+    ("a leading zero in flags", image(b"fd 27 02 c 1 2 /p")),
+    ("a sign", image(b"vma c +1 2 /p")),
+    ("a minus", image(b"vma c -1 2 /p")),
+    ("0x flags", image(b"fd 1 0x2 c 1 2 /p")),
+    ("uppercase flags", image(b"fd 1 A c 1 2 /p")),
+    ("non-ASCII digits", image("vma c \u0661 2 /p".encode())),
+    ("an underscore in a number", image(b"vma c 1_0 2 /p")),
+    ("trailing garbage", image(b"fd 1 2 c 1 2 /p extra")),
+    ("a trailing space", image(b"vma c 1 2 /p ")),
+    ("two spaces", image(b"vma c  1 2 /p")),
+    ("a tab", image(b"vma\tc 1 2 /p")),
+    ("bad type letter", image(b"fd 1 2 z 1 2 /p")),
+    ("uppercase type letter", image(b"vma C 1 2 /p")),
+    ("lowercase escape", image(b"vma c 1 2 /a%2c")),
+    ("an escaped safe byte", image(b"vma c 1 2 /a%41")),
+    ("an escaped slash", image(b"vma c 1 2 %2Fdev")),
+    ("an escaped NUL", image(b"vma c 1 2 /a%00b")),
+    ("a cut escape", image(b"vma c 1 2 /a%4")),
+    ("a bare percent", image(b"vma c 1 2 /a%")),
+    ("a non-hex escape", image(b"vma c 1 2 /a%G0")),
+    ("a raw unsafe byte", image(b"vma c 1 2 /a=b")),
+    ("raw UTF-8", image("vma c 1 2 /\u00e9".encode())),
+    ("a form feed", image(b"vma c 1 2 /a\x0cb")),
+    ("a NUL byte", image(b"vma c 1 2 /a\x00b")),
+    ("a relative path", image(b"vma c 1 2 dev/davinci0")),
+    ("no path", image(b"vma c 1 2 ")),
+    ("a missing field", image(b"fd 1 2 c 1 /p")),
+    ("an unknown kind", image(b"what c 1 2 /p")),
+    ("an uppercase kind", image(b"FD 1 2 c 1 2 /p")),
+    ("a blank line", image(b"", b"vma c 1 2 /p")),
+    ("a CR LF", image(b"vma c 1 2 /p\r")),
+    ("no final newline", image(b"vma c 1 2 /p")[:-1]),
+    ("too many records", image(*[b"vma c 1 2 /m"] * (criu_images.NPU_MAX_RECORDS + 1))),
+    ("another version", image().replace(b"v1", b"v2")),
+    ("a header with a trailing space", image().replace(b"v1", b"v1 ")),
+    ("a header without its newline", HEADER[:-1]),
+    ("an empty file", b""),
+]
+
+
+@pytest.mark.parametrize("data, expected", [case[1:] for case in ACCEPTED] + [(case[1], None) for case in REFUSED],
+                         ids=[case[0] for case in ACCEPTED + REFUSED])
+def test_both_readers_of_the_image_read_the_same(harness, tmp_path, data, expected):
+    (tmp_path / layout.NPU_PLUGIN_IMAGE).write_bytes(data)
+    assert python_reads(tmp_path) == expected, "criu_images.read_npu_devices"
+    assert c_reads(harness, tmp_path) == expected, "the plugin"
+
+
+def test_what_the_plugin_writes_both_read_back_and_a_path_it_cannot_write_whole_is_refused(harness, tmp_path):
+    odd = tmp_path / "a dir %\u00e9,=:" / "davinci0"
+    odd.parent.mkdir()
+    os.mknod(str(odd), stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    images = tmp_path / "images"
+    images.mkdir()
+    code, _out, err = plugin(harness, "dump", images, odd)
+    assert code == 0, err
+    found = python_reads(images)
+    assert found == c_reads(harness, images) and found["fds"][0]["flags"] & os.O_ACCMODE == os.O_RDWR, found
+    assert found == {"fds": [fd(str(odd), 27, found["fds"][0]["flags"], "c", 1, 3)], "vmas": [vma(str(odd), "c", 1, 3)]}
+    # under PATH_MAX, but over the image's limit escaped (three bytes a space): cut short it would name another file
+    deep = tmp_path / "/".join([" " * 200] * 7) / "davinci0"
+    deep.parent.mkdir(parents=True)
+    os.mknod(str(deep), stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    (images / layout.NPU_PLUGIN_IMAGE).unlink()
+    code, _out, err = plugin(harness, "dump", images, deep)
+    assert code == 1 and "%s device %s: its path is over %d bytes escaped" % (MARKER, deep, criu_images.NPU_PATH_MAX) \
+        in err, err
+    assert not (images / layout.NPU_PLUGIN_IMAGE).exists()
