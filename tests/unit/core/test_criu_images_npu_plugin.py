@@ -1,6 +1,7 @@
 """The contract between the collection's CRIU NPU plugin (C, roles/snapshot_prereqs/files/npu-plugin) and its Python
-side: the names they share are layout.py's and criu_images.py's, and both readers of the plugin's image follow the one
-grammar of docs/simulator.md ("The plugin's text formats") on the same edge cases.
+side: the names they share are layout.py's and criu_images.py's, both readers of the plugin's image follow the one
+grammar of docs/simulator.md ("The plugin's text formats") on the same edge cases, and the plugin reads the
+numbering device.targets_text writes and refuses a malformed one loudly.
 
 The plugin's side is its own source, compiled with build.sh's warnings into npu_plugin_harness.c, which stands where
 CRIU does (the images directory, the log) and calls the hooks the plugin registers."""
@@ -17,7 +18,7 @@ import pytest
 
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images, layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images, device, layout
 
 PLUGIN_DIR = REPO / "roles" / "snapshot_prereqs" / "files" / "npu-plugin"
 PLUGIN = PLUGIN_DIR / "inferops_npu_plugin.c"
@@ -78,9 +79,10 @@ def test_a_changed_a_missing_and_a_respelled_name_are_found():
 def test_the_grammar_is_written_once_with_the_plugins_limits_and_both_sides_cite_it():
     section = DOC.read_text().split("### " + GRAMMAR + "\n", 1)[1].split("\n## ", 1)[0]
     limits = defines(PLUGIN.read_text())
-    for words in ("at most %(MAX_RECORDS)d records", "at most %(PATH_TOKEN_MAX)d bytes"):
+    for words in ("at most %(MAX_RECORDS)d records", "at most %(PATH_TOKEN_MAX)d bytes",
+                  "at most %(MAX_RECORDS)d entries and %(TARGETS_MAX)d bytes"):
         assert words % limits in section, "docs/simulator.md's grammar no longer says %r" % (words % limits)
-    for reader in (PLUGIN, criu_images.__file__):
+    for reader in (PLUGIN, criu_images.__file__, device.__file__):
         text = Path(reader).read_text()
         assert "docs/simulator.md" in text and GRAMMAR in text, "%s does not cite the grammar" % reader
 
@@ -247,3 +249,66 @@ def test_what_the_plugin_writes_both_read_back_and_a_path_it_cannot_write_whole_
     assert code == 1 and "%s device %s: its path is over %d bytes escaped" % (MARKER, deep, criu_images.NPU_PATH_MAX) \
         in err, err
     assert not (images / layout.NPU_PLUGIN_IMAGE).exists()
+
+
+# -- this node's numbering ---------------------------------------------------------------------------------------
+
+def targets_read(harness, tmp_path, text=None, file_text=None):
+    """The plugin's restore init given ``text`` in INFEROPS_NPU_DEVICES and/or ``file_text`` (bytes) as the file
+    beside an image without NPU devices: (exit status, {path: (type, major, minor)}, stderr)."""
+    images = tmp_path / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    if file_text is not None:
+        (images / layout.NPU_DEVICES_FILE).write_bytes(file_text)
+    env = {} if text is None else {layout.ENV_NPU_DEVICES: text}
+    code, out, err = plugin(harness, "restore", images, **env)
+    return code, dict((t["path"], (t["type"], t["major"], t["minor"])) for t in records(out)["targets"]), err
+
+
+ODD_TARGETS = {"/dev/davinci0": ("c", 120, 128), "/dev/davinci_manager": ("b", 7, 3),
+               "/a b,c=d:%/davinci1": ("c", 0, 4294967295), os.fsdecode(b"/\xc3\xa9/davinci2"): ("c", 1, 2)}
+
+
+def test_the_plugin_reads_the_numbering_device_writes(harness, tmp_path):
+    text = device.targets_text(ODD_TARGETS)
+    assert targets_read(harness, tmp_path, text=text)[:2] == (0, ODD_TARGETS)
+    assert targets_read(harness, tmp_path, file_text=text.encode())[:2] == (0, ODD_TARGETS)
+    assert targets_read(harness, tmp_path, file_text=text.encode() + b"\n")[:2] == (0, ODD_TARGETS), "a final LF"
+    assert targets_read(harness, tmp_path / "x", text="")[:2] == (0, {}), "empty: no numbering"
+
+
+LONG = ",".join("/dev/davinci%d=c:1:%d" % (i, i) for i in range(criu_images.NPU_MAX_RECORDS + 1))
+
+
+@pytest.mark.parametrize("text, named", [
+    ("/dev/davinci0", 'malformed entry "/dev/davinci0"'),
+    ("/dev/davinci0=c:1", 'malformed entry "/dev/davinci0=c:1"'),
+    ("/dev/davinci1=c:1:2,/dev/davinci0=x:1:2", 'malformed entry "/dev/davinci0=x:1:2"'),
+    ("/dev/davinci0=c:1:2:3", 'malformed entry "/dev/davinci0=c:1:2:3"'),
+    ("davinci0=c:1:2", 'malformed entry "davinci0=c:1:2"'),
+    ("/dev/davinci0=c:01:2", 'malformed entry "/dev/davinci0=c:01:2"'),
+    ("/dev/davinci0=c:1:4294967296", 'malformed entry "/dev/davinci0=c:1:4294967296"'),
+    ("/dev/a b=c:1:2", 'malformed entry "/dev/a b=c:1:2"'),
+    ("/dev/davinci0=c:1:2 ", 'malformed entry "/dev/davinci0=c:1:2 "'),
+    ("/dev/davinci0=c:1:2,", 'malformed entry ""'),
+    (",/dev/davinci0=c:1:2", 'malformed entry ""'),
+    ("/dev/davinci0=c:1:2,,/dev/davinci1=c:1:3", 'malformed entry ""'),
+    ("/dev/davinci0=c:1:2\n/dev/davinci1=c:1:3", 'malformed entry "/dev/davinci0=c:1:2\n/dev/davinci1=c:1:3"'),
+    ("/dev/davinci0=c:1:2,/dev/davinci0=c:1:3", "/dev/davinci0 is given two numberings"),
+    (LONG, "more than %d entries" % criu_images.NPU_MAX_RECORDS),
+    ("/dev/davinci0=c:1:2," + "/" * 16400 + "=c:1:2", "over 16383 bytes"),
+], ids=lambda value: value[:40] if isinstance(value, str) else None)
+def test_a_malformed_numbering_fails_the_restore_naming_the_entry(harness, tmp_path, text, named):
+    for source, code, _found, err in (
+            (layout.ENV_NPU_DEVICES,) + targets_read(harness, tmp_path / "env", text=text),
+            (layout.NPU_DEVICES_FILE,) + targets_read(harness, tmp_path / "file", file_text=text.encode())):
+        assert code == 1, "the plugin took %r from %s" % (text, source)
+        assert "%s %s: %s" % (MARKER, source, named) in err, err
+
+
+def test_a_numbering_file_with_a_nul_or_unreadable_fails_the_restore(harness, tmp_path):
+    code, _found, err = targets_read(harness, tmp_path / "a", file_text=b"/dev/davinci0=c:1:2\0,/dev/x=c:1:1")
+    assert code == 1 and "%s %s: over 16383 bytes, or a NUL byte in it" % (MARKER, layout.NPU_DEVICES_FILE) in err, err
+    (tmp_path / "b" / "images" / layout.NPU_DEVICES_FILE).mkdir(parents=True)
+    code, _found, err = targets_read(harness, tmp_path / "b")
+    assert code == 1 and "%s cannot read %s: Is a directory" % (MARKER, layout.NPU_DEVICES_FILE) in err, err

@@ -20,8 +20,8 @@
  *                      by anyone else)
  * Anything that is not an NPU node is left to CRIU and other plugins (-ENOTSUP). Every error line carries
  * INFEROPS_NPU_MARKER and names the device, so that the collection can tell the plugin's failure from CRIU's.
- * The image is text in the one grammar of docs/simulator.md, "The plugin's text formats" (FORMATS), which
- * core/criu_images.py reads too: anything outside it is an error, never a guess.
+ * The image and the numbering are text in the one grammar of docs/simulator.md, "The plugin's text formats" (FORMATS),
+ * which core/criu_images.py reads and core/device.py writes too: anything outside it is an error, never a guess.
  */
 #define _GNU_SOURCE
 #include <criu-plugin.h>
@@ -48,8 +48,9 @@
 #define RECREATE_LOCK "/run/inferops-npu-plugin.lock"
 #define FORMATS "docs/simulator.md, \"The plugin's text formats\""
 /* the grammar's limits (criu_images.py has the first two too) */
-#define MAX_RECORDS 256     /* records of the image */
+#define MAX_RECORDS 256     /* records of the image; entries of one targets text */
 #define PATH_TOKEN_MAX 4095 /* bytes of a path as written (escaped) */
+#define TARGETS_MAX 16383   /* bytes of one targets text */
 #define CAPACITY (4 * MAX_RECORDS) /* the image, two targets texts, the host's numbering of each descriptor */
 
 /* criu's log (exported by the criu binary for its plugins; criu-log.h does not declare it) */
@@ -249,28 +250,46 @@ static int parse_record(const char *p, record_t *r)
     return strcmp(p, "\n") == 0 ? 0 : -1;
 }
 
-/* "path=c:MAJOR:MINOR,..." (the target numbering of this node's devices, by the path the process sees) */
-static void parse_targets(const char *text, const char *source)
+/* The grammar's targets (this node's numbering of the devices, by the path the process sees) from source into 't'
+ * records: 0, or -1 naming what is wrong -- a numbering dropped would re-create a node with the old one. */
+static int parse_targets(const char *text, size_t len, const char *source)
 {
-    char *copy = strdup(text), *save = NULL;
-    for (char *item = copy ? strtok_r(copy, ",\n", &save) : NULL; item; item = strtok_r(NULL, ",\n", &save)) {
-        char *eq = strrchr(item, '=');
-        char type;
-        unsigned int major, minor;
-        record_t *r;
-        if (eq == NULL || sscanf(eq + 1, "%c:%u:%u", &type, &major, &minor) != 3 || (type != 'c' && type != 'b') ||
-            (r = add_record()) == NULL) {
-            continue;
-        }
-        *eq = '\0';
-        r->kind = 't';
-        r->type = type;
-        r->major = major;
-        r->minor = minor;
-        snprintf(r->path, sizeof(r->path), "%s", item);
-        npu_info("target %s = %c %u:%u (%s)", r->path, type, major, minor, source);
+    size_t first = g_nrecords;
+    const char *end = len > 0 && text[len - 1] == '\n' ? text + len - 1 : text + len;
+    if (len > TARGETS_MAX || memchr(text, '\0', len) != NULL) {
+        npu_err("%s: over %d bytes, or a NUL byte in it (%s)", source, TARGETS_MAX, FORMATS);
+        return -1;
     }
-    free(copy);
+    for (const char *p = text, *entry = text; end > text; entry = ++p) { /* after a comma, always an entry */
+        record_t *r = g_nrecords - first < MAX_RECORDS ? add_record() : NULL;
+        if (r == NULL) {
+            npu_err("%s: more than %d entries, or no room for them", source, MAX_RECORDS);
+            return -1;
+        }
+        p = path_token(entry, r->path);
+        r->kind = 't';
+        r->type = p && *p == '=' && (p[1] == 'c' || p[1] == 'b') && p[2] == ':' ? p[1] : 0;
+        if (r->type == 0 || !(p = number(p + 3, 10, &r->major)) || *p++ != ':' || !(p = number(p, 10, &r->minor)) ||
+            (p != end && *p != ',')) {
+            size_t n = strcspn(entry, ",");
+            n = entry + n > end ? (size_t)(end - entry) : n;
+            npu_err("%s: malformed entry \"%.*s\": each entry is PATH=c:MAJOR:MINOR or PATH=b:MAJOR:MINOR, PATH "
+                    "%%XX-escaped, comma-separated (%s); the restore cannot know this node's numbering", source,
+                    n > 300 ? 300 : (int)n, entry, FORMATS);
+            return -1;
+        }
+        for (size_t i = first; i + 1 < g_nrecords; i++) {
+            if (strcmp(g_records[i].path, r->path) == 0) {
+                npu_err("%s: %s is given two numberings", source, r->path);
+                return -1;
+            }
+        }
+        npu_info("target %s = %c %u:%u (%s)", r->path, r->type, r->major, r->minor, source);
+        if (p == end) {
+            break;
+        }
+    }
+    return 0;
 }
 
 static int load_image(void)
@@ -325,17 +344,28 @@ static int npu_init(int stage)
     }
     /* the numbering of this node's devices: what the caller says, else the host's node at the same path */
     const char *env = getenv(TARGETS_ENV);
-    if (env != NULL && *env) {
-        parse_targets(env, TARGETS_ENV);
+    if (env != NULL && parse_targets(env, strlen(env), TARGETS_ENV) != 0) {
+        return -1;
     }
     int fd = openat(criu_get_image_dir(), TARGETS_FILE, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT) {
+        npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
+        return -1;
+    }
     if (fd >= 0) {
-        char buf[16384];
-        ssize_t len = read(fd, buf, sizeof(buf) - 1);
+        char buf[TARGETS_MAX + 2];
+        size_t len = 0;
+        ssize_t got = 0;
+        while (len < sizeof(buf) - 1 && (got = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) {
+            len += (size_t)got;
+        }
         close(fd);
-        if (len > 0) {
-            buf[len] = '\0';
-            parse_targets(buf, TARGETS_FILE);
+        buf[len] = '\0';
+        if (got < 0 || parse_targets(buf, len, TARGETS_FILE) != 0) {
+            if (got < 0) {
+                npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
+            }
+            return -1;
         }
     }
     /* MindCluster's way, where nothing was said: the host's node at the same path (CRIU is still in the host's
@@ -345,10 +375,12 @@ static int npu_init(int stage)
         struct stat st;
         record_t *r = &g_records[i], *t;
         if (r->kind != 'f' || find('t', 0, r->path) != NULL || stat(r->path, &st) != 0 ||
-            !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) || (t = add_record()) == NULL) {
+            !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
             continue;
         }
-        r = &g_records[i];
+        if ((t = add_record()) == NULL) {
+            return -1;
+        }
         t->kind = 't';
         t->type = S_ISCHR(st.st_mode) ? 'c' : 'b';
         t->major = major(st.st_rdev);
