@@ -1,7 +1,8 @@
 """The contract between the collection's CRIU NPU plugin (C, roles/snapshot_prereqs/files/npu-plugin) and its Python
 side: the names they share are layout.py's and criu_images.py's, both readers of the plugin's image follow the one
-grammar of docs/simulator.md ("The plugin's text formats") on the same edge cases, and the plugin reads the
-numbering device.targets_text writes and refuses a malformed one loudly.
+grammar of docs/simulator.md ("The plugin's text formats") on the same edge cases, the plugin reads the numbering
+device.targets_text writes and refuses a malformed one loudly, and it re-creates a node under its lock or not at
+all.
 
 The plugin's side is its own source, compiled with build.sh's warnings into npu_plugin_harness.c, which stands where
 CRIU does (the images directory, the log) and calls the hooks the plugin registers."""
@@ -312,3 +313,32 @@ def test_a_numbering_file_with_a_nul_or_unreadable_fails_the_restore(harness, tm
     (tmp_path / "b" / "images" / layout.NPU_DEVICES_FILE).mkdir(parents=True)
     code, _found, err = targets_read(harness, tmp_path / "b")
     assert code == 1 and "%s cannot read %s: Is a directory" % (MARKER, layout.NPU_DEVICES_FILE) in err, err
+
+
+# -- the lock ----------------------------------------------------------------------------------------------------
+
+def restore_node(harness, tmp_path, lock_taken):
+    """RESTORE_EXT_FILE of a descriptor recorded on c 1:5 whose node this node numbers c 1:3 (absent, so re-created),
+    in a mount namespace of its own whose /run is empty -- or holds a directory where the plugin's lock file goes."""
+    node = tmp_path / "dev" / "davinci0"
+    node.parent.mkdir(parents=True)
+    images = tmp_path / "images"
+    images.mkdir()
+    quoted = criu_images.npu_quote(str(node)).encode()
+    (images / layout.NPU_PLUGIN_IMAGE).write_bytes(image(b"fd 27 2 c 1 5 " + quoted))
+    lock = defines(PLUGIN.read_text())["RECREATE_LOCK"]
+    script = "mount -t tmpfs tmpfs /run && %s exec \"$@\"" % ("mkdir %s &&" % lock if lock_taken else "")
+    environ = dict(os.environ, **{layout.ENV_NPU_DEVICES: device.targets_text({str(node): ("c", 1, 3)})})
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(harness),
+                           "restore", str(images), "27"], capture_output=True, text=True, env=environ, check=False)
+    return done.returncode, done.stdout, done.stderr, node, lock
+
+
+def test_a_node_is_re_created_under_the_lock_or_not_at_all(harness, tmp_path):
+    code, out, err, node, _lock = restore_node(harness, tmp_path / "free", lock_taken=False)
+    assert code == 0 and "opened c 1 3" in out, err
+    assert os.major(node.stat().st_rdev) == 1 and os.minor(node.stat().st_rdev) == 3
+    code, out, err, node, lock = restore_node(harness, tmp_path / "taken", lock_taken=True)
+    assert code == 1 and "%s device %s: cannot take the lock %s to re-create it as c 1:3: Is a directory" \
+        % (MARKER, node, lock) in err, err
+    assert not os.path.lexists(str(node)), "re-created without the lock"

@@ -487,9 +487,15 @@ static int recreate_node(const record_t *r)
     if (exists && now.st_rdev == want && (want_chr ? S_ISCHR(now.st_mode) : S_ISBLK(now.st_mode))) {
         return 0;
     }
+    /* lock or fail: unlocked, two tasks could unlink each other's node and leave one without it */
     int lock = open(RECREATE_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock >= 0) {
-        flock(lock, LOCK_EX);
+    if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+        npu_err("device %s: cannot take the lock %s to re-create it as %c %u:%u: %s (it must be a file root can "
+                "create and lock)", r->path, RECREATE_LOCK, type, major, minor, strerror(errno));
+        if (lock >= 0) {
+            close(lock);
+        }
+        return -1;
     }
     mode_t mode = exists ? (now.st_mode & 07777) : 0666;
     int rc = 0;
@@ -505,10 +511,7 @@ static int recreate_node(const record_t *r)
         npu_info("device %s re-created as %c %u:%u (it was %c %u:%u when checkpointed)", r->path, type, major, minor,
                  r->type, r->major, r->minor);
     }
-    if (lock >= 0) {
-        flock(lock, LOCK_UN);
-        close(lock);
-    }
+    close(lock); /* and with it the lock */
     return rc;
 }
 
