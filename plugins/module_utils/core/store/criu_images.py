@@ -265,41 +265,62 @@ def remap_inet_addresses(data, new_ipv4):
     return (bytes(out) if changed else data), sorted(old)
 
 
-# -- the NPU plugin's image (text) -----------------------------------------------------------------------
+# -- the NPU plugin's image (text), in the grammar of docs/simulator.md's "The plugin's text formats" ---------------
 NPU_IMAGE_HEADER = "inferops-npu-plugin v1"
+NPU_MAX_RECORDS = 256   # the plugin's MAX_RECORDS
+NPU_PATH_MAX = 4095     # the plugin's PATH_TOKEN_MAX: a path's bytes as written (escaped)
+_NPU_SAFE = frozenset(bytearray(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+-"))
+_NPU_TAIL = br" (?P<type>[cb]) (?P<major>0|[1-9][0-9]{0,9}) (?P<minor>0|[1-9][0-9]{0,9}) (?P<path>/[A-Za-z0-9/._+%-]*)"
+_NPU_RECORDS = (("fds", re.compile(br"fd (?P<id>0|[1-9][0-9]{0,9}) (?P<flags>0|[1-9a-f][0-9a-f]{0,7})" + _NPU_TAIL)),
+                ("vmas", re.compile(b"vma" + _NPU_TAIL)))
 
 
 def read_npu_devices(images_dir):
     """What the NPU plugin recorded (layout.NPU_PLUGIN_IMAGE): {"fds": [{"id", "flags", "type" ("c"/"b"), "major",
     "minor", "path"}], "vmas": [{"type", "major", "minor", "path"}]}, or None when the process held no NPU device.
-    ValueError for an image the plugin did not write."""
+    ValueError for anything the grammar does not allow, as the plugin refuses it."""
     try:
         with open(os.path.join(images_dir, layout.NPU_PLUGIN_IMAGE), "rb") as handle:
-            text = handle.read().decode("utf-8")
+            data = handle.read()
     except (IOError, OSError):
         return None
-    lines = text.splitlines()
-    if not lines or lines[0] != NPU_IMAGE_HEADER:
-        raise ValueError("%s is not an image of the NPU plugin (its first line is not %r)"
-                         % (layout.NPU_PLUGIN_IMAGE, NPU_IMAGE_HEADER))
+    head = NPU_IMAGE_HEADER.encode() + b"\n"
+    lines = data[len(head):].split(b"\n")
+    if not data.startswith(head) or len(lines) - 1 > NPU_MAX_RECORDS or lines[-1]:
+        raise ValueError("%s is not an image of the NPU plugin: its first line is not %r, it has over %d records, or "
+                         "its last lacks its newline" % (layout.NPU_PLUGIN_IMAGE, NPU_IMAGE_HEADER, NPU_MAX_RECORDS))
     found = {"fds": [], "vmas": []}
-    for line in lines[1:]:
-        words = line.split(" ")
-        try:
-            if words[0] == "fd" and len(words) == 7 and words[3] in ("c", "b"):
-                found["fds"].append({"id": int(words[1]), "flags": int(words[2], 16), "type": words[3],
-                                     "major": int(words[4]), "minor": int(words[5]), "path": _unquote(words[6])})
-                continue
-            if words[0] == "vma" and len(words) == 5 and words[1] in ("c", "b"):
-                found["vmas"].append({"type": words[1], "major": int(words[2]), "minor": int(words[3]),
-                                      "path": _unquote(words[4])})
-                continue
-        except ValueError:
-            pass
-        raise ValueError("%s has a malformed record: %r" % (layout.NPU_PLUGIN_IMAGE, line[:200]))
+    for number, line in enumerate(lines[:-1], 1):
+        key, record = _npu_record(line)
+        if record is None:
+            raise ValueError("%s: record %d is malformed (docs/simulator.md, \"The plugin's text formats\"), "
+                             "truncated, or not the plugin's: %r" % (layout.NPU_PLUGIN_IMAGE, number, line[:200]))
+        found[key].append(record)
     return found
 
 
-def _unquote(word):
-    """The plugin writes a path with every byte outside [A-Za-z0-9/._+-] as %XX."""
-    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), word)
+def _npu_record(line):
+    """(key of read_npu_devices' answer, record) of one line of the image without its LF, or (None, None)."""
+    for key, pattern in _NPU_RECORDS:
+        match = pattern.fullmatch(line)
+        path = match and npu_unquote(match.group("path"))
+        numbers = dict((name, int(value, 16 if name == "flags" else 10)) for name, value in
+                       match.groupdict().items() if name not in ("type", "path")) if path else {}
+        if path and max(numbers.values()) <= 0xFFFFFFFF:
+            numbers.update(type=match.group("type").decode(), path=path)
+            return key, numbers
+    return None, None
+
+
+def npu_quote(path):
+    """``path`` as the grammar's path: every byte outside [A-Za-z0-9/._+-] as %XX (what the plugin writes)."""
+    return "".join(chr(b) if b in _NPU_SAFE else "%%%02X" % b for b in bytearray(os.fsencode(path)))
+
+
+def npu_unquote(token):
+    """The path the grammar's path ``token`` (bytes) spells, or None: over NPU_PATH_MAX, or an escape that is not
+    the one spelling npu_quote writes (uppercase, of a byte it escapes, never NUL)."""
+    raw = re.sub(br"%([0-9A-F]{2})", lambda m: bytes([int(m.group(1), 16)]), token)
+    if len(token) > NPU_PATH_MAX or b"\0" in raw or npu_quote(raw).encode() != token:
+        return None
+    return os.fsdecode(raw)

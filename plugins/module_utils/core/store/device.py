@@ -230,8 +230,10 @@ def targets_from_docker(info):
 
 
 def targets_text(targets):
-    """``targets`` as the NPU plugin reads them (layout.ENV_NPU_DEVICES, layout.NPU_DEVICES_FILE)."""
-    return ",".join("%s=%s:%d:%d" % (path, kind, major, minor) for path, (kind, major, minor) in sorted(targets.items()))
+    """``targets`` as the NPU plugin reads them (layout.ENV_NPU_DEVICES, layout.NPU_DEVICES_FILE): the grammar's
+    targets (docs/simulator.md, "The plugin's text formats"), each path escaped as in the plugin's image."""
+    return ",".join("%s=%s:%d:%d" % (criu_images.npu_quote(path), kind, major, minor)
+                    for path, (kind, major, minor) in sorted(targets.items()))
 
 
 def _holders(kind, rdev, proc_root="/proc"):

@@ -20,6 +20,8 @@
  *                      by anyone else)
  * Anything that is not an NPU node is left to CRIU and other plugins (-ENOTSUP). Every error line carries
  * INFEROPS_NPU_MARKER and names the device, so that the collection can tell the plugin's failure from CRIU's.
+ * The image and the numbering are text in the one grammar of docs/simulator.md, "The plugin's text formats" (FORMATS),
+ * which core/criu_images.py reads and core/device.py writes too: anything outside it is an error, never a guess.
  */
 #define _GNU_SOURCE
 #include <criu-plugin.h>
@@ -42,8 +44,14 @@
 #define TARGETS_FILE "inferops-npu-devices"
 #define TARGETS_ENV "INFEROPS_NPU_DEVICES"
 #define IMAGE_HEADER "inferops-npu-plugin v1\n"
+#define MANAGER_NAME "davinci_manager"
 #define RECREATE_LOCK "/run/inferops-npu-plugin.lock"
-#define MAX_RECORDS 256
+#define FORMATS "docs/simulator.md, \"The plugin's text formats\""
+/* the grammar's limits (criu_images.py has the first two too) */
+#define MAX_RECORDS 256     /* records of the image; entries of one targets text */
+#define PATH_TOKEN_MAX 4095 /* bytes of a path as written (escaped) */
+#define TARGETS_MAX 16383   /* bytes of one targets text */
+#define CAPACITY (4 * MAX_RECORDS) /* the image, two targets texts, the host's numbering of each descriptor */
 
 /* criu's log (exported by the criu binary for its plugins; criu-log.h does not declare it) */
 extern void print_on_level(unsigned int loglevel, const char *format, ...) __attribute__((format(printf, 2, 3)));
@@ -59,7 +67,7 @@ typedef struct {
     int flags;         /* descriptor: open flags */
     char type;         /* 'c' or 'b' */
     unsigned int major, minor;
-    char path[4096];
+    char path[PATH_TOKEN_MAX + 1];
 } record_t;
 
 static record_t *g_records;
@@ -74,7 +82,7 @@ static int is_npu_path(const char *path)
 {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    if (strcmp(base, "davinci_manager") == 0) {
+    if (strcmp(base, MANAGER_NAME) == 0) {
         return 1;
     }
     if (strncmp(base, "davinci", 7) != 0 || base[7] == '\0') {
@@ -91,43 +99,79 @@ static int is_npu_path(const char *path)
 static int is_manager_path(const char *path)
 {
     const char *base = strrchr(path, '/');
-    return strcmp(base ? base + 1 : path, "davinci_manager") == 0;
+    return strcmp(base ? base + 1 : path, MANAGER_NAME) == 0;
 }
 
-/* path with every byte outside [A-Za-z0-9/._+-] as %XX (one token per path in the image) */
-static void escape(const char *in, char *out, size_t n)
+static int is_safe(int c)
 {
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)in; *p && o + 4 < n; p++) {
-        if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || strchr("/._+-", *p)) {
-            out[o++] = (char)*p;
-        } else {
-            o += (size_t)snprintf(out + o, n - o, "%%%02X", *p);
-        }
-    }
-    out[o] = '\0';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || (c && strchr("/._+-", c));
 }
 
-static int unescape(const char *in, char *out, size_t n)
+static int hex_upper(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* in as the grammar's path: every byte outside is_safe as %XX. 0, or -1 when that is over PATH_TOKEN_MAX bytes
+ * (cut short, it would name another file at restore). */
+static int escape(const char *in, char out[PATH_TOKEN_MAX + 1])
 {
     size_t o = 0;
-    for (const char *p = in; *p; p++) {
-        if (o + 1 >= n) {
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+        if (o + (is_safe(*p) ? 1 : 3) > PATH_TOKEN_MAX) {
             return -1;
         }
-        if (*p == '%') {
-            unsigned int byte;
-            if (sscanf(p + 1, "%2x", &byte) != 1) {
-                return -1;
-            }
-            out[o++] = (char)byte;
-            p += 2;
+        if (is_safe(*p)) {
+            out[o++] = (char)*p;
         } else {
-            out[o++] = *p;
+            o += (size_t)snprintf(out + o, 4, "%%%02X", *p);
         }
     }
     out[o] = '\0';
     return 0;
+}
+
+/* The grammar's path at p decoded into out: the end of it, or NULL where there is none (not starting with '/',
+ * over PATH_TOKEN_MAX bytes, an escape not of the one spelling escape() writes). */
+static const char *path_token(const char *p, char out[PATH_TOKEN_MAX + 1])
+{
+    const char *start = p;
+    size_t o = 0;
+    for (int hi, lo;; o++) {
+        if (is_safe((unsigned char)*p)) {
+            out[o] = *p++;
+        } else if (*p == '%' && (hi = hex_upper(p[1])) >= 0 && (lo = hex_upper(p[2])) >= 0 && hi + lo > 0 &&
+                   !is_safe(hi * 16 + lo)) {
+            out[o] = (char)(hi * 16 + lo);
+            p += 3;
+        } else {
+            break;
+        }
+        if (p - start > PATH_TOKEN_MAX) {
+            return NULL;
+        }
+    }
+    out[o] = '\0';
+    return o > 0 && out[0] == '/' ? p : NULL;
+}
+
+/* The grammar's number at p, as printf's %u (base 10) or %x (base 16) writes one: no sign, no leading zero, lowercase,
+ * under 2^32. The end of it, or NULL. */
+static const char *number(const char *p, unsigned int base, unsigned int *out)
+{
+    unsigned long long value = 0;
+    const char *start = p;
+    for (;; p++) {
+        int digit = *p >= '0' && *p <= '9' ? *p - '0' : base == 16 && *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+        if (digit < 0) {
+            break;
+        }
+        if ((p > start && *start == '0') || (value = value * base + (unsigned int)digit) > 0xffffffffULL) {
+            return NULL;
+        }
+    }
+    *out = (unsigned int)value;
+    return p > start ? p : NULL;
 }
 
 static int fd_path(int fd, char *buf, size_t n)
@@ -144,12 +188,19 @@ static int fd_path(int fd, char *buf, size_t n)
 
 /* -- the image --------------------------------------------------------------------------------------------- */
 
-static int image_append(const char *line, const char *what)
+/* The record "head path" (head: the fields before the path) appended to the image. 0, or -1 (logged). */
+static int image_append(const char *head, const char *path)
 {
+    char esc[PATH_TOKEN_MAX + 1], line[PATH_TOKEN_MAX + 64];
+    if (escape(path, esc) != 0) {
+        npu_err("device %s: its path is over %d bytes escaped, more than %s holds", path, PATH_TOKEN_MAX, IMAGE_NAME);
+        return -1;
+    }
+    snprintf(line, sizeof(line), "%s %s\n", head, esc);
     int fd = openat(criu_get_image_dir(), IMAGE_NAME, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
-        npu_err("cannot write %s for %s: %s", IMAGE_NAME, what, strerror(errno));
+        npu_err("cannot write %s for %s: %s", IMAGE_NAME, path, strerror(errno));
         if (fd >= 0) {
             close(fd);
         }
@@ -158,7 +209,7 @@ static int image_append(const char *line, const char *what)
     size_t hlen = strlen(IMAGE_HEADER), llen = strlen(line);
     int ok = (st.st_size > 0 || write(fd, IMAGE_HEADER, hlen) == (ssize_t)hlen) && write(fd, line, llen) == (ssize_t)llen;
     if (!ok || close(fd) != 0) {
-        npu_err("cannot write %s for %s: %s", IMAGE_NAME, what, strerror(errno));
+        npu_err("cannot write %s for %s: %s", IMAGE_NAME, path, strerror(errno));
         return -1;
     }
     return 0;
@@ -166,10 +217,8 @@ static int image_append(const char *line, const char *what)
 
 static record_t *add_record(void)
 {
-    if (g_nrecords == MAX_RECORDS) {
-        return NULL;
-    }
-    if (g_records == NULL && (g_records = calloc(MAX_RECORDS, sizeof(record_t))) == NULL) {
+    if (g_nrecords == CAPACITY || (g_records == NULL && (g_records = calloc(CAPACITY, sizeof(record_t))) == NULL)) {
+        npu_err("no room for another device record (%d at most)", CAPACITY);
         return NULL;
     }
     record_t *r = &g_records[g_nrecords++];
@@ -177,78 +226,109 @@ static record_t *add_record(void)
     return r;
 }
 
-/* "path=c:MAJOR:MINOR,..." (the target numbering of this node's devices, by the path the process sees) */
-static void parse_targets(const char *text, const char *source)
+/* One line of the image (the grammar's record, its LF included) into r: 0, or -1. */
+static int parse_record(const char *p, record_t *r)
 {
-    char *copy = strdup(text), *save = NULL;
-    for (char *item = copy ? strtok_r(copy, ",\n", &save) : NULL; item; item = strtok_r(NULL, ",\n", &save)) {
-        char *eq = strrchr(item, '=');
-        char type;
-        unsigned int major, minor;
-        record_t *r;
-        if (eq == NULL || sscanf(eq + 1, "%c:%u:%u", &type, &major, &minor) != 3 || (type != 'c' && type != 'b') ||
-            (r = add_record()) == NULL) {
-            continue;
+    unsigned int flags = 0;
+    if (strncmp(p, "fd ", 3) == 0) {
+        r->kind = 'f';
+        if (!(p = number(p + 3, 10, &r->id)) || *p++ != ' ' || !(p = number(p, 16, &flags)) || *p++ != ' ') {
+            return -1;
         }
-        *eq = '\0';
-        r->kind = 't';
-        r->type = type;
-        r->major = major;
-        r->minor = minor;
-        snprintf(r->path, sizeof(r->path), "%s", item);
-        npu_info("target %s = %c %u:%u (%s)", r->path, type, major, minor, source);
+    } else if (strncmp(p, "vma ", 4) == 0) {
+        r->kind = 'v';
+        p += 4;
+    } else {
+        return -1;
     }
-    free(copy);
+    r->flags = (int)flags;
+    r->type = *p;
+    if ((*p != 'c' && *p != 'b') || p[1] != ' ' || !(p = number(p + 2, 10, &r->major)) || *p++ != ' ' ||
+        !(p = number(p, 10, &r->minor)) || *p++ != ' ' || !(p = path_token(p, r->path))) {
+        return -1;
+    }
+    return strcmp(p, "\n") == 0 ? 0 : -1;
+}
+
+/* The grammar's targets (this node's numbering of the devices, by the path the process sees) from source into 't'
+ * records: 0, or -1 naming what is wrong -- a numbering dropped would re-create a node with the old one. */
+static int parse_targets(const char *text, size_t len, const char *source)
+{
+    size_t first = g_nrecords;
+    const char *end = len > 0 && text[len - 1] == '\n' ? text + len - 1 : text + len;
+    if (len > TARGETS_MAX || memchr(text, '\0', len) != NULL) {
+        npu_err("%s: over %d bytes, or a NUL byte in it (%s)", source, TARGETS_MAX, FORMATS);
+        return -1;
+    }
+    for (const char *p = text, *entry = text; end > text; entry = ++p) { /* after a comma, always an entry */
+        record_t *r = g_nrecords - first < MAX_RECORDS ? add_record() : NULL;
+        if (r == NULL) {
+            npu_err("%s: more than %d entries, or no room for them", source, MAX_RECORDS);
+            return -1;
+        }
+        p = path_token(entry, r->path);
+        r->kind = 't';
+        r->type = p && *p == '=' && (p[1] == 'c' || p[1] == 'b') && p[2] == ':' ? p[1] : 0;
+        if (r->type == 0 || !(p = number(p + 3, 10, &r->major)) || *p++ != ':' || !(p = number(p, 10, &r->minor)) ||
+            (p != end && *p != ',')) {
+            size_t n = strcspn(entry, ",");
+            n = entry + n > end ? (size_t)(end - entry) : n;
+            npu_err("%s: malformed entry \"%.*s\": each entry is PATH=c:MAJOR:MINOR or PATH=b:MAJOR:MINOR, PATH "
+                    "%%XX-escaped, comma-separated (%s); the restore cannot know this node's numbering", source,
+                    n > 300 ? 300 : (int)n, entry, FORMATS);
+            return -1;
+        }
+        for (size_t i = first; i + 1 < g_nrecords; i++) {
+            if (strcmp(g_records[i].path, r->path) == 0) {
+                npu_err("%s: %s is given two numberings", source, r->path);
+                return -1;
+            }
+        }
+        npu_info("target %s = %c %u:%u (%s)", r->path, r->type, r->major, r->minor, source);
+        if (p == end) {
+            break;
+        }
+    }
+    return 0;
 }
 
 static int load_image(void)
 {
-    char line[4400], path[4096], esc[4200];
-    int fd = openat(criu_get_image_dir(), IMAGE_NAME, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return errno == ENOENT ? 0 : -1;  /* a process without NPU devices */
-    }
-    FILE *f = fdopen(fd, "r");
-    if (f == NULL || fgets(line, sizeof(line), f) == NULL || strcmp(line, IMAGE_HEADER) != 0) {
-        npu_err("%s is not an image this plugin wrote (header)", IMAGE_NAME);
-        if (f) {
-            fclose(f);
-        } else {
+    char line[PATH_TOKEN_MAX + 64];
+    int rc = 0, fd = openat(criu_get_image_dir(), IMAGE_NAME, O_RDONLY | O_CLOEXEC);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (f == NULL) {
+        if (fd < 0 && errno == ENOENT) {
+            return 0; /* a process without NPU devices */
+        }
+        npu_err("cannot read %s: %s", IMAGE_NAME, strerror(errno));
+        if (fd >= 0) {
             close(fd);
         }
         return -1;
     }
-    while (fgets(line, sizeof(line), f) != NULL) {
-        record_t *r = add_record();
-        char kind[8], type;
-        unsigned int id = 0, major, minor;
-        int flags = 0, n;
+    if (fgets(line, sizeof(line), f) == NULL || strcmp(line, IMAGE_HEADER) != 0) {
+        npu_err("%s is not an image this plugin wrote (header)", IMAGE_NAME);
+        rc = -1;
+    }
+    for (size_t n = 1; rc == 0 && fgets(line, sizeof(line), f) != NULL; n++) {
+        record_t *r = n <= MAX_RECORDS ? add_record() : NULL;
         if (r == NULL) {
-            npu_err("%s holds more than %d records", IMAGE_NAME, MAX_RECORDS);
-            fclose(f);
-            return -1;
+            npu_err("%s holds more than %d records, or there is no room for them", IMAGE_NAME, MAX_RECORDS);
+            rc = -1;
+        } else if (parse_record(line, r) != 0) {
+            int len = (int)strcspn(line, "\n");
+            npu_err("%s: record %zu is malformed (%s), truncated, or not this plugin's: \"%.*s\"", IMAGE_NAME, n,
+                    FORMATS, len > 300 ? 300 : len, line);
+            rc = -1;
         }
-        if (sscanf(line, "%7s", kind) == 1 && strcmp(kind, "fd") == 0) {
-            n = sscanf(line, "fd %u %x %c %u %u %4199s", &id, (unsigned int *)&flags, &type, &major, &minor, esc);
-            r->kind = 'f';
-        } else {
-            n = sscanf(line, "vma %c %u %u %4199s", &type, &major, &minor, esc) + 2;
-            r->kind = 'v';
-        }
-        if (n != 6 || unescape(esc, path, sizeof(path)) != 0) {
-            npu_err("%s: malformed record: %s", IMAGE_NAME, line);
-            fclose(f);
-            return -1;
-        }
-        r->id = id;
-        r->flags = flags;
-        r->type = type;
-        r->major = major;
-        r->minor = minor;
-        snprintf(r->path, sizeof(r->path), "%s", path);
+    }
+    if (rc == 0 && ferror(f)) {
+        npu_err("cannot read %s: %s", IMAGE_NAME, strerror(errno));
+        rc = -1;
     }
     fclose(f);
-    return 0;
+    return rc;
 }
 
 /* -- hooks ------------------------------------------------------------------------------------------------- */
@@ -264,17 +344,28 @@ static int npu_init(int stage)
     }
     /* the numbering of this node's devices: what the caller says, else the host's node at the same path */
     const char *env = getenv(TARGETS_ENV);
-    if (env != NULL && *env) {
-        parse_targets(env, TARGETS_ENV);
+    if (env != NULL && parse_targets(env, strlen(env), TARGETS_ENV) != 0) {
+        return -1;
     }
     int fd = openat(criu_get_image_dir(), TARGETS_FILE, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT) {
+        npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
+        return -1;
+    }
     if (fd >= 0) {
-        char buf[16384];
-        ssize_t len = read(fd, buf, sizeof(buf) - 1);
+        char buf[TARGETS_MAX + 2];
+        size_t len = 0;
+        ssize_t got = 0;
+        while (len < sizeof(buf) - 1 && (got = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) {
+            len += (size_t)got;
+        }
         close(fd);
-        if (len > 0) {
-            buf[len] = '\0';
-            parse_targets(buf, TARGETS_FILE);
+        buf[len] = '\0';
+        if (got < 0 || parse_targets(buf, len, TARGETS_FILE) != 0) {
+            if (got < 0) {
+                npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
+            }
+            return -1;
         }
     }
     /* MindCluster's way, where nothing was said: the host's node at the same path (CRIU is still in the host's
@@ -284,10 +375,12 @@ static int npu_init(int stage)
         struct stat st;
         record_t *r = &g_records[i], *t;
         if (r->kind != 'f' || find('t', 0, r->path) != NULL || stat(r->path, &st) != 0 ||
-            !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) || (t = add_record()) == NULL) {
+            !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
             continue;
         }
-        r = &g_records[i];
+        if ((t = add_record()) == NULL) {
+            return -1;
+        }
         t->kind = 't';
         t->type = S_ISCHR(st.st_mode) ? 'c' : 'b';
         t->major = major(st.st_rdev);
@@ -310,7 +403,7 @@ CR_PLUGIN_REGISTER("inferops_npu", npu_init, npu_fini)
 
 static int npu_dump_ext_file(int fd, int id)
 {
-    char path[4096], esc[4200], line[4400];
+    char path[4096], head[64];
     struct stat st;
     if (fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
         return -ENOTSUP;
@@ -327,10 +420,9 @@ static int npu_dump_ext_file(int fd, int id)
                 S_ISCHR(st.st_mode) ? 'c' : 'b', major(st.st_rdev), minor(st.st_rdev), id, strerror(errno));
         return -1;
     }
-    escape(path, esc, sizeof(esc));
-    snprintf(line, sizeof(line), "fd %u %x %c %u %u %s\n", (unsigned int)id, (unsigned int)flags,
-             S_ISCHR(st.st_mode) ? 'c' : 'b', major(st.st_rdev), minor(st.st_rdev), esc);
-    if (image_append(line, path) != 0) {
+    snprintf(head, sizeof(head), "fd %u %x %c %u %u", (unsigned int)id, (unsigned int)flags,
+             S_ISCHR(st.st_mode) ? 'c' : 'b', major(st.st_rdev), minor(st.st_rdev));
+    if (image_append(head, path) != 0) {
         return -1;
     }
     npu_info("dumped descriptor of %s (%c %u:%u, flags %#x) as file %#x", path, S_ISCHR(st.st_mode) ? 'c' : 'b',
@@ -341,15 +433,14 @@ CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__DUMP_EXT_FILE, npu_dump_ext_file)
 
 static int npu_handle_device_vma(int fd, const struct stat *st)
 {
-    char path[4096], esc[4200], line[4400];
+    char path[4096], head[64];
     if (!(S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)) || fd_path(fd, path, sizeof(path)) != 0 ||
         !is_npu_path(path)) {
         return -ENOTSUP;
     }
-    escape(path, esc, sizeof(esc));
-    snprintf(line, sizeof(line), "vma %c %u %u %s\n", S_ISCHR(st->st_mode) ? 'c' : 'b', major(st->st_rdev),
-             minor(st->st_rdev), esc);
-    if (image_append(line, path) != 0) {
+    snprintf(head, sizeof(head), "vma %c %u %u", S_ISCHR(st->st_mode) ? 'c' : 'b', major(st->st_rdev),
+             minor(st->st_rdev));
+    if (image_append(head, path) != 0) {
         return -1;
     }
     npu_info("accepted a mapping of %s", path);
@@ -396,9 +487,15 @@ static int recreate_node(const record_t *r)
     if (exists && now.st_rdev == want && (want_chr ? S_ISCHR(now.st_mode) : S_ISBLK(now.st_mode))) {
         return 0;
     }
+    /* lock or fail: unlocked, two tasks could unlink each other's node and leave one without it */
     int lock = open(RECREATE_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock >= 0) {
-        flock(lock, LOCK_EX);
+    if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+        npu_err("device %s: cannot take the lock %s to re-create it as %c %u:%u: %s (it must be a file root can "
+                "create and lock)", r->path, RECREATE_LOCK, type, major, minor, strerror(errno));
+        if (lock >= 0) {
+            close(lock);
+        }
+        return -1;
     }
     mode_t mode = exists ? (now.st_mode & 07777) : 0666;
     int rc = 0;
@@ -414,10 +511,7 @@ static int recreate_node(const record_t *r)
         npu_info("device %s re-created as %c %u:%u (it was %c %u:%u when checkpointed)", r->path, type, major, minor,
                  r->type, r->major, r->minor);
     }
-    if (lock >= 0) {
-        flock(lock, LOCK_UN);
-        close(lock);
-    }
+    close(lock); /* and with it the lock */
     return rc;
 }
 
