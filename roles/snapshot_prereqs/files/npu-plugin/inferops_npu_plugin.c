@@ -21,7 +21,7 @@
  * Anything that is not an NPU node is left to CRIU and other plugins (-ENOTSUP). Every error line carries
  * INFEROPS_NPU_MARKER and names the device, so that the collection can tell the plugin's failure from CRIU's.
  * The image and the numbering are text in the one grammar of docs/simulator.md, "The plugin's text formats" (FORMATS),
- * which core/criu_images.py reads and core/device.py writes too: anything outside it is an error, never a guess.
+ * which core/store/criu_images.py reads and core/store/device.py writes too: anything outside it is an error, never a guess.
  */
 #define _GNU_SOURCE
 #include <criu-plugin.h>

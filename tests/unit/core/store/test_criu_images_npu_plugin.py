@@ -19,11 +19,12 @@ import pytest
 
 from conftest import REPO
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core import criu_images, device, layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images, device
 
 PLUGIN_DIR = REPO / "roles" / "snapshot_prereqs" / "files" / "npu-plugin"
 PLUGIN = PLUGIN_DIR / "inferops_npu_plugin.c"
-HARNESS = REPO / "tests" / "unit" / "core" / "npu_plugin_harness.c"
+HARNESS = REPO / "tests" / "unit" / "core" / "store" / "npu_plugin_harness.c"
 WARNINGS = "-std=gnu11 -O2 -g -Wall -Wextra -Werror"  # build.sh's
 DOC = REPO / "docs" / "simulator.md"
 GRAMMAR = "The plugin's text formats"
