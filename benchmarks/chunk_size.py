@@ -8,7 +8,7 @@
 What chunk size the seal should write (manifest.CHUNK_BYTES): a chunk is one SHA-256 stream, so the jobs of a
 small snapshot may not split evenly over the cores. For each round and each size (interleaved, so that the load
 of the machine falls on every size alike), the snapshot's files are hashed as a verification hashes them
-(manifest.hash_tree: files larger than a chunk by chunks, every byte once, from the page cache, which a first read
+(hashing.hash_tree: files larger than a chunk by chunks, every byte once, from the page cache, which a first read
 fills), ``tries`` times, and the median rate is put beside the median of three SHA-256 runs on all cores from
 memory. Prints one line per size and round, then the medians, and one JSON object last. Needs the collection on
 build/collections (make collection); no root, no Docker.
@@ -23,7 +23,7 @@ import statistics
 
 from common import MIB  # pylint: disable=import-error  # also puts the collection on sys.path
 from floors import Floors  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest, seal
 
 
 def sha256_all_cores(buf):
@@ -36,7 +36,7 @@ def check_rate(root, files, chunk_bytes):
     """MB/s of one verification-like pass over ``files`` with chunks of ``chunk_bytes``, and the reader used."""
     chunked = seal.chunked_files(root, files, chunk_bytes)  # the files a seal with this chunk size would chunk
     whole = [rel for rel in files if rel not in chunked]
-    _results, _chunks, stats = manifest.hash_tree(root, whole, chunked)
+    _results, _chunks, stats = hashing.hash_tree(root, whole, chunked)
     return stats["throughput_mb_s"], stats["reader"]
 
 

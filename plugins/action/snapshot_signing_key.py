@@ -35,7 +35,7 @@ class ActionModule(ActionBase):
             pair = signature.key_pair(directory, create=not self._task.check_mode)
         except ParameterError as exc:
             return dict(result, failed=True, msg=exc.msg)
-        except SnapshotError as exc:  # paths.ensure_dir's UnsafePathError
+        except SnapshotError as exc:  # fs.ensure_dir's UnsafePathError
             return dict(result, failed=True, msg="path: %s" % exc.msg)
         except (IOError, OSError) as exc:
             return dict(result, failed=True, msg="path: cannot make or read the signing key in %s: %s" % (directory, exc))

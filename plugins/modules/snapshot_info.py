@@ -259,7 +259,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux impor
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import docker_world_now
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, signature, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, signature, status
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],
@@ -324,7 +324,7 @@ def main_logic(module):
     result = dict(changed=False, snapshot_dir=snapshot_dir, published=published, status=record,
                   staging=os.path.lexists(layout.staging_dir(snapshot_dir)), container=container,
                   valid=None, reasons=[], bytes=0, throughput_mb_s=None, usable=False, authenticated=False,
-                  checksum=manifest.fingerprint(snapshot_dir) if published else None,
+                  checksum=hashing.fingerprint(snapshot_dir) if published else None,
                   generation=generation(snapshot_dir, record))
     result["npu_dir_exists"] = (os.path.isdir(paths.validate_snapshot_dir(params["npu_dir"], field="npu_dir"))
                                 if params["npu_dir"] else None)

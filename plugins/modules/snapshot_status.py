@@ -148,7 +148,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs, paths
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, status
 
 ARGUMENT_SPEC = dict(
     generation_id=_module.GENERATION_ARGS["generation_id"],
@@ -213,7 +213,7 @@ def main_logic(module):
     if wanted == "completed":
         if not os.path.isfile(os.path.join(snapshot_dir, layout.MANIFEST)):
             raise ParameterError("status: cannot record completed, no snapshot is published at %s" % snapshot_dir)
-        fields["checksum"] = params["checksum"] or manifest.fingerprint(snapshot_dir)
+        fields["checksum"] = params["checksum"] or hashing.fingerprint(snapshot_dir)
     if wanted == "generating" and not module.check_mode:
         held = claim.join(snapshot_dir, params["generation_id"], params["generation_lease"])
         if held and held.get("took_over"):  # a killed run's claim: taken over, what it left removed

@@ -32,7 +32,7 @@ from _runtime_helpers import installed_runtime
 from conftest import REPO, docker, free_port, http_get
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, status
 
 NODE = "node-a"
 RUNTIME_CLASS = "inferops-restore"  # the pods' runtimeClassName; its handler is the runtime the role installed
@@ -261,7 +261,7 @@ def test_recreated_pod_is_restored_by_the_runtime_with_its_new_environment(gener
     assert ann.get("org.inferops.restore-from") == snapshot_dir, (ann.get("snapshot.inferops.org/restore"),
                                                                   ann.get("snapshot.inferops.org/restore-reason"))
     # the pod names the very snapshot the generation published: its manifest checksum, which the runtime compares
-    published = manifest.fingerprint(snapshot_dir)
+    published = hashing.fingerprint(snapshot_dir)
     assert published and ann["org.inferops.restore-checksum"] == published, ann
     assert ann["snapshot.inferops.org/restore"] == "restored", ann
     assert "snapshot.inferops.org/restore-reason" not in ann

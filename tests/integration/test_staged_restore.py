@@ -19,7 +19,7 @@ from conftest import flip_byte_keeping_mtime, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache as stage
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest, seal, status
 
 WARMUP = 4.0
 DEVICE_MB = int(os.environ.get("INFEROPS_STAGED_DEVICE_MB", "32"))
@@ -105,7 +105,7 @@ def test_a_tampered_staged_copy_is_not_used_the_snapshot_is_verified_in_full(nod
 
 def test_a_copy_of_a_snapshot_regenerated_since_is_not_used(node, warm):
     stage_module(node, warm)
-    old = manifest.fingerprint(warm["snapshot_dir"])
+    old = hashing.fingerprint(warm["snapshot_dir"])
     # regenerated: the same pod's snapshot sealed again (another manifest, so another fingerprint), published in place
     src = warm["snapshot_dir"]
     staging = layout.staging_dir(src)
@@ -122,8 +122,8 @@ def test_a_copy_of_a_snapshot_regenerated_since_is_not_used(node, warm):
     aside = src + ".old"
     os.rename(src, aside)
     seal.publish(staging, src)
-    status.update(src, "completed", checksum=manifest.fingerprint(src), total_bytes=recorded["total_bytes"])
-    assert manifest.fingerprint(src) != old
+    status.update(src, "completed", checksum=hashing.fingerprint(src), total_bytes=recorded["total_bytes"])
+    assert hashing.fingerprint(src) != old
     try:
         c, _seconds = warm["restore"]()
         record = restored_record(node, c, warm)

@@ -22,7 +22,7 @@ import pytest
 
 from _runtime_helpers import WarmEngine, installed_runtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest, seal, status
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
 PROMPT = "fresh and signed"
@@ -131,7 +131,7 @@ def test_a_signed_generation_restores_and_an_older_one_put_back_is_refused_as_a_
     # The older generation put back whole, and the unsigned status record rewritten to match it.
     shutil.rmtree(t["new"])
     shutil.copytree(t["aside"], t["new"])
-    status.update(t["new"], "completed", checksum=manifest.fingerprint(t["new"]))
+    status.update(t["new"], "completed", checksum=hashing.fingerprint(t["new"]))
     verified = run_module("snapshot_verify", {"snapshot_dir": t["new"], "identity": identity("tenant-a", os.path.basename(
         t["new"])), "trusted_keys": [keys["controller"]["public_key"]]})
     assert verified["valid"] and verified["authenticated"], verified  # genuine: only the node knows it is old
@@ -188,7 +188,7 @@ def test_an_older_generations_page_image_spliced_into_a_newer_one_does_not_decry
                                                                                              pages))
     seal.seal(staging, {k: v for k, v in recorded.items() if k not in ("files", "total_bytes", "schema_version")})
     seal.publish(staging, t["spliced"])
-    status.update(t["spliced"], "completed", checksum=manifest.fingerprint(t["spliced"]))
+    status.update(t["spliced"], "completed", checksum=hashing.fingerprint(t["spliced"]))
     before = settings(node, trusted_keys=[], require_signature=False)
     try:
         record = restore(node, t, t["spliced"], "splice")

@@ -34,7 +34,19 @@ from ..clients.criu_cli import CriuCli, make_work_dir
 from ..clients.docker_cli import DockerCli, env_dict
 from ..clients.runc_cli import check_criu_config, RuncCli
 from ..linux import fs, paths, plaintext
-from ..store import container_record, device, encryption, fleet, freshness, manifest, seal, signature, status, world
+from ..store import (
+    container_record,
+    device,
+    encryption,
+    fleet,
+    freshness,
+    hashing,
+    manifest,
+    seal,
+    signature,
+    status,
+    world,
+)
 from . import claim, leftovers
 
 
@@ -475,7 +487,7 @@ class Checkpointer:
                     raise ParameterError("identity: the sealed snapshot is of %s, not %s"
                                          % (layout.identity_string(document.get("identity") or {}),
                                             layout.identity_string(self.identity)), field="identity")
-                fingerprint = manifest.fingerprint(self.staging_dir)
+                fingerprint = hashing.fingerprint(self.staging_dir)
                 seal.publish(self.staging_dir, self.snapshot_dir)
             self.progress.final("published %d bytes, signed by key %s" % (document["total_bytes"], signed["key_id"]))
         except Exception as exc:

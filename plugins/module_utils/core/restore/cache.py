@@ -38,7 +38,7 @@ from ..base import layout
 from ..base.clock import Stopwatch, utc_now
 from ..base.errors import ParameterError, SnapshotError
 from ..linux import fs, paths
-from ..store import manifest, status
+from ..store import hashing, manifest, status
 
 VERDICT_VERSION = 1
 BOUND = ("size", "ino", "dev", "mtime_ns", "ctime_ns")   # what a verdict binds of every file of the copy
@@ -137,7 +137,7 @@ def _check(path, fd, fingerprint):
         changed = [key for key in BOUND if bound[rel].get(key) != now[key]]
         if changed:
             return None, "%s of the copy changed since it was verified (%s)" % (rel, ", ".join(changed))
-    if manifest.fingerprint(content) != fingerprint:  # bound by stat already; a few bytes, read to be sure
+    if hashing.fingerprint(content) != fingerprint:  # bound by stat already; a few bytes, read to be sure
         return None, "the copy's %s does not hash to %s" % (layout.CHECKSUMS, fingerprint)
     return verdict, None
 
@@ -150,7 +150,7 @@ def find(stage_dir, source=None, fingerprint=None, drop=True):
     except SnapshotError as exc:
         return None, exc.msg
     if fingerprint is None:
-        fingerprint = manifest.fingerprint(source)
+        fingerprint = hashing.fingerprint(source)
         if fingerprint is None:
             return None, "%s has no readable %s" % (source, layout.CHECKSUMS)
     if not _FINGERPRINT.match(fingerprint):
@@ -315,7 +315,7 @@ def stage(snapshot_dir, stage_dir, trusted=None, min_size=0, workers=None, keep=
     if os.path.commonpath([root, snapshot_dir]) in (root, snapshot_dir):
         raise ParameterError("stage_dir: %s and the snapshot %s may not contain one another" % (root, snapshot_dir),
                              field="stage_dir")
-    fingerprint = manifest.fingerprint(snapshot_dir)
+    fingerprint = hashing.fingerprint(snapshot_dir)
     if fingerprint is None:
         raise SnapshotError("snapshot_dir: %s has no %s: not a published snapshot" % (snapshot_dir, layout.CHECKSUMS))
     try:

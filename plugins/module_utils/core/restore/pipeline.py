@@ -54,7 +54,7 @@ from ..base import layout
 from ..base.clock import Deadline, Stopwatch
 from ..base.errors import SnapshotError
 from ..linux import fs, mounts, paths, plaintext, proc
-from ..store import canary, device, encryption, fleet, keyscope, manifest, status
+from ..store import canary, device, encryption, fleet, hashing, keyscope, manifest, status
 from . import cache, file_locks, held, reseed, verify
 
 
@@ -121,9 +121,9 @@ class Attempt:
         again from the store. Raises Fallback when the verification did not hand them over."""
         described = (self.manifest or {}).get("encryption") or {}
         if self.plain and relpath in described.get("files", ()):
-            return manifest.read_document(os.path.join(self.plain.path, relpath))
+            return hashing.read_document(os.path.join(self.plain.path, relpath))
         if self.staged:
-            return manifest.read_document(os.path.join(self.staged.dir, relpath))
+            return hashing.read_document(os.path.join(self.staged.dir, relpath))
         if relpath not in self.documents:
             raise Fallback("unverified: %s was not read by the verification (not listed in %s?)"
                            % (relpath, layout.CHECKSUMS))

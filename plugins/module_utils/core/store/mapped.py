@@ -45,7 +45,7 @@ def available():
 def hash_jobs(jobs, workers, progress=None, after_map=None):
     """Hash ``jobs`` [(path, offset, length or None), ...] in a child process, ``workers`` threads.
 
-    Returns [(bytes hashed, sha256), ...] in the order of ``jobs`` -- what manifest._hash_range returns for
+    Returns [(bytes hashed, sha256), ...] in the order of ``jobs`` -- what hashing._hash_range returns for
     the same range -- or None when this process may not fork (``available``). ``progress(job index,
     result)`` is called in this process as each job completes. Raises OSError when the child could not
     hash a job or died (a file truncated while mapped: SIGBUS). ``after_map(path)``: called in the

@@ -27,8 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..base import layout, schema
 from ..linux import fs, proc, syscalls
-from . import manifest, signature, status
-from .manifest import CHUNK, CHUNK_INDEX, hash_tree
+from . import hashing, manifest, signature, status
+from .manifest import CHUNK_INDEX
+from .hashing import CHUNK, hash_tree
 
 
 def chunked_files(root, relpaths, chunk_bytes):
@@ -188,7 +189,7 @@ class Follower(object):
                         pos += n
                         entry["hashed"] = pos
                         if pos % self.chunk_bytes == 0:
-                            chunks.append(self.pool.submit(manifest.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
+                            chunks.append(self.pool.submit(hashing.hash_range, path, pos - self.chunk_bytes, self.chunk_bytes))
                     if writer_done and pos >= os.fstat(fd).st_size:
                         break
                     if pos == start and not writer_done:
@@ -196,7 +197,7 @@ class Follower(object):
             finally:
                 os.close(fd)
             if pos % self.chunk_bytes:
-                chunks.append(self.pool.submit(manifest.hash_range, path, pos - pos % self.chunk_bytes, pos % self.chunk_bytes))
+                chunks.append(self.pool.submit(hashing.hash_range, path, pos - pos % self.chunk_bytes, pos % self.chunk_bytes))
             entry["result"] = (pos, digest.hexdigest(), chunks)
         except (OSError, ValueError) as exc:
             entry["error"] = str(exc)

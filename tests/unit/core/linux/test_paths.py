@@ -205,11 +205,11 @@ def returns_within(seconds, call):
 
 @pytest.mark.parametrize("reader", ["open_regular", "hash_range", "mapped_hash_range", "read_document"])
 def test_a_fifo_where_a_file_was_expected_is_refused_not_waited_on(tmp_path, reader):
-    from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, mapped
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, mapped
     fifo = str(tmp_path / "pages-1.img")
     os.mkfifo(fifo)
-    call = {"open_regular": lambda: fs.open_regular(fifo), "hash_range": lambda: manifest.hash_file(fifo),
-            "mapped_hash_range": lambda: mapped.hash_range(fifo), "read_document": lambda: manifest.read_document(fifo)}
+    call = {"open_regular": lambda: fs.open_regular(fifo), "hash_range": lambda: hashing.hash_file(fifo),
+            "mapped_hash_range": lambda: mapped.hash_range(fifo), "read_document": lambda: hashing.read_document(fifo)}
     outcome = returns_within(30, call[reader])
     assert isinstance(outcome.get("error"), fs.NotRegularFile), outcome
     assert "is not a regular file" in str(outcome["error"])

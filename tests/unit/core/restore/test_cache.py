@@ -15,7 +15,13 @@ from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache as stage, pipeline
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption, manifest, seal, signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
+    encryption,
+    hashing,
+    manifest,
+    seal,
+    signature,
+)
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 PAGES = "host/criu/pages-1.img"
@@ -52,13 +58,13 @@ def cache(tmp_path):
 
 
 def entry_dir(cache, snapshot):
-    return layout.stage_entry(cache, manifest.fingerprint(snapshot))
+    return layout.stage_entry(cache, hashing.fingerprint(snapshot))
 
 
 def test_staging_copies_verifies_and_binds_every_file_of_the_copy(tmp_path, cache):
     snap = make(tmp_path)
     result = stage.stage(snap, cache)
-    assert result["changed"] and result["fingerprint"] == manifest.fingerprint(snap)
+    assert result["changed"] and result["fingerprint"] == hashing.fingerprint(snap)
     entry = entry_dir(cache, snap)
     copy = layout.stage_content(entry)
     assert result["staged"]["dir"] == copy and set(result["durations"]) >= {"copy", "verify", "total"}
@@ -86,7 +92,7 @@ def test_staging_twice_changes_nothing_and_lookup_finds_the_copy_held(tmp_path, 
     assert found is not None and found.dir == layout.stage_content(entry_dir(cache, snap))
     assert stage.drop_entry(cache, found.fingerprint) is False, "an entry in use is never removed"
     found.release()
-    assert stage.lookup(cache, fingerprint=manifest.fingerprint(snap)) is not None
+    assert stage.lookup(cache, fingerprint=hashing.fingerprint(snap)) is not None
 
 
 def test_check_mode_creates_nothing(tmp_path, cache):
@@ -314,7 +320,7 @@ def test_a_restore_from_a_staged_copy_hashes_no_content_and_reads_the_copy(tmp_p
     verdict = attempt.verdict
     assert verdict["checksums"] == "staged" and verdict["staged"]["dir"] == copy
     assert verdict["hashed_bytes"] == os.lstat(os.path.join(snap, layout.MANIFEST)).st_size, "only the manifest"
-    assert stage.drop_entry(cache, manifest.fingerprint(snap)) is True, "released at the end of the restore"
+    assert stage.drop_entry(cache, hashing.fingerprint(snap)) is True, "released at the end of the restore"
 
 
 def test_a_tampered_copy_falls_back_to_the_full_verification_of_the_snapshot(tmp_path, cache):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import held
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest
 
 PAGES = "host/criu/pages-1.img"
 
@@ -80,7 +80,7 @@ def test_where_leases_fail_the_verifying_read_makes_the_copy_the_restore_reads(s
     h = held.Held.open(snap, str(tmp_path / "shm"))
     try:
         assert h.mode == "copied" and h.why_copied == PAGES + ": Invalid argument"
-        hashes, _stats = manifest.hash_tree(snap, sorted(h.fds), files=h)[0], None
+        hashes, _stats = hashing.hash_tree(snap, sorted(h.fds), files=h)[0], None
         with open(os.path.join(snap, PAGES), "r+b") as handle:  # rewritten in place after it was read
             handle.write(b"forged")
         copy = open(os.path.join(h.view, PAGES), "rb").read()
@@ -118,7 +118,7 @@ def test_placing_links_the_held_inodes_on_the_same_mount_and_copies_elsewhere(sn
     h = held.Held.open(snap, str(tmp_path / "shm"))
     try:
         if not leases:
-            manifest.hash_tree(snap, sorted(h.fds), files=h)  # the verification makes the copy
+            hashing.hash_tree(snap, sorted(h.fds), files=h)  # the verification makes the copy
         near, far = tmp_path / "near", "/dev/shm"  # the same mount as the snapshot; another filesystem
         near.mkdir()
         how = h.place("host/criu", str(near))

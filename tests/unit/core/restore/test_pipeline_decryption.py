@@ -7,7 +7,7 @@ import os
 from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption, manifest
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption, hashing, manifest
 
 from unit.core.restore.test_cache import PAGES, Fake, keys, make
 
@@ -80,7 +80,7 @@ def test_a_snapshot_bound_by_trusted_keys_or_an_expected_fingerprint_is_hashed_i
     key = os.urandom(32)
     signing, trusted = keys(tmp_path)
     snap = make(tmp_path, size=3 << 20, encryption_key=key, key=signing)
-    for bound in (dict(trusted=trusted), dict(checksum=manifest.fingerprint(snap))):
+    for bound in (dict(trusted=trusted), dict(checksum=hashing.fingerprint(snap))):
         driver, attempt = restore(snap, key, **bound)
         assert attempt.restored, (bound, attempt.reason)
         assert "authenticated_by_decryption" not in attempt.verdict, bound

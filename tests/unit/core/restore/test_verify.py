@@ -10,7 +10,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline, task, verify
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption, manifest, seal, signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
+    encryption,
+    hashing,
+    manifest,
+    seal,
+    signature,
+)
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 
@@ -93,7 +99,7 @@ def test_a_trusted_key_signs_only_the_identities_the_node_allows_it_refused_befo
     valid, reasons, details = manifest.verify(snap, expect={"identity": IDENTITY}, trusted=allowed)
     assert valid and details["authenticated"], reasons
     other = signature.load_public_keys([{"key": signature.public_pem(team), "identities": ["tenant-b", "tenant-a/llama"]}])
-    monkeypatch.setattr(manifest, "hash_tree", lambda *a, **k: pytest.fail("the images were read"))
+    monkeypatch.setattr(hashing, "hash_tree", lambda *a, **k: pytest.fail("the images were read"))
     valid, reasons, details = manifest.verify(snap, expect={"identity": IDENTITY}, trusted=other)
     key = signature.key_id(team.public_key())
     assert not valid and not details["authenticated"] and reasons == [

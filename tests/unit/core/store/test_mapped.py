@@ -14,7 +14,11 @@ import threading
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest as manifest_utils, mapped
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
+    hashing,
+    manifest as manifest_utils,
+    mapped,
+)
 from unit.core.store.test_manifest_chunks import BIG, CHUNK, IDENTITY, sealed
 
 
@@ -32,7 +36,7 @@ def in_fresh_python(code, *args):
 def test_a_mapped_range_hashes_as_a_read_one(tmp_path, offset, length):
     path = tmp_path / "f"
     path.write_bytes(os.urandom(131072 + 17))
-    assert mapped.hash_range(str(path), offset, length) == manifest_utils._hash_range(str(path), offset, length)
+    assert mapped.hash_range(str(path), offset, length) == hashing._hash_range(str(path), offset, length)
 
 
 def test_an_empty_file_hashes_as_empty(tmp_path):
@@ -53,7 +57,7 @@ def test_the_child_hashes_every_job_and_reports_each(tmp_path):
         results = mapped.hash_jobs([tuple(job) for job in jobs], 3, lambda index, result: seen.append(index))
         print(json.dumps({"results": results, "seen": sorted(seen)}))
     """, json.dumps(jobs))
-    assert got["results"] == [list(manifest_utils._hash_range(*job)) for job in jobs]
+    assert got["results"] == [list(hashing._hash_range(*job)) for job in jobs]
     assert got["seen"] == list(range(len(jobs)))
 
 
@@ -89,7 +93,7 @@ def test_verify_by_path_hashes_mappings_and_still_finds_damage(tmp_path, small_c
     final = sealed(tmp_path)[0]
     code = """
         import json, sys
-        from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest
+        from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest
         valid, reasons, details = manifest.verify(sys.argv[1], expect={"identity": json.loads(sys.argv[2])})
         print(json.dumps({"valid": valid, "reasons": reasons, "reader": details["hashing"]["reader"],
                           "bytes": details["bytes"]}))
@@ -191,5 +195,5 @@ def _state(pid):
 
 
 def test_nothing_to_hash_names_no_reader(tmp_path):
-    _results, _chunks, stats = manifest_utils.hash_tree(str(tmp_path), [], {})
+    _results, _chunks, stats = hashing.hash_tree(str(tmp_path), [], {})
     assert stats["reader"] is None and stats["bytes"] == 0

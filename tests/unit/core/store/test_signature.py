@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest, seal, signature
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 MARKER = b"the engine's secret weights"
@@ -97,7 +97,7 @@ def test_a_consistent_rewrite_is_refused_unsigned_or_resigned_by_another_key(tmp
 def test_the_status_records_fingerprint_is_compared(tmp_path, keys):
     from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import status
     final = snapshot(tmp_path)
-    status.update(str(final), "completed", checksum=manifest.fingerprint(str(final)))
+    status.update(str(final), "completed", checksum=hashing.fingerprint(str(final)))
     rewrite_consistently(final, b"z" * 10000)
     valid, reasons, _details = manifest.verify(str(final))
     assert not valid and any(r.startswith("checksum_mismatch: the status record says") for r in reasons), reasons

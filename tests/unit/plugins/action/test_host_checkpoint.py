@@ -15,7 +15,13 @@ from ansible_collections.inferops.snapshot.plugins.action import host_checkpoint
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate, claim
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest, seal, signature, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
+    hashing,
+    manifest,
+    seal,
+    signature,
+    status,
+)
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 GENERATION_ID = "gen-under-test"
@@ -55,7 +61,7 @@ def test_the_signature_sent_down_is_written_and_the_snapshot_published_under_the
     trusted = signature.load_public_keys([signature.public_pem(key)])
     valid, reasons, details = manifest.verify(snap, expect={"identity": IDENTITY}, trusted=trusted)
     assert valid and details["authenticated"], reasons
-    assert status.read(snap)["status"] == "completed" and status.read(snap)["checksum"] == manifest.fingerprint(snap)
+    assert status.read(snap)["status"] == "completed" and status.read(snap)["checksum"] == hashing.fingerprint(snap)
     assert claim.read(snap) is None, "the claim held since the seal phase is released"
 
 
