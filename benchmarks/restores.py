@@ -16,10 +16,8 @@ from common import FirstAnswer, OPENER, docker, log, run  # pylint: disable=impo
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import docker_cli as docker_client
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import checkpoint, containerd_leak
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    container_record as container,
-    status as status_record,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (container_record as container,
+                                                                                   status as status_record)
 
 
 class Restores:

@@ -410,7 +410,7 @@ criu_log:
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import task
 
 ARGUMENT_SPEC = dict(
     generation_id=_module.GENERATION_ARGS["generation_id"],
@@ -448,7 +448,7 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    _module.run(ARGUMENT_SPEC, lambda module: checkpointer.host_checkpoint(module.params, module.check_mode, module.log),
+    _module.run(ARGUMENT_SPEC, lambda module: task.host_checkpoint(module.params, module.check_mode, module.log),
                 mutually_exclusive=[("container", "pid")], diff=_diff.checkpoint)
 
 

@@ -164,7 +164,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import Stopwatch
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.checkpointer import Progress
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.progress import Progress
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import signature

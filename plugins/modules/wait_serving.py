@@ -148,11 +148,8 @@ import time
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import Deadline, wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
-    ParameterError,
-    SnapshotError,
-    SnapshotTimeout,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (ParameterError, SnapshotError,
+                                                                                         SnapshotTimeout)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import proc

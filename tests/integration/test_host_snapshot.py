@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import task
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import containerd_leak
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest
 from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint as host_checkpoint_module
@@ -142,7 +142,7 @@ def test_resume_serves_again_before_the_snapshot_is_sealed(warm_snapshot, tmp_pa
 
     params = {name: spec.get("default") for name, spec in host_checkpoint_module.ARGUMENT_SPEC.items()}
     params.update(container=w["container"].name, snapshot_dir=snap, identity=identity(pod), timeout=120, resume=True)
-    result = generate.host_checkpoint(params, log=log)
+    result = task.host_checkpoint(params, log=log)
     assert result["status"] == "completed" and result["resumed"] == {
         "actions": ["restore", "unlock"], "state": "RUNNING", "error": None}, result
     assert seen == {"state": "RUNNING", "answer": w["expected"][0]}, seen
@@ -189,7 +189,7 @@ def test_device_backup_locks_only_after_the_checks_and_serves_again_after_the_ch
 
     params = {name: spec.get("default") for name, spec in host_checkpoint_module.ARGUMENT_SPEC.items()}
     params.update(args)
-    result = generate.host_checkpoint(params, log=log)
+    result = task.host_checkpoint(params, log=log)
     assert result["status"] == "completed" and result["resumed"]["state"] == "RUNNING", result
     assert result["device_backup"]["actions"] == ["lock", "backup"], result["device_backup"]
     assert result["device_backup"]["previous_state"] == "RUNNING"

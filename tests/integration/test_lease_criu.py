@@ -24,7 +24,7 @@ from conftest import WORKLOAD, agent_command, free_port, renewed_at, reset_devic
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import AgentSocketClient
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu_cli import CriuCli
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import task
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import device
 from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint as host_checkpoint_module
 
@@ -183,7 +183,7 @@ def test_host_checkpoint_renews_the_lease_while_it_works_and_holds_still_during_
 
     params = checkpoint_params(engine="criu", pid=engine["pid"], snapshot_dir=snapshot_dir,
                                identity=bare.identity(pod), agent_socket_dir=engine["socket_dir"], timeout=120)
-    result = generate.host_checkpoint(params, log=slow)
+    result = task.host_checkpoint(params, log=slow)
     assert result["status"] == "completed", result
     reply = client.request("state", 5)
     assert reply["state"] == "BACKED_UP" and reply["abandoned"] is None, reply

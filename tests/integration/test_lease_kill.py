@@ -30,10 +30,8 @@ from conftest import BIN, COLLECTIONS, ensure_collection_link, free_port, run_mo
 from _roles_helpers import local_inventory, status_record
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (
-    AgentSocketClient,
-    LEASE_MARGIN,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (AgentSocketClient,
+                                                                                             LEASE_MARGIN)
 
 PLAYBOOK = Path(__file__).with_name("lease_generate.yml")
 ROLE = "inferops.snapshot.snapshot_generate : "

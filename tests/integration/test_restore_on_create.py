@@ -24,11 +24,8 @@ from _runtime_helpers import recreated_containers_removed  # noqa: F401  # pylin
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.layout import IDENTITY_KEYS
 from conftest import WorkloadContainer, docker, reset_device, run_module
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    manifest as manifest_utils,
-    seal,
-    status,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (manifest as manifest_utils, seal,
+                                                                                   status)
 
 WARMUP = 8.0
 

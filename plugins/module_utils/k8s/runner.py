@@ -17,11 +17,8 @@ import math
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
-    ParameterError,
-    SnapshotError,
-    SnapshotTimeout,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (ParameterError, SnapshotError,
+                                                                                         SnapshotTimeout)
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods, record, service
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s.client import connect
 

@@ -19,11 +19,7 @@ __metaclass__ = type
 import os
 import re
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import (
-    layout,
-    schema,
-    snapshot_config,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema, snapshot_config
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods, record

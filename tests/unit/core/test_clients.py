@@ -7,11 +7,8 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
-    CommandError,
-    ParameterError,
-    SnapshotTimeout,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (CommandError, ParameterError,
+                                                                                         SnapshotTimeout)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import commands as runner, criu_cli as criu
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.criu_cli import CriuCli, parse_version
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli

@@ -16,17 +16,12 @@ import pytest
 from conftest import REPO
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import (
-    layout,
-    schema,
-    snapshot_config as config,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import (layout, schema,
+                                                                                  snapshot_config as config)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.clock import wait_for
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
-    ParameterError,
-    RuntimeRefusedError,
-    SnapshotTimeout,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (ParameterError,
+                                                                                         RuntimeRefusedError,
+                                                                                         SnapshotTimeout)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import env_dict
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify

@@ -27,58 +27,21 @@ import threading
 
 from ..agent import protocol
 from ..base import layout
-from ..base.clock import check_seconds, Deadline, Stopwatch, utc_now
+from ..base.clock import Deadline, Stopwatch, utc_now
 from ..base.errors import ParameterError, RuntimeRefusedError, SnapshotError, SnapshotTimeout
-from ..clients.control import AgentSocketClient, bounded_lease, lease_seconds, LeaseKeeper
+from ..clients.control import AgentSocketClient, LeaseKeeper, bounded_lease, lease_seconds
 from ..clients.criu_cli import CriuCli, make_work_dir
 from ..clients.docker_cli import DockerCli, env_dict
-from ..clients.runc_cli import check_criu_config, RuncCli
+from ..clients.runc_cli import RuncCli, check_criu_config
 from ..linux import fs, paths, plaintext
-from ..store import (
-    container_record,
-    device,
-    encryption,
-    fleet,
-    freshness,
-    hashing,
-    manifest,
-    seal,
-    signature,
-    status,
-    world,
-)
+from ..store import (container_record, device, encryption, fleet, freshness, hashing, manifest, seal, signature, status,
+                     world)
+from ..base.progress import Progress
 from . import claim, leftovers
 
 
 SEAL, PUBLISH, ABORT = "seal", "publish", "abort"   # the phases of controller_signing (module docstring)
 SEALED = "sealed"   # the seal phase's status: sealed in staging, waiting for the controller's signature
-
-
-class Progress:
-    """Progress of a long step, as lines (returned as ``progress``, shown by the roles at -v) and to ``log``."""
-
-    def __init__(self, what, log=None, every_seconds=2.0, watch=None):
-        self.what, self.log, self.every = what, log, every_seconds
-        self.watch = watch or Stopwatch()
-        self.lines = []
-        self._last = None
-
-    def note(self, text, force=False):
-        now = self.watch.elapsed()
-        if force or self._last is None or now - self._last >= self.every:
-            self._last = now
-            self._add("%s: %s (%.1f s)" % (self.what, text, now))
-
-    def final(self, text):
-        self._add("%s: %s (%.1f s)" % (self.what, text, self.watch.elapsed()))
-
-    def bytes_done(self, done_bytes, done_files):
-        self.note("%d files, %.1f MiB hashed" % (done_files, done_bytes / 1048576.0))
-
-    def _add(self, line):
-        self.lines.append(line)
-        if self.log:
-            self.log(line)
 
 
 class Checkpointer:
@@ -528,56 +491,3 @@ class Checkpointer:
                 self.progress.note("the record of restores says: %s" % exc.reason, force=True)
         except (IOError, OSError) as exc:  # informative: the snapshot is completed either way
             self.progress.note("cannot enter the engine in the record of restores: %s" % exc, force=True)
-
-
-def host_checkpoint(params, check_mode=False, log=None):
-    """The result of a host_checkpoint task."""
-    check_seconds(params, "timeout", "generation_lease")
-    if params.get("signing_key"):
-        raise ParameterError("signing_key: is read on the controller by host_checkpoint's action plugin, which signs "
-                             "there, and is never sent to the node; this run reached the module without it (run the "
-                             "module as inferops.snapshot.host_checkpoint in a task)", field="signing_key")
-    signing = params.get("controller_signing") or {}
-    if signing.get("phase") in (PUBLISH, ABORT):
-        if not params.get("generation_id"):
-            raise ParameterError("generation_id: the %s phase of controller_signing needs the seal phase's generation_id"
-                                 % signing["phase"], field="generation_id")
-        job = Checkpointer(params, log)
-        return job.publish_signed() if signing["phase"] == PUBLISH else job.abort_signing()
-    check_seconds(params, "max_age")
-    job = Checkpointer(params, log)
-    result = dict(snapshot_dir=job.snapshot_dir, durations=job.watch.durations)
-    published = os.path.lexists(job.snapshot_dir)
-    if published and params["if_exists"] == "fail" and not params.get("force"):
-        raise ParameterError("snapshot_dir: a snapshot is already published at %s (if_exists=fail); use "
-                             "if_exists=replace to take a new one" % job.snapshot_dir, **result)
-    if published and params["if_exists"] == "keep" and not params.get("force"):
-        stale = stale_reasons(job)
-        if not stale:
-            record = status.read(job.snapshot_dir) or {}
-            return dict(result, changed=False, status=record.get("status", "completed"),
-                        checksum=record.get("checksum"), replaced_because=[],
-                        msg="a snapshot of this world is already published at %s; kept (if_exists=keep)"
-                            % job.snapshot_dir)
-        result["replaced_because"] = stale  # a snapshot of another world: a restore would refuse it anyway
-    elif published:
-        result["replaced_because"] = ["force" if params.get("force") else "if_exists=replace"]
-    with job.watch.timed("preflight"):
-        job.preflight()
-    if check_mode:
-        if params.get("device_backup"):
-            job.back_up_device(result, check_mode=True)
-        return dict(result, changed=True, status="completed", versions=job.versions)
-    return dict(job.run(), **result)
-
-
-def stale_reasons(job):
-    """Why the published snapshot does not belong to the process as it runs now ([] when it does)."""
-    try:
-        recorded = manifest.load_manifest(job.snapshot_dir)
-    except (IOError, OSError, ValueError) as exc:
-        return ["unreadable: %s: %s" % (manifest.MANIFEST, exc)]
-    if job.params["engine"] == "docker":
-        return world.stale(recorded, job.docker.inspect_container(job.params["container"]), job.criu.version(),
-                           job.runc.version())
-    return world.stale(recorded, None, job.criu.version())

@@ -23,7 +23,7 @@ from ..linux import fs, paths
 from ..store import encryption, fleet, freshness, signature
 from . import bare, cache, health, pipeline, verify
 from .checkpoint import DockerCheckpoint
-from .handover import covers, Handover, runtime_settings
+from .handover import Handover, covers, runtime_settings
 
 
 def check_options(params):

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from ..base import layout, schema
 from ..linux import fs, proc, syscalls
 from . import hashing, manifest, signature, status
-from .manifest import CHUNK_INDEX
 from .hashing import CHUNK, hash_tree
+from .manifest import CHUNK_INDEX
 
 
 def chunked_files(root, relpaths, chunk_bytes):

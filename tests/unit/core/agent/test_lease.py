@@ -16,17 +16,12 @@ import conftest
 from conftest import REPO, Workload, ensure_agent_package, renewed_at, reset_device
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import protocol
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (
-    ParameterError,
-    RuntimeRefusedError,
-)
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (
-    AgentSocketClient,
-    bounded_lease,
-    LEASE_MARGIN,
-    lease_seconds,
-    LeaseKeeper,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import (ParameterError,
+                                                                                         RuntimeRefusedError)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import (AgentSocketClient,
+                                                                                             LEASE_MARGIN, LeaseKeeper,
+                                                                                             bounded_lease,
+                                                                                             lease_seconds)
 from ansible_collections.inferops.snapshot.plugins.modules.npu_snapshot_lock import plan
 
 PROMPTS = ["what is an NPU?", "lease me", "数据"]

@@ -19,11 +19,8 @@ import pytest
 import conftest
 from unit.core.restore import test_pipeline
 from unit.core.restore.test_pipeline import no_locks  # noqa: F401  # pylint: disable=unused-import  # the fixture
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import (
-    launcher,
-    protocol,
-    reseed as agent_reseed,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import (launcher, protocol,
+                                                                                   reseed as agent_reseed)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotTimeout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import reseed
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata

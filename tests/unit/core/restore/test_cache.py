@@ -15,13 +15,8 @@ from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache as stage, pipeline
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    encryption,
-    hashing,
-    manifest,
-    seal,
-    signature,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (encryption, hashing, manifest, seal,
+                                                                                   signature)
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 PAGES = "host/criu/pages-1.img"

@@ -12,19 +12,10 @@ import pytest
 from unit.core.restore.test_cache import IDENTITY, PAGES, fields, make
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import clock, layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import (
-    cache as stage,
-    file_locks,
-    held as held_files,
-    pipeline,
-)
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    canary,
-    encryption,
-    manifest,
-    seal,
-    status,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import (cache as stage, file_locks,
+                                                                                     held as held_files, pipeline)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (canary, encryption, manifest, seal,
+                                                                                   status)
 
 # driver method -> the stage the pipeline runs it in
 STAGES = {"locate": "verify", "check": "check", "prepare": "prepare", "host_restore": "host_restore",

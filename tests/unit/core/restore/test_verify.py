@@ -10,13 +10,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline, task, verify
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    encryption,
-    hashing,
-    manifest,
-    seal,
-    signature,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (encryption, hashing, manifest, seal,
+                                                                                   signature)
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 

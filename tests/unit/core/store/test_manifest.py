@@ -7,11 +7,8 @@ import sys
 import pytest
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    manifest as manifest_utils,
-    seal,
-    status,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (manifest as manifest_utils, seal,
+                                                                                   status)
 
 IDENTITY = {"namespace": "default", "service": "svc", "instance": "p0", "pod": "pod-a"}
 IMAGE = "sha256:" + "ab" * 32

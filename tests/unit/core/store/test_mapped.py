@@ -14,11 +14,8 @@ import threading
 
 import pytest
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    hashing,
-    manifest as manifest_utils,
-    mapped,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (hashing, manifest as manifest_utils,
+                                                                                   mapped)
 from unit.core.store.test_manifest_chunks import BIG, CHUNK, IDENTITY, sealed
 
 

@@ -14,14 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ansible_collections.inferops.snapshot.plugins.action import host_checkpoint as action
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import checkpointer as generate, claim
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (
-    hashing,
-    manifest,
-    seal,
-    signature,
-    status,
-)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim, task
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (hashing, manifest, seal, signature,
+                                                                                   status)
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 GENERATION_ID = "gen-under-test"
@@ -55,7 +50,7 @@ def test_the_signature_sent_down_is_written_and_the_snapshot_published_under_the
     snap, staging = sealed(tmp_path)
     key = Ed25519PrivateKey.generate()
     document = signature.document(to_sign(staging)["checksums"].encode(), key)
-    result = generate.host_checkpoint(params(snap, phase="publish", signature=json.dumps(document)))
+    result = task.host_checkpoint(params(snap, phase="publish", signature=json.dumps(document)))
     assert result["status"] == "completed" and result["signed_by"] == signature.key_id(key.public_key()), result
     assert result["generation"] == 1700000000 and not os.path.exists(staging)
     trusted = signature.load_public_keys([signature.public_pem(key)])
@@ -71,14 +66,14 @@ def test_a_signature_of_another_list_publishes_nothing_and_the_generation_fails(
     document = signature.document(b"another checksum list\n", key)
     with pytest.raises(ParameterError, match="controller_signing: the controller's signature cannot be used: the "
                                              "signature is not of this checksum.sha256"):
-        generate.host_checkpoint(params(snap, phase="publish", signature=json.dumps(document)))
+        task.host_checkpoint(params(snap, phase="publish", signature=json.dumps(document)))
     assert not os.path.exists(snap) and not os.path.exists(staging)
     assert status.read(snap)["status"] == "failed" and claim.read(snap) is None
 
 
 def test_a_refused_signature_removes_the_sealed_snapshot_and_records_why(tmp_path):
     snap, staging = sealed(tmp_path)
-    result = generate.host_checkpoint(params(snap, phase="abort", reason="the manifest is of tenant-b/..."))
+    result = task.host_checkpoint(params(snap, phase="abort", reason="the manifest is of tenant-b/..."))
     assert result["status"] == "failed" and result["cleaned"] == [staging] and not os.path.exists(staging)
     assert status.read(snap)["reason"] == ("signing_refused: the controller did not sign the sealed snapshot: the "
                                            "manifest is of tenant-b/...")
@@ -89,7 +84,7 @@ def test_a_signing_key_that_reaches_the_node_is_refused_naming_it(tmp_path):
     snap, _staging = sealed(tmp_path)
     with pytest.raises(ParameterError, match="signing_key: is read on the controller by host_checkpoint's action "
                                              "plugin, which signs there, and is never sent to the node"):
-        generate.host_checkpoint(dict(params(snap), signing_key="-----BEGIN PRIVATE KEY-----"))
+        task.host_checkpoint(dict(params(snap), signing_key="-----BEGIN PRIVATE KEY-----"))
 
 
 @pytest.mark.parametrize("name, value", [("generation_lease", -3600.0), ("generation_lease", float("inf")),
@@ -97,9 +92,9 @@ def test_a_signing_key_that_reaches_the_node_is_refused_naming_it(tmp_path):
                                          ("max_age", float("inf"))])
 def test_a_time_that_is_no_positive_number_of_seconds_is_refused_before_anything_is_taken(tmp_path, name, value):
     snap = str(tmp_path / "store" / "tenant-a" / "qwen" / "p0" / "qwen-0")
-    task = dict(params(snap), controller_signing=None, **{name: value})
+    options = dict(params(snap), controller_signing=None, **{name: value})
     with pytest.raises(ParameterError, match="^%s: must be a positive number of seconds" % name):
-        generate.host_checkpoint(task)
+        task.host_checkpoint(options)
     assert not os.path.exists(str(tmp_path / "store"))
 
 
