@@ -259,7 +259,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux impor
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import docker_world_now
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, signature, status
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest, signature, status
 
 ARGUMENT_SPEC = dict(
     trusted_keys=_module.TRUST_ARGS["trusted_keys"],
@@ -342,7 +342,8 @@ def main_logic(module):
         world_now = (lambda recorded: docker_world_now(docker, params["container"], recorded)) \
             if container.get("exists") else None
         verdict = verify.for_restore(snapshot_dir, None, expect, params["min_size"], params["workers"],
-                                     hash_files=params["verify"], trusted=trusted, world_now=world_now)
+                                     trusted=trusted, world_now=world_now,
+                                     plan=manifest.FULL if params["verify"] else manifest.SIZES_ONLY)
         result["stale_reasons"] = verify.stale_reasons(verdict) if container.get("exists") else []
         if params["verify"]:
             result.update(valid=verdict["valid"], reasons=verdict["reasons"], bytes=verdict["bytes"],

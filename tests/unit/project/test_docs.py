@@ -17,6 +17,8 @@ import yaml
 
 from conftest import COLLECTIONS, REPO, ensure_collection_link
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import stages
+
 DOCS = REPO / "docs"
 GENERATOR = REPO / "scripts" / "gen_module_docs.py"
 
@@ -222,8 +224,8 @@ def reason_kinds():
                 found.setdefault(REASON_KIND.match(node.value).group(1), []).append(path.name)
     pipeline = (REPO / "plugins" / "module_utils" / "core" / "restore" / "pipeline.py").read_text(encoding="utf-8")
     assert '"%s_failed: %s" % (stage' in pipeline, "the pipeline names a failed stage differently now: follow it here"
-    for stage in re.findall(r"(?<![.\w])stage\(\"([a-z_]+)\"\)", pipeline):  # not watch.stage: the stopwatch
-        found.setdefault("%s_failed" % stage, []).append("pipeline.py (stage)")
+    for stage in set(value.name for value in vars(stages).values() if isinstance(value, stages.Stage)):
+        found.setdefault("%s_failed" % stage, []).append("stages.py (stage)")
     return found
 
 

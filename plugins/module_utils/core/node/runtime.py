@@ -38,10 +38,11 @@ from ..base.errors import SnapshotError
 from ..clients.docker_cli import env_dict
 from ..clients.runc_cli import RuncCli, split_argv
 from ..linux import fs
-from ..restore import pipeline, verify
+from ..restore import pipeline
+from ..restore.attempt import Trust, new_attempt
 from ..restore.node_state import NodeState
 from ..restore.on_create import OnCreate, Refused
-from ..store import encryption, fleet, freshness, signature
+from ..store import fleet
 
 # Node settings (the role writes them to runtime.json; see roles/snapshot_node/defaults/main.yml).
 DEFAULTS = layout.RUNTIME_DEFAULTS
@@ -310,22 +311,13 @@ class Runtime:
             request["requester"], refused = requester(spec, record.get("labels"))
             request["problems"].extend(problem for problem in refused if problem not in request["problems"])
         driver = OnCreate(self.node, spec, bundle, create, request, record, self.node.criu.version())
-        trusted = keys = None
         try:
-            trusted = signature.load_public_keys(self.config["trusted_keys"], "trusted_keys")
-            keys = encryption.load_keys(self.config["encryption_keys"], "encryption_keys")
+            trust = Trust.load(self.config)
         except SnapshotError as exc:  # fail closed: without the keys it was told to use, nothing is restored
             request["problems"] = request["problems"] + ["keys_unavailable: %s" % exc.msg]
-        require_signature, require_encryption = verify.requirements(
-            self.config["trusted_keys"], self.config["encryption_keys"], self.config.get("require_signature"),
-            self.config.get("require_encryption"))
-        attempt = pipeline.Attempt(request["snapshot"], request["timeout"], device_restore=request["device"],
-                                   min_size=self.config["min_size"], trusted=trusted, checksum=request["checksum"],
-                                   keys=keys, decrypt_dir=self.config["decrypt_dir"],
-                                   stage_dir=self.config.get("stage_dir"), require_signature=require_signature,
-                                   require_encryption=require_encryption,
-                                   generations=freshness.HighWater(self.config["generations_file"])
-                                   if self.config.get("generations_file") else None)
+            trust = Trust.load(self.config, load_keys=False)
+        attempt = new_attempt(request["snapshot"], request["timeout"], self.config, trust, request["device"],
+                              checksum=request["checksum"])
         try:
             pipeline.run(driver, attempt)
         except Refused:  # recorded as failed by the driver's commit; the container does not start

@@ -21,9 +21,11 @@ from ..base.errors import CommandError, ParameterError
 from ..clients import commands
 from ..clients.criu_cli import CriuCli
 from ..linux import fs, proc
-from ..store import metadata, status
+from ..store import manifest, metadata, status
 from ..store.criu_images import read_pstree
-from .pipeline import Driver, Fallback
+from .attempt import Fallback
+from .driver import Driver
+from .stages import CACHE, HELD, RESTORE
 
 ENGINE = "criu"
 PID_FREE_GRACE = 5.0   # a killed process may linger a moment as a zombie
@@ -86,7 +88,9 @@ def start_detached(argv, env, log_path=None, runner=None):
 class BareProcess(Driver):
     path = ENGINE
     engine = ENGINE
-    can_leave_stopped = True
+    stages = RESTORE
+    verification = manifest.OVERLAPPED  # CRIU leaves the tasks stopped until the page images' verdict
+    images_from = (CACHE, HELD)
 
     def __init__(self, cold_start, cold_start_log=None, criu=None, **wishes):
         super(BareProcess, self).__init__(**wishes)

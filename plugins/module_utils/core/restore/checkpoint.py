@@ -23,10 +23,12 @@ from ..base.errors import CommandError, ParameterError
 from ..clients.docker_cli import env_dict
 from ..clients.runc_cli import RuncCli
 from ..linux import fs
-from ..store import container_record, device, metadata, world
+from ..store import container_record, device, manifest, metadata, world
 from . import verify
 from .containerd_leak import LeakGuard
-from .pipeline import Driver, Fallback
+from .attempt import Fallback
+from .driver import Driver
+from .stages import HELD, RESTORE
 
 CHECKPOINT_NAME = "inferops-restore"
 
@@ -81,14 +83,17 @@ def docker_world_now(docker, container_id, recorded):
 class DockerCheckpoint(Driver):
     path = "docker"
     engine = "docker"
-    can_use_staged = False  # place_checkpoint hard-links the images: that would change the staged copy's ctime
+    stages = RESTORE
+    verification = manifest.FULL  # docker start cannot leave the tasks stopped: nothing is hashed after it
+    images_from = (HELD,)  # place_checkpoint hard-links the images: that would change a cached copy's ctime
 
     def __init__(self, docker, container, cold_because=None, **wishes):
         super(DockerCheckpoint, self).__init__(**wishes)
         self.docker = docker
         self.container = container
         self.cold_because = cold_because  # method=auto found this path slower than a cold start: start cold
-        self.reads_images = cold_because is None
+        if cold_because:  # it starts cold: only what a cold start may use (the container record) is hashed
+            self.verification = manifest.DOCUMENTS_ONLY
         self.container_id = docker.container_id(container)
         self.created = False
         self.docker_root = None

@@ -29,10 +29,12 @@ from ..base import layout
 from ..base.errors import CommandError, ParameterError, SnapshotError
 from ..clients.docker_cli import env_dict
 from ..linux import fs
-from ..store import container_record, metadata, status
+from ..store import container_record, manifest, metadata, status
 from . import verify
 from .checkpoint import docker_world_now, recreate_or_refuse, write_metadata
-from .pipeline import Driver, Fallback
+from .attempt import Fallback
+from .driver import Driver
+from .stages import HANDOVER
 
 
 def runtime_settings(registered):
@@ -61,8 +63,12 @@ def covers(settings, snapshot_dir):
 class Handover(Driver):
     path = "runtime"
     engine = "docker"
-    delegates = True
-    can_use_staged = False  # the runtime reads the snapshot itself (from its own cache, when it has one)
+    # host_restore hands the snapshot to another run of this pipeline (the node's runtime), which hashes the images,
+    # decrypts, checks the devices, restores and resumes: this run hashes what it acts on itself, the documents, and
+    # reads no image (the runtime reads the snapshot itself, from its own cache when it has one).
+    stages = HANDOVER
+    verification = manifest.DOCUMENTS_ONLY
+    images_from = ()
 
     def __init__(self, docker, container, runtime_name, device_restore=True, source=None, **wishes):
         super(Handover, self).__init__(**wishes)

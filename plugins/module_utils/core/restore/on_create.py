@@ -25,10 +25,12 @@ from ..clients import criu_cli
 from ..clients.docker_cli import DockerCli, env_dict
 from ..clients.runc_cli import StoppedRestore
 from ..linux import fs, netns, paths, proc, syscalls
-from ..store import criu_images, device, fleet, metadata, world
+from ..store import criu_images, device, fleet, manifest, metadata, world
 from ..store.container_record import parse_container_record
 from . import held, verify
-from .pipeline import Driver, Fallback
+from .attempt import Fallback
+from .driver import Driver
+from .stages import CACHE, HELD, RESTORE
 
 # What of the verdict the runtime's log line keeps.
 VERIFY_SUMMARY = ("valid", "bytes", "files", "throughput_mb_s", "overlapped", "hashed_bytes", "checksums", "staged",
@@ -70,7 +72,10 @@ class Refused(SnapshotError):
 class OnCreate(Driver):
     path = "runtime"
     engine = "docker"
-    can_leave_stopped = True   # through runc's CRIU configuration file (clients/runc.StoppedRestore)
+    stages = RESTORE
+    # runc's CRIU configuration file leaves the tasks stopped until the page images' verdict (runc_cli.StoppedRestore)
+    verification = manifest.OVERLAPPED
+    images_from = (CACHE, HELD)
 
     def __init__(self, node, spec, bundle, create, request, docker, criu_version):
         super(OnCreate, self).__init__(identity=request["identity"], criu_version=criu_version,
@@ -206,7 +211,7 @@ class OnCreate(Driver):
         fs.ensure_dir(work)
         pid_file = self.create["pid_file"] or os.path.join(state, "restored.pid")
         lazy = bool(node.config.get("lazy_pages"))
-        images_dir = self.remapped_images(attempt, state)  # the pod's new address (issue 24)
+        images_dir = self.remapped_images(attempt, state)  # the pod's new address
         argv = node.runc.restore_argv(container_id, self.bundle, images_dir, work,
                                       pid_file, self.create["console_socket"], "--no-pivot" in self.create["flags"],
                                       lazy_pages=lazy)

@@ -20,8 +20,9 @@ from ..base.errors import ParameterError
 from ..clients import engine_http
 from ..clients.docker_cli import DockerCli, env_dict
 from ..linux import fs, paths
-from ..store import encryption, fleet, freshness, signature
+from ..store import fleet
 from . import bare, cache, health, pipeline, verify
+from .attempt import Trust, new_attempt
 from .checkpoint import DockerCheckpoint
 from .handover import Handover, covers, runtime_settings
 
@@ -105,11 +106,10 @@ def clone_request_problems(env, snapshot_dir, identity, source):
 def restore(params, check_mode=False, warn=lambda text: None):
     """The result of a snapshot_restore task (raises the collection's typed errors)."""
     snapshot_dir = check_options(params)
-    trusted_keys(params)  # a key that cannot be loaded is an error before anything is done
-    encryption.load_keys(params.get("encryption_keys") or [])
+    trust = Trust.load(params)  # once: a key that cannot be loaded is an error before anything is done
     requirements(params)
     if params["engine"] == bare.ENGINE:
-        return _bare(params, snapshot_dir, check_mode, warn)
+        return _bare(params, snapshot_dir, check_mode, warn, trust)
     docker = DockerCli(params["docker_cli"])
     chosen = {}
     if params["method"] == "auto":
@@ -124,7 +124,7 @@ def restore(params, check_mode=False, warn=lambda text: None):
         driver = DockerCheckpoint(docker, params["container"], cold_because=chosen.get("cold_because"),
                                   **_wishes(params))
         chosen.pop("cold_because", None)
-    return dict(_container(params, snapshot_dir, driver, check_mode, warn), **chosen)
+    return dict(_container(params, snapshot_dir, driver, check_mode, warn, trust), **chosen)
 
 
 DOCKER = "docker"    # snapshot_restore's methods
@@ -191,7 +191,7 @@ def _handover(params, snapshot_dir, docker):
     return driver
 
 
-def _container(params, snapshot_dir, driver, check_mode, warn):
+def _container(params, snapshot_dir, driver, check_mode, warn, trust):
     """A container's restore through ``driver`` (docker start --checkpoint, or the hand-over to the runtime)."""
     docker = driver.docker
     base = dict(snapshot_dir=snapshot_dir, container=params["container"])
@@ -200,7 +200,9 @@ def _container(params, snapshot_dir, driver, check_mode, warn):
     if driver.container_id and docker.is_running(driver.container_id):
         return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
                     verify=None, container_id=driver.container_id, created=False, durations={})
-    attempt = _attempt(params, snapshot_dir, check_mode, keeps_record=not driver.delegates)
+    # a hand-over raises no high-water mark: the runtime's own run does, with its settings
+    attempt = new_attempt(snapshot_dir, params["timeout"], params, trust, params["device_restore"], check_mode,
+                          keeps_record=not isinstance(driver, Handover))
     pipeline.run(driver, attempt)
     result = _result(attempt, base, warn)
     if check_mode:
@@ -213,25 +215,6 @@ def _container(params, snapshot_dir, driver, check_mode, warn):
 def _wishes(params):
     return dict((key, params[key]) for key in ("identity", "env", "metadata_path", "agent_socket_dir", "criu_version",
                                                "runtime_version"))
-
-
-def _attempt(params, snapshot_dir, check_mode, keeps_record=True):
-    """The pipeline's attempt; ``keeps_record``: this run raises the node's high-water mark (not a hand-over: the
-    runtime's own run does, with its settings)."""
-    require_signature, require_encryption = requirements(params)
-    return pipeline.Attempt(snapshot_dir, params["timeout"], device_restore=params["device_restore"],
-                            check_mode=check_mode, min_size=params["min_size"],
-                            workers=params["workers"], trusted=trusted_keys(params),
-                            keys=encryption.load_keys(params.get("encryption_keys") or []),
-                            stage_dir=params.get("stage_dir"), require_signature=require_signature,
-                            require_encryption=require_encryption,
-                            generations=freshness.HighWater(params["generations_file"])
-                            if keeps_record and params.get("generations_file") else None)
-
-
-def trusted_keys(params):
-    """The public keys a snapshot must be signed with ({} when none is configured: nothing is authenticated)."""
-    return signature.load_public_keys(params.get("trusted_keys") or [], "trusted_keys")
 
 
 def requirements(params):
@@ -272,7 +255,7 @@ def _wait_serving(params, attempt, gone=None):
         attempt.watch.total()
 
 
-def _bare(params, snapshot_dir, check_mode, warn):
+def _bare(params, snapshot_dir, check_mode, warn, trust):
     base = dict(snapshot_dir=snapshot_dir)
     running = bare.running_from_snapshot(snapshot_dir)
     if running:
@@ -281,7 +264,7 @@ def _bare(params, snapshot_dir, check_mode, warn):
                            % (running["pid"], "restored" if running["outcome"] == "restored" else "started cold",
                               running["at"]))
     driver = bare.BareProcess(params["cold_start"], params["cold_start_log"], **_wishes(params))
-    attempt = _attempt(params, snapshot_dir, check_mode)
+    attempt = new_attempt(snapshot_dir, params["timeout"], params, trust, params["device_restore"], check_mode)
     pipeline.run(driver, attempt)
     result = _result(attempt, base, warn)
     if check_mode:

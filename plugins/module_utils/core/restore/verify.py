@@ -94,30 +94,29 @@ def engine_reason(recorded, engine):
         taken, ENGINE_HINTS.get(taken, "another engine"), engine)
 
 
-def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_files=True, progress=None, trusted=None,
-                world_now=None, defer=None, unhashed=None, files=None, require_signature=False, require_encryption=False):
-    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, reader, manifest, documents}; never raises
-    for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
+def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, progress=None, trusted=None, world_now=None,
+                plan=manifest.FULL, require_signature=False, require_encryption=False):
+    """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, reader, manifest, documents, deferred};
+    never raises for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
     ``engine``: docker or criu, the engine that would restore it (None: any). ``trusted``: the public keys a
     signature must come from (signature.py). ``world_now``: (manifest) -> (process facts of what would run, or
     None for a bare process; runc version): the world the process would come back into, compared with the one
     it was taken in (world.py).
 
-    ``documents``: the small files (manifest.DOCUMENTS) as read and hashed -- what a restore acts on instead of
-    reading them again. ``hash_files=False`` / ``unhashed`` / ``files`` (the descriptors a restore holds): see
-    manifest.verify. ``defer``: see manifest.verify; the verdict's ``deferred`` is then what
-    ``manifest.verify_deferred`` must still pass. ``require_signature`` / ``require_encryption``: this host's policy
-    (``requirements``); an expired snapshot is refused whatever the policy.
+    ``plan`` (manifest.Plan): what is hashed now, deferred, taken as listed or kept, and through which descriptors
+    (manifest.verify). ``documents``: the small files (manifest.DOCUMENTS) as read and hashed -- what a restore acts
+    on instead of reading them again; ``deferred``: what ``manifest.verify_deferred`` must still pass.
+    ``require_signature`` / ``require_encryption``: this host's policy (``requirements``); an expired snapshot is
+    refused whatever the policy.
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
-                                              hash_files=hash_files, trusted=trusted, defer=defer, unhashed=unhashed,
-                                              files=files)
+                                              trusted=trusted, plan=plan)
     recorded = details["manifest"]
     mismatch = engine_reason(recorded, engine)
     if mismatch:
         reasons.append(mismatch)
     inventory = os.path.join(layout.IMAGES_DIR, layout.IMAGES_INVENTORY)
-    if valid and not (inventory in files.fds if files is not None else
+    if valid and not (inventory in plan.files.fds if plan.files is not None else
                       os.path.isfile(os.path.join(snapshot_dir, inventory))):
         reasons.append("incomplete: %s holds no CRIU images (%s)" % (layout.images_dir(snapshot_dir),
                                                                      layout.IMAGES_INVENTORY))
@@ -131,7 +130,7 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, hash_fil
             "key_id": details["key_id"], "fingerprint": details["fingerprint"],
             "bytes": details["bytes"], "files": details["files"],
             "checksums": details.get("checksums"), "deferred": details.get("deferred"),
-            "throughput_mb_s": hashing.get("throughput_mb_s") if hash_files else None,
+            "throughput_mb_s": None if plan.sizes_only else hashing.get("throughput_mb_s"),
             "hashed_bytes": hashing.get("bytes", 0), "workers": hashing.get("workers"), "reader": hashing.get("reader"),
             "hashing_s": hashing.get("seconds", 0.0),
             "manifest": recorded, "documents": details["documents"]}

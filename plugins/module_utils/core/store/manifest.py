@@ -16,6 +16,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import collections
 import hashlib
 import json
 import os
@@ -111,165 +112,215 @@ def load_manifest(directory):
 
 
 # The documents a restore acts on besides the CRIU images: read once, hashed from those same bytes, and handed back
-# (``verify(keep=...)``) so that nothing reads them again by path after the verdict.
+# (KEEP) so that nothing reads them again by path after the verdict.
 DOCUMENTS = (MANIFEST, layout.CONTAINER_RECORD, layout.CANARY, layout.DEVICE_PART, CHUNK_INDEX)
 
+HASH = "hash"      # read and hashed now: whole, or chunk by chunk where the verified chunk index allows
+DEFER = "defer"    # its size now, its content by verify_deferred while the caller uses it in a way that runs none of it
+LISTED = "listed"  # taken as listed: its size is checked against the manifest, its content is not read
+KEEP = "keep"      # a document: read once, hashed from memory, its bytes handed back in details["documents"]
 
-def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash_files=True, trusted=None, defer=None,
-           keep=DOCUMENTS, unhashed=None, files=None):
-    """Check a published snapshot. Returns (valid, reasons, details); never raises for bad snapshots.
 
-    ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what
-    the restore would run with, and ``checksum``: the fingerprint a caller knows the snapshot by (a
-    Kubernetes annotation). A key whose value is None is not checked. ``trusted`` ({key id: public
-    key}, signature.load_public_keys): when given, the snapshot must carry a valid signature by one of
-    them; ``details["authenticated"]`` says whether it did.
+class Plan(collections.namedtuple("Plan", "documents page_images other files")):
+    """What a verification does with each class of file, decided once, before anything is read.
 
-    ``hash_files=False`` checks everything but the content of the files other than the manifest
-    (listing, sizes, manifest, identity, versions); ``unhashed`` (relpath -> bool) does so for some files
-    only: for a caller whose next step hands those files to a component that hashes them right before it
-    uses them (the node's runtime), so that no file is read twice. ``details["checksums"]`` says which was done.
+    ``documents``: DOCUMENTS but the manifest (which is always KEEP), KEEP or LISTED. ``page_images``
+    (layout.is_page_image: process memory, which CRIU copies into the tasks and never interprets): HASH, DEFER or
+    LISTED. ``other``: every other file (the CRIU images CRIU parses, the device part...), HASH or LISTED. LISTED is
+    for a caller whose next step hands the files to a component that hashes them right before it uses them (the node's
+    runtime), so that no file is read twice. ``files``: the descriptors every file is read through (restore.held.Held:
+    what is verified is what the restore then reads), or None: by path."""
 
-    ``defer`` (relpath -> bool): files whose content is checked later, by ``verify_deferred``, while the
-    caller already uses them in a way that runs nothing of theirs (CRIU copying page images into tasks it
-    leaves stopped). Everything else, and their listing and size, is checked now; ``details["deferred"]``
-    is what ``verify_deferred`` needs (None when nothing was deferred). Until it has passed, the verdict
-    covers everything but those files' bytes.
+    def action(self, rel):
+        if rel == MANIFEST:
+            return KEEP
+        if rel in DOCUMENTS:
+            return self.documents
+        return self.page_images if layout.is_page_image(rel) else self.other
 
-    ``keep``: the small files whose bytes are read once, hashed from memory and returned in
-    ``details["documents"]`` ({relpath: bytes}, only those whose digest is the listed one): the manifest is
-    parsed from its own, and a restore acts on these bytes, never on the file again. ``checksum.sha256`` is read
-    once too: its fingerprint, its parse and the signature check are of the same bytes.
+    @property
+    def sizes_only(self):
+        """Nothing but the manifest's content is checked (a verified copy's, or ``snapshot_verify hash=false``)."""
+        return self.documents == LISTED
 
-    ``files`` (held.Held): every file is read through the descriptors the restore holds (and copied as it is
-    read, when the Held copies), never by path: what is verified is what the restore then reads.
+    def describe(self):
+        return "documents %s, page images %s, other files %s" % (self.documents, self.page_images, self.other)
+
+
+FULL = Plan(KEEP, HASH, HASH, None)                # every byte, now
+SIZES_ONLY = Plan(LISTED, LISTED, LISTED, None)    # the listing, sizes, manifest, identity, versions
+DOCUMENTS_ONLY = Plan(KEEP, LISTED, LISTED, None)  # what this side acts on; a component that hashes them gets the rest
+OVERLAPPED = Plan(KEEP, DEFER, HASH, None)         # the page images hashed while CRIU copies them into stopped tasks
+
+
+class _Refused(Exception):
+    """A verification that cannot go on: the snapshot is refused for ``reasons``."""
+
+    def __init__(self, reasons):
+        super(_Refused, self).__init__(reasons)
+        self.reasons = reasons
+
+
+def verify(directory, min_size=0, expect=None, workers=None, progress=None, trusted=None, plan=FULL):
+    """Check a published snapshot, as ``plan`` says for each file. Returns (valid, reasons, details); never raises
+    for bad snapshots.
+
+    ``expect`` may hold ``identity``, ``image_id``, ``criu_version``, ``runtime_version``: what the restore would run
+    with, and ``checksum``: the fingerprint a caller knows the snapshot by (a Kubernetes annotation). A key whose
+    value is None is not checked. ``trusted`` ({key id: public key}, signature.load_public_keys): when given, the
+    snapshot must carry a valid signature by one of them; ``details["authenticated"]`` says whether it did.
+
+    Three steps: list (the checksum list, read once -- its fingerprint, its parse and the signature check are of the
+    same bytes -- against the files there are), hash (each file as the plan says), compare (with the list, the
+    manifest, what is expected). ``details["checksums"]`` says how much content was checked;
+    ``details["deferred"]`` is what ``verify_deferred`` still needs (None when nothing was deferred): until it has
+    passed, the verdict covers everything but those files' bytes. ``details["documents"]`` holds the bytes of the
+    documents kept ({relpath: bytes}, only those whose digest is the listed one): the manifest is parsed from its own.
     """
-    expect = expect or {}
-    reasons = []
     details = {"path": directory, "bytes": 0, "files": 0, "hashing": None, "manifest": None, "authenticated": False,
-               "key_id": None, "fingerprint": None, "documents": {}}
-    if not os.path.isdir(directory):
-        return False, ["missing: no snapshot at %s" % directory], details
-    for name in (MANIFEST, CHECKSUMS):
-        if not os.path.isfile(os.path.join(directory, name)):
-            reasons.append("incomplete: %s is missing" % name)
-    if reasons:
-        return False, reasons, details
-
-    def held(rel):
-        """(fd, sink) of ``rel`` through ``files``: a file the restore did not hold is not verified."""
-        if files is None:
-            return None, None
-        if rel not in files.fds:
-            raise ValueError("%s appeared after the restore began" % rel)
-        return files.fd(rel), files.sink(rel)
-
-    def size_of(rel):
-        return files.size(rel) if files is not None and rel in files.fds else \
-            os.lstat(os.path.join(directory, rel)).st_size
-
+               "key_id": None, "fingerprint": None, "documents": {}, "deferred": None}
     try:
-        raw = hashing.read_document(os.path.join(directory, CHECKSUMS), hashing.DOCUMENT_LIMIT, *held(CHECKSUMS))
+        listed, present, reasons = _list(directory, plan, trusted, expect or {}, details)
+        hashes = _hash(directory, plan, listed, present, trusted, workers, progress, details)
+    except _Refused as refused:
+        return False, refused.reasons, details
+    reasons.extend(_compare_all(listed, present, hashes, expect or {}, min_size, details))
+    return not reasons, reasons, details
+
+
+def _read(directory, plan, rel, limit=hashing.DOCUMENT_LIMIT):
+    """The bytes of the small file ``rel``: through the plan's held files (a file the restore did not hold is not
+    verified), or by path."""
+    path = os.path.join(directory, rel)
+    if plan.files is None:
+        return hashing.read_document(path, limit)
+    if rel not in plan.files.fds:
+        raise ValueError("%s appeared after the restore began" % rel)
+    return hashing.read_document(path, limit, plan.files.fd(rel), plan.files.sink(rel))
+
+
+def _list(directory, plan, trusted, expect, details):
+    """Step 1: ({relpath: sha256} listed, the files present, the reasons so far), or _Refused: the snapshot is not
+    there whole, its list is unreadable or not canonical, or not signed by a trusted key."""
+    if not os.path.isdir(directory):
+        raise _Refused(["missing: no snapshot at %s" % directory])
+    missing = ["incomplete: %s is missing" % name for name in (MANIFEST, CHECKSUMS)
+               if not os.path.isfile(os.path.join(directory, name))]
+    if missing:
+        raise _Refused(missing)
+    try:
+        raw = _read(directory, plan, CHECKSUMS)
         listed = parse_checksums(raw.decode("utf-8"))
     except (ChecksumFormatError, UnicodeDecodeError, ValueError, IOError, OSError) as exc:
-        return False, ["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)], details
+        raise _Refused(["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)])
     details["fingerprint"] = hashlib.sha256(raw).hexdigest()
     # Who made it, before anything else is read: an untrusted snapshot is refused whatever it holds.
     signed = None
-    if files is not None and layout.SIGNATURE in files.fds:
-        signed = hashing.read_document(os.path.join(directory, layout.SIGNATURE), 64 * 1024, *held(layout.SIGNATURE))
+    if plan.files is not None and layout.SIGNATURE in plan.files.fds:
+        signed = _read(directory, plan, layout.SIGNATURE, 64 * 1024)
     details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw,
                                                                            document=signed)
     if refused:
-        return False, [refused], details
-    reasons.extend(_fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum")))
+        raise _Refused([refused])
+    reasons = _fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum"))
     try:
         # A restore's files are the ones it holds, which is what it restores from: a file held and then unlinked
         # from the folder must still be judged (a second listing would not see it).
-        present = set(files.fds if files is not None else list_files(directory)) - {CHECKSUMS, layout.SIGNATURE}
+        present = set(plan.files.fds if plan.files is not None else list_files(directory))
     except fs.NotRegularFile as exc:
-        return False, ["unsafe_file: %s" % exc], details
+        raise _Refused(["unsafe_file: %s" % exc])
     except OSError as exc:
-        return False, ["unreadable: the snapshot's folder could not be listed: %s" % exc], details
-    for rel in sorted(set(listed) - present):
-        reasons.append("file_missing: %s is listed in %s but absent" % (rel, CHECKSUMS))
-    for rel in sorted(present - set(listed)):
-        reasons.append("file_unlisted: %s is not covered by %s" % (rel, CHECKSUMS))
+        raise _Refused(["unreadable: the snapshot's folder could not be listed: %s" % exc])
+    present -= {CHECKSUMS, layout.SIGNATURE}
+    reasons.extend("file_missing: %s is listed in %s but absent" % (rel, CHECKSUMS)
+                   for rel in sorted(set(listed) - present))
+    reasons.extend("file_unlisted: %s is not covered by %s" % (rel, CHECKSUMS) for rel in sorted(present - set(listed)))
+    return listed, present, reasons
 
+
+def _hash(directory, plan, listed, present, trusted, workers, progress, details):
+    """Step 2: {relpath: (size, sha256 or None)} of every listed file present, each as the plan says."""
     to_hash = sorted(set(listed) & present)
-    hashes, plan, chunk_bytes = {}, {}, None
-    unhashed = (lambda rel: rel != MANIFEST) if not hash_files else (unhashed or (lambda rel: False))
-    taken = [rel for rel in to_hash if rel != MANIFEST and unhashed(rel)]
-    details["checksums"] = "verified" if not taken else ("sizes only" if not hash_files else
+    size_of = plan.files.size if plan.files is not None else \
+        (lambda rel: os.lstat(os.path.join(directory, rel)).st_size)
+    taken = [rel for rel in to_hash if plan.action(rel) == LISTED]
+    details["checksums"] = "verified" if not taken else ("sizes only" if plan.sizes_only else
                                                          "verified but %d files taken as listed" % len(taken))
-    # Taken as listed; a file whose size differs from the manifest's record is still caught below.
-    hashes.update((rel, (size_of(rel), listed[rel])) for rel in taken)
-    documents = details["documents"]
-    for rel in to_hash:
-        if rel in keep and rel not in hashes:
-            try:
-                data = hashing.read_document(os.path.join(directory, rel), hashing.DOCUMENT_LIMIT, *held(rel))
-            except (IOError, OSError, ValueError) as exc:
-                return False, ["unreadable: %s: %s" % (rel, exc)], details
-            hashes[rel] = (len(data), hashlib.sha256(data).hexdigest())
-            if hashes[rel][1] == listed[rel]:
-                documents[rel] = data
+    hashes = dict((rel, (size_of(rel), listed[rel])) for rel in taken)  # a size unlike the manifest's is still caught
+    kept = [rel for rel in to_hash if plan.action(rel) == KEEP]
+    documents = _read_documents(directory, plan, listed, kept, hashes, details)
     refused = _scope_reason(trusted, details, documents.get(MANIFEST))
     if refused:  # a trusted key outside the identities it may sign: refused before the images are read
         details["authenticated"] = False
-        return False, [refused], details
-    if CHUNK_INDEX in documents:  # plan the chunked checks from the listed bytes of the index
-        plan, chunk_bytes = _chunk_plan(documents[CHUNK_INDEX], listed)
+        raise _Refused([refused])
+    whole, chunked, chunks = _jobs(documents, listed, to_hash, hashes, size_of)
+    later = [rel for rel in whole + sorted(chunked) if plan.action(rel) == DEFER]
+    if later:
+        details["deferred"] = {"whole": [rel for rel in later if rel in whole],
+                               "chunked": dict((rel, (chunked[rel], chunks[rel]["chunks"])) for rel in later
+                                               if rel in chunked),
+                               "listed": dict((rel, listed[rel]) for rel in later)}
+        hashes.update((rel, (size_of(rel), listed[rel])) for rel in later)  # the size is checked against the manifest
+        whole = [rel for rel in whole if rel not in hashes]
+        chunked = dict((rel, size) for rel, size in chunked.items() if rel not in hashes)
+    try:
+        if plan.files is not None:
+            missing = sorted(rel for rel in whole + list(chunked) if rel not in plan.files.fds)
+            if missing:
+                raise ValueError("%s appeared after the restore began" % ", ".join(missing))
+        whole_hashes, chunk_hashes, stats = hashing.hash_tree(directory, whole, chunked, workers=workers,
+                                                              progress=progress, files=plan.files)
+    except (IOError, OSError, ValueError) as exc:
+        raise _Refused(["unreadable: the snapshot's files could not be hashed: %s" % exc])
+    hashes.update(whole_hashes)
+    for rel in chunked:
+        good = [digest for _length, digest in chunk_hashes[rel]] == chunks[rel]["chunks"]
+        hashes[rel] = (chunks[rel]["size"], listed[rel] if good else None)
+    stats["bytes"] += sum(hashes[rel][0] for rel in kept)  # the documents, hashed apart
+    stats.update(chunked_files=len(chunked), **({"deferred_files": len(later)} if later else {}))
+    details.update(hashing=stats, files=len(hashes), bytes=sum(size for size, _digest in hashes.values()))
+    return hashes
+
+
+def _read_documents(directory, plan, listed, kept, hashes, details):
+    """The documents the plan keeps, read once and hashed from those bytes; {relpath: bytes} of those as listed."""
+    documents = details["documents"]
+    for rel in kept:
+        try:
+            data = _read(directory, plan, rel)
+        except (IOError, OSError, ValueError) as exc:
+            raise _Refused(["unreadable: %s: %s" % (rel, exc)])
+        hashes[rel] = (len(data), hashlib.sha256(data).hexdigest())
+        if hashes[rel][1] == listed[rel]:
+            documents[rel] = data
+    return documents
+
+
+def _jobs(documents, listed, to_hash, hashes, size_of):
+    """(files hashed whole, {file: chunk bytes} hashed by chunks, {file: its chunk index entry}) of what is left;
+    a file the chunk index records with another size is known to be wrong without a read (into ``hashes``)."""
+    plan, chunk_bytes = _chunk_plan(documents[CHUNK_INDEX], listed) if CHUNK_INDEX in documents else ({}, None)
     chunked = {}
     for rel, entry in plan.items():
         if rel not in to_hash or rel in hashes:  # absent, or taken as listed: not read
             continue
         size = size_of(rel)
         if size != entry["size"]:
-            hashes[rel] = (size, None)  # truncated or grown: no need to read it to know
+            hashes[rel] = (size, None)  # truncated or grown
         else:
             chunked[rel] = chunk_bytes
     whole = [rel for rel in to_hash if rel not in hashes and rel not in chunked]
-    details["deferred"] = None
-    if defer is not None and hash_files:
-        later = [rel for rel in whole + sorted(chunked) if rel != MANIFEST and defer(rel)]
-        if later:
-            details["deferred"] = {"whole": [rel for rel in later if rel in whole],
-                                   "chunked": dict((rel, (chunked[rel], plan[rel]["chunks"])) for rel in later
-                                                   if rel in chunked),
-                                   "listed": dict((rel, listed[rel]) for rel in later)}
-            for rel in later:  # taken as listed for now; the size is checked against the manifest below
-                hashes[rel] = (size_of(rel), listed[rel])
-            whole = [rel for rel in whole if rel not in hashes]
-            chunked = dict((rel, size) for rel, size in chunked.items() if rel not in hashes)
-    try:
-        if files is not None:
-            missing = sorted(rel for rel in whole + list(chunked) if rel not in files.fds)
-            if missing:
-                raise ValueError("%s appeared after the restore began" % ", ".join(missing))
-        whole_hashes, chunk_hashes, stats = hashing.hash_tree(directory, whole, chunked, workers=workers, progress=progress,
-                                                      files=files)
-    except (IOError, OSError, ValueError) as exc:
-        return False, ["unreadable: the snapshot's files could not be hashed: %s" % exc], details
-    hashes.update(whole_hashes)
-    for rel in chunked:
-        good = [digest for _length, digest in chunk_hashes[rel]] == plan[rel]["chunks"]
-        hashes[rel] = (plan[rel]["size"], listed[rel] if good else None)
-    stats["bytes"] += sum(size for rel, (size, _digest) in hashes.items() if rel in keep and rel not in taken
-                          and rel not in whole_hashes)  # the documents, hashed apart
-    stats["chunked_files"] = len(chunked)
-    if details["deferred"]:
-        stats["deferred_files"] = len(details["deferred"]["listed"])
-    details["hashing"] = stats
-    details["files"] = len(hashes)
-    details["bytes"] = sum(size for size, _digest in hashes.values())
-    corrupted = set(rel for rel in to_hash if hashes[rel][1] != listed[rel])
-    reasons.extend("checksum_mismatch: %s" % rel for rel in sorted(corrupted))
+    return whole, chunked, dict((rel, plan[rel]) for rel in chunked)
 
+
+def _compare_all(listed, present, hashes, expect, min_size, details):
+    """Step 3: the reasons the hashes, the manifest (parsed from the bytes just hashed) and what is expected give."""
+    corrupted = set(rel for rel in set(listed) & present if hashes[rel][1] != listed[rel])
+    reasons = ["checksum_mismatch: %s" % rel for rel in sorted(corrupted)]
     manifest = None
-    if MANIFEST in documents:  # parsed from the bytes just hashed, never read again
+    if MANIFEST in details["documents"]:  # never read again
         try:
-            manifest = json.loads(documents[MANIFEST].decode("utf-8"))
+            manifest = json.loads(details["documents"][MANIFEST].decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             reasons.append("manifest_invalid: %s is not JSON: %s" % (MANIFEST, exc))
     if manifest is not None:
@@ -280,7 +331,7 @@ def verify(directory, min_size=0, expect=None, workers=None, progress=None, hash
             reasons.extend(_compare(manifest, hashes, expect, corrupted))
     if details["bytes"] < min_size:
         reasons.append("too_small: %d bytes in total, below the minimum of %d" % (details["bytes"], min_size))
-    return not reasons, reasons, details
+    return reasons
 
 
 def verify_deferred(directory, deferred, workers=None, progress=None, files=None):

@@ -471,7 +471,7 @@ def replaced_leftover(snapshot_dir):
         path = os.path.join(parent, entry)
         if pid is None or (pid != os.getpid() and proc.alive(pid)) or not stat.S_ISDIR(os.lstat(path).st_mode):
             continue
-        if manifest.verify(path, hash_files=False)[0]:
+        if manifest.verify(path, plan=manifest.SIZES_ONLY)[0]:
             found.append((os.lstat(path).st_ctime, path))  # the rename aside set its ctime
     return max(found)[1] if found else None
 

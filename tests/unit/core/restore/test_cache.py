@@ -14,7 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache as stage, pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import cache, pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.driver import Driver
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (encryption, hashing, manifest, seal,
                                                                                    signature)
 
@@ -48,19 +50,19 @@ def make(root, pod="pod-a", size=200000, key=None, marker=b"weights", encryption
 
 
 @pytest.fixture
-def cache(tmp_path):
+def stage_dir(tmp_path):
     return str(tmp_path / "stage")
 
 
-def entry_dir(cache, snapshot):
-    return layout.stage_entry(cache, hashing.fingerprint(snapshot))
+def entry_dir(stage_dir, snapshot):
+    return layout.stage_entry(stage_dir, hashing.fingerprint(snapshot))
 
 
-def test_staging_copies_verifies_and_binds_every_file_of_the_copy(tmp_path, cache):
+def test_staging_copies_verifies_and_binds_every_file_of_the_copy(tmp_path, stage_dir):
     snap = make(tmp_path)
-    result = stage.stage(snap, cache)
+    result = cache.stage(snap, stage_dir)
     assert result["changed"] and result["fingerprint"] == hashing.fingerprint(snap)
-    entry = entry_dir(cache, snap)
+    entry = entry_dir(stage_dir, snap)
     copy = layout.stage_content(entry)
     assert result["staged"]["dir"] == copy and set(result["durations"]) >= {"copy", "verify", "total"}
     assert result["hashing"]["bytes"] >= 200000, "the copy was hashed in full"
@@ -71,43 +73,43 @@ def test_staging_copies_verifies_and_binds_every_file_of_the_copy(tmp_path, cach
     st = os.lstat(os.path.join(copy, PAGES))
     assert bound[PAGES]["ino"] == st.st_ino and bound[PAGES]["ctime_ns"] == st.st_ctime_ns
     assert open(os.path.join(copy, PAGES), "rb").read() == open(os.path.join(snap, PAGES), "rb").read()
-    for directory, dirs, files in os.walk(cache):
+    for directory, dirs, files in os.walk(stage_dir):
         assert stat.S_IMODE(os.lstat(directory).st_mode) == 0o700, directory
         for name in files:
             assert stat.S_IMODE(os.lstat(os.path.join(directory, name)).st_mode) == 0o600, name
-    assert not [n for n in os.listdir(cache) if n.startswith(".")], "no partial copy is left"
+    assert not [n for n in os.listdir(stage_dir) if n.startswith(".")], "no partial copy is left"
 
 
-def test_staging_twice_changes_nothing_and_lookup_finds_the_copy_held(tmp_path, cache):
+def test_staging_twice_changes_nothing_and_lookup_finds_the_copy_held(tmp_path, stage_dir):
     snap = make(tmp_path)
-    stage.stage(snap, cache)
-    again = stage.stage(snap, cache)
+    cache.stage(snap, stage_dir)
+    again = cache.stage(snap, stage_dir)
     assert again["changed"] is False and "already staged" in again["reason"]
-    found = stage.lookup(cache, snap)
-    assert found is not None and found.dir == layout.stage_content(entry_dir(cache, snap))
-    assert stage.drop_entry(cache, found.fingerprint) is False, "an entry in use is never removed"
+    found = cache.lookup(stage_dir, snap)
+    assert found is not None and found.dir == layout.stage_content(entry_dir(stage_dir, snap))
+    assert cache.drop_entry(stage_dir, found.fingerprint) is False, "an entry in use is never removed"
     found.release()
-    assert stage.lookup(cache, fingerprint=hashing.fingerprint(snap)) is not None
+    assert cache.lookup(stage_dir, fingerprint=hashing.fingerprint(snap)) is not None
 
 
-def test_check_mode_creates_nothing(tmp_path, cache):
+def test_check_mode_creates_nothing(tmp_path, stage_dir):
     snap = make(tmp_path)
-    result = stage.stage(snap, cache, check_mode=True)
-    assert result["changed"] and result["staged"] is None and not os.path.exists(cache)
+    result = cache.stage(snap, stage_dir, check_mode=True)
+    assert result["changed"] and result["staged"] is None and not os.path.exists(stage_dir)
 
 
 def tamper_keeping_mtime(path):
     flip_byte_keeping_mtime(path, 3)
 
 
-def test_a_byte_changed_with_its_mtime_put_back_is_caught_by_ctime_and_the_entry_dropped(tmp_path, cache):
+def test_a_byte_changed_with_its_mtime_put_back_is_caught_by_ctime_and_the_entry_dropped(tmp_path, stage_dir):
     snap = make(tmp_path)
-    stage.stage(snap, cache)
-    tamper_keeping_mtime(os.path.join(layout.stage_content(entry_dir(cache, snap)), PAGES))
-    found, why = stage.find(cache, snap)
+    cache.stage(snap, stage_dir)
+    tamper_keeping_mtime(os.path.join(layout.stage_content(entry_dir(stage_dir, snap)), PAGES))
+    found, why = cache.find(stage_dir, snap)
     assert found is None and "ctime_ns" in why and PAGES in why, why
-    assert not os.path.exists(entry_dir(cache, snap)), "a stale entry is dropped"
-    assert stage.stage(snap, cache)["changed"], "and staged again from the snapshot"
+    assert not os.path.exists(entry_dir(stage_dir, snap)), "a stale entry is dropped"
+    assert cache.stage(snap, stage_dir)["changed"], "and staged again from the snapshot"
 
 
 @pytest.mark.parametrize("damage, expected", [
@@ -120,61 +122,61 @@ def test_a_byte_changed_with_its_mtime_put_back_is_caught_by_ctime_and_the_entry
     (lambda copy: os.truncate(os.path.join(copy, PAGES), 10), "size"),
     (lambda copy: os.utime(os.path.join(copy, PAGES), ns=(0, 0)), "mtime_ns"),
 ])
-def test_anything_but_the_verified_copy_is_not_used(tmp_path, cache, damage, expected):
+def test_anything_but_the_verified_copy_is_not_used(tmp_path, stage_dir, damage, expected):
     snap = make(tmp_path)
-    stage.stage(snap, cache)
-    damage(layout.stage_content(entry_dir(cache, snap)))
-    found, why = stage.find(cache, snap, drop=False)
+    cache.stage(snap, stage_dir)
+    damage(layout.stage_content(entry_dir(stage_dir, snap)))
+    found, why = cache.find(stage_dir, snap, drop=False)
     assert found is None and expected in why, why
-    assert os.path.exists(entry_dir(cache, snap)), "drop=False leaves it for inspection"
+    assert os.path.exists(entry_dir(stage_dir, snap)), "drop=False leaves it for inspection"
 
 
-def test_a_verdict_made_by_hand_or_of_another_snapshot_is_refused(tmp_path, cache):
+def test_a_verdict_made_by_hand_or_of_another_snapshot_is_refused(tmp_path, stage_dir):
     snap = make(tmp_path)
-    stage.stage(snap, cache)
-    entry = entry_dir(cache, snap)
+    cache.stage(snap, stage_dir)
+    entry = entry_dir(stage_dir, snap)
     verdict = json.loads(open(layout.stage_verdict(entry)).read())
     os.chmod(layout.stage_verdict(entry), 0o644)
-    assert "mode 644" in stage.find(cache, snap, drop=False)[1]
+    assert "mode 644" in cache.find(stage_dir, snap, drop=False)[1]
     os.chmod(layout.stage_verdict(entry), 0o600)
     verdict["fingerprint"] = "0" * 64
     with open(layout.stage_verdict(entry), "w") as handle:
         json.dump(verdict, handle)
-    assert "not a verdict on snapshot" in stage.find(cache, snap)[1]
+    assert "not a verdict on snapshot" in cache.find(stage_dir, snap)[1]
 
 
-def test_a_regenerated_source_has_another_fingerprint_and_its_old_copy_is_superseded(tmp_path, cache):
+def test_a_regenerated_source_has_another_fingerprint_and_its_old_copy_is_superseded(tmp_path, stage_dir):
     snap = make(tmp_path)
-    old = stage.stage(snap, cache)["fingerprint"]
+    old = cache.stage(snap, stage_dir)["fingerprint"]
     new_snap = make(tmp_path / "again")
     os.rename(snap, snap + ".gone")
     os.rename(new_snap, snap)  # the same pod's path, another snapshot
-    assert stage.lookup(cache, snap) is None, "the old copy is not the snapshot asked for"
-    result = stage.stage(snap, cache)
+    assert cache.lookup(stage_dir, snap) is None, "the old copy is not the snapshot asked for"
+    result = cache.stage(snap, stage_dir)
     assert result["fingerprint"] != old and result["retention"]["dropped"] == [old]
 
 
-def test_retention_keeps_count_and_bytes_oldest_first_and_never_one_in_use(tmp_path, cache):
+def test_retention_keeps_count_and_bytes_oldest_first_and_never_one_in_use(tmp_path, stage_dir):
     snaps = [make(tmp_path, pod="pod-%d" % i, size=100000) for i in range(4)]
-    fps = [stage.stage(s, cache, keep=10)["fingerprint"] for s in snaps[:3]]
-    held = stage.lookup(cache, snaps[0])
-    result = stage.stage(snaps[3], cache, keep=2)
+    fps = [cache.stage(s, stage_dir, keep=10)["fingerprint"] for s in snaps[:3]]
+    held = cache.lookup(stage_dir, snaps[0])
+    result = cache.stage(snaps[3], stage_dir, keep=2)
     assert result["retention"]["dropped"] == [fps[1], fps[2]] and result["retention"]["in_use"] == [fps[0]], result
     held.release()
-    assert stage.prune(cache, keep=2)["dropped"] == [], "within its bounds again"
-    assert stage.prune(cache, keep=1)["dropped"] == [fps[0]], "released: the oldest goes"
-    left = [item["fingerprint"] for item in stage.entries(cache)]
+    assert cache.prune(stage_dir, keep=2)["dropped"] == [], "within its bounds again"
+    assert cache.prune(stage_dir, keep=1)["dropped"] == [fps[0]], "released: the oldest goes"
+    left = [item["fingerprint"] for item in cache.entries(stage_dir)]
     assert left == [result["fingerprint"]]
-    big = stage.prune(cache, keep=5, max_bytes=1000)
+    big = cache.prune(stage_dir, keep=5, max_bytes=1000)
     assert big["dropped"] == left and big["entries"] == 0
 
 
-def test_an_abandoned_partial_copy_is_removed_a_live_one_kept(tmp_path, cache):
+def test_an_abandoned_partial_copy_is_removed_a_live_one_kept(tmp_path, stage_dir):
     snap = make(tmp_path)
-    stage.stage(snap, cache)
-    abandoned = layout.stage_partial(cache, "1" * 64, 999999)
+    cache.stage(snap, stage_dir)
+    abandoned = layout.stage_partial(stage_dir, "1" * 64, 999999)
     os.mkdir(abandoned, 0o700)
-    stage.prune(cache)
+    cache.prune(stage_dir)
     assert not os.path.exists(abandoned)
 
 
@@ -185,24 +187,24 @@ def test_an_abandoned_partial_copy_is_removed_a_live_one_kept(tmp_path, cache):
     ({"max_bytes": 0}, "max_bytes"),
     ({"max_bytes": 10}, "max_bytes"),
 ])
-def test_bad_input_names_the_field_before_anything_is_created(tmp_path, cache, kwargs, field):
+def test_bad_input_names_the_field_before_anything_is_created(tmp_path, stage_dir, kwargs, field):
     snap = make(tmp_path)
-    args = dict({"stage_dir": cache}, **kwargs)
+    args = dict({"stage_dir": stage_dir}, **kwargs)
     with pytest.raises(SnapshotError) as error:
-        stage.stage(snap, **args)
+        cache.stage(snap, **args)
     assert error.value.msg.startswith(field + ":"), error.value.msg
-    assert not os.path.exists(cache)
+    assert not os.path.exists(stage_dir)
 
 
 def test_a_cache_inside_the_snapshot_or_writable_by_others_is_refused(tmp_path):
     snap = make(tmp_path)
     with pytest.raises(ParameterError):
-        stage.stage(snap, os.path.join(snap, "cache"))
+        cache.stage(snap, os.path.join(snap, "cache"))
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     os.chmod(str(shared), 0o777)
     with pytest.raises(SnapshotError) as error:
-        stage.stage(snap, str(shared / "stage"))
+        cache.stage(snap, str(shared / "stage"))
     assert "writable by group or others" in error.value.msg
 
 
@@ -214,7 +216,7 @@ def test_an_existing_cache_keeps_its_mode_and_one_others_can_write_is_refused_un
     shared.mkdir()
     os.chmod(str(shared), 0o755)
     (shared / "other.txt").write_text("keep me")
-    result = stage.stage(snap, str(shared))
+    result = cache.stage(snap, str(shared))
     assert result["changed"] and os.path.isdir(result["staged"]["dir"])
     assert stat.S_IMODE(os.stat(str(shared)).st_mode) == 0o755 and (shared / "other.txt").read_text() == "keep me"
     assert stat.S_IMODE(os.stat(entry_dir(str(shared), snap)).st_mode) == 0o700
@@ -222,14 +224,14 @@ def test_an_existing_cache_keeps_its_mode_and_one_others_can_write_is_refused_un
     group.mkdir()
     os.chmod(str(group), 0o775)
     with pytest.raises(SnapshotError) as error:
-        stage.stage(snap, str(group))
+        cache.stage(snap, str(group))
     assert error.value.msg.startswith("stage_dir: %r is writable by group or others (mode 775); chmod 0700 it"
                                       % str(group)), error.value.msg
     assert stat.S_IMODE(os.stat(str(group)).st_mode) == 0o775 and os.listdir(str(group)) == []
 
 
 def test_a_file_removed_by_a_writer_of_the_store_right_after_the_listing_is_unreadable_not_an_error(
-        tmp_path, cache, monkeypatch):
+        tmp_path, stage_dir, monkeypatch):
     snap = make(tmp_path)
     listed = manifest.list_files
 
@@ -238,20 +240,20 @@ def test_a_file_removed_by_a_writer_of_the_store_right_after_the_listing_is_unre
         os.unlink(os.path.join(root, PAGES))
         return relpaths
 
-    monkeypatch.setattr(stage.manifest, "list_files", listing_then_a_writer_removes_the_pages)
+    monkeypatch.setattr(cache.manifest, "list_files", listing_then_a_writer_removes_the_pages)
     with pytest.raises(SnapshotError) as error:
-        stage.stage(snap, cache)
+        cache.stage(snap, stage_dir)
     assert error.value.msg.startswith("unreadable: "), error.value.msg
-    assert not os.path.exists(cache)
+    assert not os.path.exists(stage_dir)
 
 
-def test_a_copy_that_does_not_verify_is_not_staged(tmp_path, cache):
+def test_a_copy_that_does_not_verify_is_not_staged(tmp_path, stage_dir):
     snap = make(tmp_path)
     tamper_keeping_mtime(os.path.join(snap, PAGES))
     with pytest.raises(SnapshotError) as error:
-        stage.stage(snap, cache)
+        cache.stage(snap, stage_dir)
     assert "checksum_mismatch: %s" % PAGES in error.value.msg
-    assert os.listdir(cache) == []
+    assert os.listdir(stage_dir) == []
 
 
 def keys(tmp_path):
@@ -263,22 +265,22 @@ def keys(tmp_path):
     return key, signature.load_public_keys([str(public)])
 
 
-def test_a_signed_snapshot_is_staged_authenticated_and_an_unsigned_one_refused_with_trusted_keys(tmp_path, cache):
+def test_a_signed_snapshot_is_staged_authenticated_and_an_unsigned_one_refused_with_trusted_keys(tmp_path, stage_dir):
     private, trusted = keys(tmp_path)
     signed = make(tmp_path, key=private)
-    result = stage.stage(signed, cache, trusted=trusted)
+    result = cache.stage(signed, stage_dir, trusted=trusted)
     assert result["authenticated"] is True and result["key_id"] in trusted
     assert layout.SIGNATURE in [item["path"] for item in
-                                json.load(open(layout.stage_verdict(entry_dir(cache, signed))))["files"]]
+                                json.load(open(layout.stage_verdict(entry_dir(stage_dir, signed))))["files"]]
     unsigned = make(tmp_path, pod="pod-b")
     with pytest.raises(SnapshotError) as error:
-        stage.stage(unsigned, cache, trusted=trusted)
+        cache.stage(unsigned, stage_dir, trusted=trusted)
     assert "unsigned" in error.value.msg
 
 
-# -- the restore pipeline with a cache ------------------------------------------------------------
+# -- the restore pipeline with a stage_dir ------------------------------------------------------------
 
-class Fake(pipeline.Driver):
+class Fake(Driver):
     """Everything of a restore but CRIU: the 'process' is the page image the host restore read."""
 
     path = "criu"
@@ -299,44 +301,44 @@ class Fake(pipeline.Driver):
         self.cold = True
 
 
-def restore(snap, cache, **kwargs):
+def restore(snap, stage_dir, **kwargs):
     driver = Fake()
-    attempt = pipeline.Attempt(snap, 30, device_restore=False, stage_dir=cache, **kwargs)
+    attempt = Attempt(snap, 30, device_restore=False, stage_dir=stage_dir, **kwargs)
     return driver, pipeline.run(driver, attempt)
 
 
-def test_a_restore_from_a_staged_copy_hashes_no_content_and_reads_the_copy(tmp_path, cache):
+def test_a_restore_from_a_staged_copy_hashes_no_content_and_reads_the_copy(tmp_path, stage_dir):
     snap = make(tmp_path, size=2000000)
-    stage.stage(snap, cache)
-    driver, attempt = restore(snap, cache)
+    cache.stage(snap, stage_dir)
+    driver, attempt = restore(snap, stage_dir)
     assert attempt.restored and not driver.cold, attempt.reason
-    copy = layout.stage_content(entry_dir(cache, snap))
+    copy = layout.stage_content(entry_dir(stage_dir, snap))
     assert driver.read_from == layout.images_dir(copy)
     verdict = attempt.verdict
     assert verdict["checksums"] == "staged" and verdict["staged"]["dir"] == copy
     assert verdict["hashed_bytes"] == os.lstat(os.path.join(snap, layout.MANIFEST)).st_size, "only the manifest"
-    assert stage.drop_entry(cache, hashing.fingerprint(snap)) is True, "released at the end of the restore"
+    assert cache.drop_entry(stage_dir, hashing.fingerprint(snap)) is True, "released at the end of the restore"
 
 
-def test_a_tampered_copy_falls_back_to_the_full_verification_of_the_snapshot(tmp_path, cache):
+def test_a_tampered_copy_falls_back_to_the_full_verification_of_the_snapshot(tmp_path, stage_dir):
     snap = make(tmp_path)
-    stage.stage(snap, cache)
-    tamper_keeping_mtime(os.path.join(layout.stage_content(entry_dir(cache, snap)), PAGES))
-    driver, attempt = restore(snap, cache)
+    cache.stage(snap, stage_dir)
+    tamper_keeping_mtime(os.path.join(layout.stage_content(entry_dir(stage_dir, snap)), PAGES))
+    driver, attempt = restore(snap, stage_dir)
     assert attempt.restored and driver.read_inode == os.stat(os.path.join(snap, PAGES)).st_ino, \
         "restored from the snapshot itself (the very files the verification held)"
-    assert driver.read_from != layout.images_dir(layout.stage_content(entry_dir(cache, snap)))
+    assert driver.read_from != layout.images_dir(layout.stage_content(entry_dir(stage_dir, snap)))
     assert attempt.verdict["checksums"] == "verified" and attempt.verdict["staged"] is None
     assert "ctime_ns" in attempt.verdict["staged_miss"]
     assert attempt.verdict["hashed_bytes"] > 200000
 
 
-def test_the_snapshot_itself_still_decides_signature_identity_and_fingerprint(tmp_path, cache):
+def test_the_snapshot_itself_still_decides_signature_identity_and_fingerprint(tmp_path, stage_dir):
     private, trusted = keys(tmp_path)
     snap = make(tmp_path, key=private)
-    stage.stage(snap, cache, trusted=trusted)
+    cache.stage(snap, stage_dir, trusted=trusted)
     os.unlink(os.path.join(snap, layout.SIGNATURE))  # the snapshot asked for is unsigned now
-    driver, attempt = restore(snap, cache, trusted=trusted)
+    driver, attempt = restore(snap, stage_dir, trusted=trusted)
     assert not attempt.restored and driver.cold and attempt.reason.startswith("unsigned"), attempt.reason
-    driver, attempt = restore(snap, cache, checksum="f" * 64)
+    driver, attempt = restore(snap, stage_dir, checksum="f" * 64)
     assert not attempt.restored and "checksum_mismatch" in attempt.reason

@@ -189,7 +189,7 @@ def test_a_file_held_then_unlinked_before_the_check_is_still_judged_and_refused(
     h = held.Held.open(str(final), str(tmp_path / "private"))
     try:
         extra.unlink()
-        valid, reasons, _details = manifest.verify(str(final), files=h)
+        valid, reasons, _details = manifest.verify(str(final), plan=manifest.FULL._replace(files=h))
         assert not valid and "file_unlisted: host/criu/seccomp.img is not covered by checksum.sha256" in reasons, reasons
     finally:
         h.close()

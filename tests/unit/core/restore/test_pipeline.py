@@ -12,8 +12,10 @@ import pytest
 from unit.core.restore.test_cache import IDENTITY, PAGES, fields, make
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import clock, layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import (cache as stage, file_locks,
-                                                                                     held as held_files, pipeline)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import (cache, file_locks, held, pipeline,
+                                                                                     stages)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt, Fallback
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.driver import Driver
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (canary, encryption, manifest, seal,
                                                                                    status)
 
@@ -24,12 +26,12 @@ STAGES = {"locate": "verify", "check": "check", "prepare": "prepare", "host_rest
 KEY = b"k" * 32
 
 
-class Broken(pipeline.Driver):
+class Broken(Driver):
     """Every step recorded; ``fail``: the step that raises ``error``. Resources: what is live on the 'host'."""
 
     path = "criu"
     engine = "docker"
-    can_leave_stopped = True
+    verification = manifest.OVERLAPPED
 
     def __init__(self, fail=None, error=RuntimeError):
         super(Broken, self).__init__(identity=IDENTITY, criu_version="skip")
@@ -42,8 +44,8 @@ class Broken(pipeline.Driver):
     def _step(self, name):
         self.calls.append(name)
         if name == self.fail:
-            raise self.error("%s broke" % name) if self.error is not pipeline.Fallback else \
-                pipeline.Fallback("injected: %s broke" % name)
+            raise self.error("%s broke" % name) if self.error is not Fallback else \
+                Fallback("injected: %s broke" % name)
 
     def locate(self, attempt):
         self._step("locate")
@@ -120,7 +122,7 @@ def snapshot(tmp_path, encrypted=False, npu_image=None):
 def run(snap, driver, **kwargs):
     kwargs.setdefault("decrypt_dir", os.path.join(os.path.dirname(snap), "..", "..", "..", "..", "shm"))
     os.makedirs(kwargs["decrypt_dir"], exist_ok=True)
-    attempt = pipeline.Attempt(snap, 30, keys={encryption.key_id(KEY): KEY}, **kwargs)
+    attempt = Attempt(snap, 30, keys={encryption.key_id(KEY): KEY}, **kwargs)
     return pipeline.run(driver, attempt)
 
 
@@ -136,7 +138,7 @@ def test_a_restore_that_nothing_breaks_runs_every_stage_in_order_and_says_restor
     assert record["last_restore"]["outcome"] == "restored" and len(record["restores"]) == 1
 
 
-@pytest.mark.parametrize("error", [RuntimeError, SnapshotError, pipeline.Fallback])
+@pytest.mark.parametrize("error", [RuntimeError, SnapshotError, Fallback])
 @pytest.mark.parametrize("step", sorted(STAGES))
 def test_a_failure_at_any_stage_is_a_cold_start_with_that_stages_reason_and_nothing_left(tmp_path, no_locks, step,
                                                                                          error):
@@ -146,7 +148,7 @@ def test_a_failure_at_any_stage_is_a_cold_start_with_that_stages_reason_and_noth
     stage_name = STAGES[step]
     expected = {RuntimeError: "internal_error: %s failed with RuntimeError: %s broke" % (stage_name, step),
                 SnapshotError: "%s_failed: %s broke" % (stage_name, step),
-                pipeline.Fallback: "injected: %s broke" % step}[error]
+                Fallback: "injected: %s broke" % step}[error]
     assert not attempt.restored and attempt.reason.startswith(expected), attempt.reason
     assert driver.calls[-1] == "cold_start" and driver.calls.count("cold_start") == 1
     # undone exactly when the host restore had begun (everything after prepare)
@@ -173,13 +175,13 @@ def test_an_encrypted_snapshots_plaintext_is_gone_whatever_failed(tmp_path, no_l
     assert os.listdir(shm) == [], "no plaintext is left in the decrypt dir"
 
 
-def test_a_staged_copy_is_released_whatever_failed(tmp_path, no_locks):
+def test_a_cached_copy_is_released_whatever_failed(tmp_path, no_locks):
     snap = snapshot(tmp_path)
-    cache = str(tmp_path / "stage")
-    stage.stage(snap, cache)
-    attempt = run(snap, Broken(fail="host_restore"), stage_dir=cache)
+    stage_dir = str(tmp_path / "stage")
+    cache.stage(snap, stage_dir)
+    attempt = run(snap, Broken(fail="host_restore"), stage_dir=stage_dir)
     assert not attempt.restored and attempt.verdict["checksums"] == "staged"
-    assert stage.drop_entry(cache, attempt.verdict["fingerprint"]) is True, "not held after the restore"
+    assert cache.drop_entry(stage_dir, attempt.verdict["fingerprint"]) is True, "not held after the restore"
 
 
 def test_the_canary_stage_refuses_an_engine_that_does_not_answer_as_recorded(tmp_path, no_locks):
@@ -218,8 +220,9 @@ def test_check_mode_verifies_and_checks_only_and_writes_nothing(tmp_path, no_loc
 
 class Delegating(Broken):
     """A driver whose host restore is another run of the pipeline (the hand-over to the node runtime)."""
-    delegates = True
-    can_leave_stopped = False  # as Handover: nothing is deferred to a page check that never comes
+    stages = stages.HANDOVER  # as Handover: nothing is deferred to a page check that never comes, no image read
+    verification = manifest.DOCUMENTS_ONLY
+    images_from = ()
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
@@ -325,7 +328,7 @@ def test_a_page_image_opened_for_writing_while_the_restore_reads_it_is_a_cold_st
 
 def test_where_no_lease_can_be_taken_the_restore_reads_a_copy_made_by_the_read_that_verified_it(
         tmp_path, no_locks, monkeypatch):
-    monkeypatch.setattr(held_files, "F_SETLEASE", -1)  # as on NFS: fcntl refuses the lease
+    monkeypatch.setattr(held, "F_SETLEASE", -1)  # as on NFS: fcntl refuses the lease
     snap = snapshot(tmp_path)
     shm = str(tmp_path / "shm")
     original = open(os.path.join(snap, PAGES), "rb").read()

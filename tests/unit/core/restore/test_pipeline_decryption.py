@@ -7,6 +7,8 @@ import os
 from conftest import flip_byte_keeping_mtime
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.page_check import authenticated_by_decryption
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption, hashing, manifest
 
 from unit.core.restore.test_cache import PAGES, Fake, keys, make
@@ -15,7 +17,7 @@ from unit.core.restore.test_cache import PAGES, Fake, keys, make
 class Stopping(Fake):
     """A driver whose host restore can leave the tasks stopped: the page images' hash may overlap it."""
 
-    can_leave_stopped = True
+    verification = manifest.OVERLAPPED
 
     def __init__(self):
         super(Stopping, self).__init__()
@@ -27,7 +29,7 @@ class Stopping(Fake):
 
 def restore(snap, key, **kwargs):
     driver = Stopping()
-    attempt = pipeline.Attempt(snap, 30, device_restore=False, keys={encryption.key_id(key): key}, **kwargs)
+    attempt = Attempt(snap, 30, device_restore=False, keys={encryption.key_id(key): key}, **kwargs)
     return driver, pipeline.run(driver, attempt)
 
 
@@ -91,13 +93,13 @@ def test_a_snapshot_bound_by_trusted_keys_or_an_expected_fingerprint_is_hashed_i
 def test_no_key_or_no_encryption_leaves_nothing_to_the_decryption(tmp_path):
     key = os.urandom(32)
     plain = make(tmp_path, pod="plain", size=1 << 20)
-    attempt = pipeline.Attempt(plain, 30, keys={encryption.key_id(key): key})
+    attempt = Attempt(plain, 30, keys={encryption.key_id(key): key})
     attempt.manifest = manifest.load_manifest(plain)
-    assert pipeline.authenticated_by_decryption(attempt) == set()
+    assert authenticated_by_decryption(attempt) == set()
     snap = make(tmp_path, pod="enc", size=1 << 20, encryption_key=key)
-    attempt = pipeline.Attempt(snap, 30, keys={})
+    attempt = Attempt(snap, 30, keys={})
     attempt.manifest = manifest.load_manifest(snap)
-    assert pipeline.authenticated_by_decryption(attempt) == set()
+    assert authenticated_by_decryption(attempt) == set()
     attempt.keys = {encryption.key_id(key): key}
-    assert pipeline.authenticated_by_decryption(attempt) == set(attempt.manifest["encryption"]["files"])
+    assert authenticated_by_decryption(attempt) == set(attempt.manifest["encryption"]["files"])
     assert layout.is_page_image(PAGES)

@@ -4,6 +4,7 @@ import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs, mounts, proc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import encryption
 
 from unit.core.restore.test_cache import Fake, make
@@ -17,7 +18,7 @@ def meminfo(tmp_path, available_kb):
 
 def restore(snap):
     driver = Fake()
-    return driver, pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False))
+    return driver, pipeline.run(driver, Attempt(snap, 30, device_restore=False))
 
 
 def test_a_restore_needing_more_memory_than_available_starts_cold_before_criu(tmp_path, monkeypatch):
@@ -51,14 +52,14 @@ def test_an_encrypted_snapshot_staged_on_tmpfs_needs_room_for_its_plaintext_too(
     snap = make(tmp_path, size=3 << 20, encryption_key=key)
     monkeypatch.setattr(proc, "MEMINFO", meminfo(tmp_path, 5 * 1024))  # room for the process, not for both
     driver = Fake()
-    attempt = pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False,
+    attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False,
                                                     keys={encryption.key_id(key): key}, decrypt_dir="/dev/shm"))
     assert not attempt.restored and driver.cold and driver.read_from is None, attempt.reason
     assert "insufficient_memory" in attempt.reason and "needs 6 MiB" in attempt.reason, attempt.reason
     assert "decrypt" not in attempt.watch.durations, "refused before anything was decrypted"
     monkeypatch.setattr(proc, "MEMINFO", meminfo(tmp_path, 8 * 1024))
     driver = Fake()
-    attempt = pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False,
+    attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False,
                                                     keys={encryption.key_id(key): key}, decrypt_dir="/dev/shm"))
     assert attempt.restored, attempt.reason
 
@@ -70,7 +71,7 @@ def test_an_encrypted_snapshot_decrypted_to_disk_needs_free_space_there(tmp_path
     workdir.mkdir(mode=0o700)
     monkeypatch.setattr(fs, "free_bytes", lambda path: 1 << 20)
     driver = Fake()
-    attempt = pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False,
+    attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False,
                                                     keys={encryption.key_id(key): key}, decrypt_dir=str(workdir)))
     assert not attempt.restored and driver.cold and "insufficient_space" in attempt.reason, attempt.reason
     assert str(workdir) in attempt.reason and "1 MiB free" in attempt.reason, attempt.reason
@@ -99,7 +100,7 @@ def test_an_encrypted_snapshot_without_its_key_says_so_before_it_says_memory_or_
     other = os.urandom(32)
     for keys in ({}, {encryption.key_id(other): other}):
         driver = Fake()
-        attempt = pipeline.run(driver, pipeline.Attempt(snap, 30, device_restore=False, keys=keys))
+        attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False, keys=keys))
         assert not attempt.restored and driver.cold and driver.read_from is None, attempt.reason
         assert attempt.reason.startswith("encrypted: the snapshot is encrypted with key %s" % encryption.key_id(key)), \
             attempt.reason

@@ -9,7 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline, task, verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import stages, task, verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Fallback
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (encryption, hashing, manifest, seal,
                                                                                    signature)
 
@@ -120,9 +121,9 @@ def test_an_encryption_key_decrypts_only_the_identities_it_is_given_for():
     key = b"\x01" * 32
     keys = encryption.load_keys([{"key": key.hex(), "identities": ["tenant-b/*"]}])
     attempt = types.SimpleNamespace(keys=keys, manifest=dict(fields(), encryption=encryption.describe(key, [])))
-    with pytest.raises(pipeline.Fallback) as refused:
-        pipeline._check_key(attempt)
+    with pytest.raises(Fallback) as refused:
+        stages._check_key(attempt)
     assert refused.value.reason.startswith("encrypted: the snapshot is encrypted with key %s, which this host holds only "
                                            "for tenant-b/*, not for tenant-a/qwen/p0/qwen-0" % encryption.key_id(key))
     attempt.keys = encryption.load_keys([{"key": key.hex(), "identities": ["tenant-a/qwen"]}])
-    assert pipeline._check_key(attempt) is None
+    assert stages._check_key(attempt) is None

@@ -159,45 +159,57 @@ def test_concurrent_status_writers_lose_nothing(tmp_path):
 
 
 def test_sizes_only_verification_leaves_content_to_the_next_reader(tmp_path):
-    """hash_files=False (snapshot_restore method=runtime, whose runtime hashes right before use): all but
+    """SIZES_ONLY (a verified copy, snapshot_info verify=false): all but
     the content is checked, and the result says the content was not."""
     final = make_snapshot(tmp_path)
     pages = final / "host" / "pages-1.img"
     pages.write_bytes(b"y" * 70000)  # same size, other content
-    valid, reasons, details = manifest_utils.verify(str(final), expect={"identity": IDENTITY}, hash_files=False)
+    valid, reasons, details = manifest_utils.verify(str(final), expect={"identity": IDENTITY}, plan=manifest_utils.SIZES_ONLY)
     assert valid and details["checksums"] == "sizes only", reasons
     valid, reasons, details = manifest_utils.verify(str(final))
     assert not valid and reasons == ["checksum_mismatch: host/pages-1.img"] and details["checksums"] == "verified"
     pages.write_bytes(b"y" * 69999)  # a size change is caught either way
-    valid, reasons, _details = manifest_utils.verify(str(final), hash_files=False)
+    valid, reasons, _details = manifest_utils.verify(str(final), plan=manifest_utils.SIZES_ONLY)
     assert not valid and any(r.startswith("manifest_mismatch: host/pages-1.img") for r in reasons), reasons
     other = dict(IDENTITY, pod="pod-b")
     valid, reasons, _details = manifest_utils.verify(str(make_snapshot(tmp_path / "again")), expect={"identity": other},
-                                                     hash_files=False)
+                                                     plan=manifest_utils.SIZES_ONLY)
     assert not valid and reasons[0].startswith("identity_mismatch"), reasons
+
+
+def images_snapshot(root):
+    """A snapshot whose CRIU images are a page image (deferred by OVERLAPPED) and a core image (hashed at once)."""
+    final = root / "default" / "svc" / "p0" / "pod-a"
+    staging = root / "default" / "svc" / "p0" / ".pod-a.partial"
+    (staging / "host" / "criu").mkdir(parents=True)
+    (staging / "host" / "criu" / "pages-1.img").write_bytes(os.urandom(70000))
+    (staging / "host" / "criu" / "core-1.img").write_bytes(os.urandom(3000))
+    seal.seal(str(staging), fields())
+    seal.publish(str(staging), str(final))
+    return final
 
 
 @pytest.mark.parametrize("damage, found_now, found_later", [
     (None, [], []),
-    ("flip pages", [], ["checksum_mismatch: host/pages-1.img"]),  # content: only the deferred check sees it
-    ("truncate pages", ["manifest_mismatch: host/pages-1.img differs from the manifest's record"], None),  # a size
-    ("flip other", ["checksum_mismatch: host/pages-0.img"], None),  # not deferred: checked at once
+    ("flip pages", [], ["checksum_mismatch: host/criu/pages-1.img"]),  # content: only the deferred check sees it
+    ("truncate pages", ["manifest_mismatch: host/criu/pages-1.img differs from the manifest's record"], None),  # a size
+    ("flip other", ["checksum_mismatch: host/criu/core-1.img"], None),  # not deferred: checked at once
 ])
 def test_deferred_files_are_sized_now_and_hashed_later(tmp_path, damage, found_now, found_later):
-    final = make_snapshot(tmp_path)
-    pages = final / "host" / "pages-1.img"
+    final = images_snapshot(tmp_path)
+    pages = final / "host" / "criu" / "pages-1.img"
     if damage == "flip pages" or damage == "flip other":
-        target = pages if damage == "flip pages" else final / "host" / "pages-0.img"
+        target = pages if damage == "flip pages" else final / "host" / "criu" / "core-1.img"
         data = bytearray(target.read_bytes())
         data[100] ^= 0x01
         target.write_bytes(bytes(data))
     elif damage == "truncate pages":
         pages.write_bytes(pages.read_bytes()[:-1])
-    valid, reasons, details = manifest_utils.verify(str(final), defer=lambda rel: rel == "host/pages-1.img")
+    valid, reasons, details = manifest_utils.verify(str(final), plan=manifest_utils.OVERLAPPED)
     assert reasons == found_now and valid is (not found_now)
     if found_later is None:
         return
-    assert sorted(details["deferred"]["listed"]) == ["host/pages-1.img"]
+    assert sorted(details["deferred"]["listed"]) == ["host/criu/pages-1.img"]
     assert details["hashing"]["bytes"] < 70000, "the deferred file was not read now"
     later, stats = manifest_utils.verify_deferred(str(final), details["deferred"])
     assert later == found_later and stats["bytes"] == 70000
