@@ -24,6 +24,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.store impor
 
 PLUGIN_DIR = REPO / "roles" / "snapshot_prereqs" / "files" / "npu-plugin"
 PLUGIN = PLUGIN_DIR / "inferops_npu_plugin.c"
+FORMAT = PLUGIN_DIR / "inferops_npu_format.h"  # its contract and the grammar, which the plugin includes
 HARNESS = REPO / "tests" / "unit" / "core" / "store" / "npu_plugin_harness.c"
 WARNINGS = "-std=gnu11 -O2 -g -Wall -Wextra -Werror"  # build.sh's
 DOC = REPO / "docs" / "simulator.md"
@@ -41,6 +42,11 @@ CONTRACT = {
     "MAX_RECORDS": criu_images.NPU_MAX_RECORDS,
     "PATH_TOKEN_MAX": criu_images.NPU_PATH_MAX,
 }
+
+
+def plugin_source():
+    """The plugin's C source as one text: its contract header and the plugin."""
+    return FORMAT.read_text() + PLUGIN.read_text()
 
 
 def defines(source):
@@ -63,11 +69,11 @@ def contract_broken(source):
 
 
 def test_the_plugins_contract_names_are_the_python_sides():
-    assert contract_broken(PLUGIN.read_text()) == [], "make the plugin's #define and layout.py / criu_images.py agree"
+    assert contract_broken(plugin_source()) == [], "make the plugin's #define and layout.py / criu_images.py agree"
 
 
 def test_a_changed_a_missing_and_a_respelled_name_are_found():
-    source = PLUGIN.read_text()
+    source = plugin_source()
     assert contract_broken(source.replace('"inferops-npu.img"', '"inferops-npu2.img"')) == [
         "IMAGE_NAME is 'inferops-npu2.img', the Python side's 'inferops-npu.img'"]
     assert contract_broken(re.sub(r"^#define TARGETS_ENV .*$", "", source, flags=re.M)) == [
@@ -80,11 +86,11 @@ def test_a_changed_a_missing_and_a_respelled_name_are_found():
 
 def test_the_grammar_is_written_once_with_the_plugins_limits_and_both_sides_cite_it():
     section = DOC.read_text().split("### " + GRAMMAR + "\n", 1)[1].split("\n## ", 1)[0]
-    limits = defines(PLUGIN.read_text())
+    limits = defines(plugin_source())
     for words in ("at most %(MAX_RECORDS)d records", "at most %(PATH_TOKEN_MAX)d bytes",
                   "at most %(MAX_RECORDS)d entries and %(TARGETS_MAX)d bytes"):
         assert words % limits in section, "docs/simulator.md's grammar no longer says %r" % (words % limits)
-    for reader in (PLUGIN, criu_images.__file__, device.__file__):
+    for reader in (PLUGIN, FORMAT, criu_images.__file__, device.__file__):
         text = Path(reader).read_text()
         assert "docs/simulator.md" in text and GRAMMAR in text, "%s does not cite the grammar" % reader
 
@@ -327,7 +333,7 @@ def restore_node(harness, tmp_path, lock_taken):
     images.mkdir()
     quoted = criu_images.npu_quote(str(node)).encode()
     (images / layout.NPU_PLUGIN_IMAGE).write_bytes(image(b"fd 27 2 c 1 5 " + quoted))
-    lock = defines(PLUGIN.read_text())["RECREATE_LOCK"]
+    lock = defines(plugin_source())["RECREATE_LOCK"]
     script = "mount -t tmpfs tmpfs /run && %s exec \"$@\"" % ("mkdir %s &&" % lock if lock_taken else "")
     environ = dict(os.environ, **{layout.ENV_NPU_DEVICES: device.targets_text({str(node): ("c", 1, 3)})})
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(harness),
