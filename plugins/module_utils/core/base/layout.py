@@ -97,7 +97,7 @@ def is_page_image(relpath):
     return directory == IMAGES_DIR and name.startswith("pages-") and name.endswith(".img")
 
 
-# -- the node's cache of verified snapshots (stage.py): <stage_dir>/<fingerprint>/ ------------------------
+# -- the node's cache of verified snapshots (restore/cache.py): <stage_dir>/<fingerprint>/ ------------------------
 STAGE_CONTENT = "snapshot"            # <entry>/snapshot/: the copy, as published (dirs 0700, files 0600)
 STAGE_VERDICT = "verdict.json"        # <entry>/verdict.json: what was verified, bound to the copy's files' stat
 STAGE_PARTIAL_INFIX = ".partial."     # <stage_dir>/.<fingerprint>.partial.<pid>: a copy being made and verified
@@ -187,10 +187,10 @@ DEFAULT_SNAPSHOT_ROOT = "/var/lib/inferops/snapshots"
 DOCKER_ROOT = "/var/lib/docker"
 DOCKER_RUNC_ROOT = "/var/run/docker/runtime-runc/moby"
 RUNC_CRIU_CONFIG = "/etc/criu/runc.conf"          # runc passes it to CRIU on checkpoint and restore
-RUNC_CRIU_OPTIONS = ("tcp-close",)                # lines it must hold (see clients/runc.py)
-CRIU_LOG_DIR = "/var/log/inferops-snapshot/criu"   # logs of failed CRIU runs (clients/criu.py keep_log)
+RUNC_CRIU_OPTIONS = ("tcp-close",)                # lines it must hold (see clients/runc_cli.py)
+CRIU_LOG_DIR = "/var/log/inferops-snapshot/criu"   # logs of failed CRIU runs (clients/criu_cli.py keep_log)
 # Where containerd keeps a Docker container's task (namespace moby): dockerd's own containerd, then a system one.
-# Its CRIU logs live there (criu-dump.log, work/restore.log) and go with the task (clients/docker.py keeps them).
+# Its CRIU logs live there (criu-dump.log, work/restore.log) and go with the task (clients/docker_cli.py keeps them).
 CONTAINERD_TASK_ROOTS = ("/var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby",
                          "/run/containerd/io.containerd.runtime.v2.task/moby")
 # SHA-256 of the files a snapshot's world records, per file identity (digests.py): node-local, root's, 0700
@@ -227,7 +227,7 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "require_encryption": None,                   # None: on when encryption keys are configured
     "generations_file": GENERATIONS_FILE,         # the node's high-water marks (freshness.py)
     "decrypt_dir": TMPFS,                         # where its plaintext lives while CRIU reads it
-    "stage_dir": None,                            # the node's cache of verified snapshots (stage.py); None: off
+    "stage_dir": None,                            # the node's cache of verified snapshots (restore/cache.py); None: off
     "lazy_pages": False,                          # memory through a criu lazy-pages daemon (restore/on_create.py)
 }
 
@@ -238,7 +238,7 @@ ENV_SIM_DEVICE_DIR = "ACL_SIM_DEVICE_DIR"
 # -- the NPU's device files (the collection's CRIU NPU plugin, roles/snapshot_prereqs/files/npu-plugin) -------
 CRIU_PLUGIN_DIR = "/usr/lib/criu"                 # where CRIU loads plugins from (its CR_PLUGIN_DEFAULT)
 NPU_PLUGIN_FILE = "inferops_npu_plugin.so"
-NPU_PLUGIN_IMAGE = "inferops-npu.img"             # the plugin's own image in CRIU's images dir (clients/criu.py)
+NPU_PLUGIN_IMAGE = "inferops-npu.img"             # the plugin's own image in CRIU's images dir (clients/criu_cli.py)
 NPU_PLUGIN_MARKER = "[inferops-npu-plugin]"       # on every error line the plugin writes into CRIU's log
 ENV_NPU_DEVICES = "INFEROPS_NPU_DEVICES"          # path=c:MAJOR:MINOR,...: this node's numbering, for the plugin
 NPU_DEVICES_FILE = "inferops-npu-devices"         # the same, as a file beside the images (docker's copy of them)

@@ -5,7 +5,7 @@
 restore-on-create runtime makes with containerd's global options. PRIVATE to inferops.snapshot.
 
 No runc argv is built anywhere else. A failed checkpoint or restore keeps CRIU's log and names its
-first error line (clients/criu.py).
+first error line (clients/criu_cli.py).
 """
 
 from __future__ import absolute_import, division, print_function

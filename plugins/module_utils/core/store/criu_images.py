@@ -8,7 +8,7 @@ As in CRIU's ``lib/pycriu/images/images.py``: ``IMAGE ::= [COMMON or SERVICE mag
 a table (``HANDLERS``) keyed by the image's magic says which file holds it and how one entry is decoded. Only the
 images the collection needs are in it, with enough of protobuf's wire format for their entries; anything else is a
 ValueError naming the file. The NPU plugin's image (``layout.NPU_PLUGIN_IMAGE``) is text, not protobuf: its own
-reader is at the end. The CRIU binary, its logs and work dirs are ``clients/criu.py``'s.
+reader is at the end. The CRIU binary, its logs and work dirs are ``clients/criu_cli.py``'s.
 """
 
 from __future__ import absolute_import, division, print_function
