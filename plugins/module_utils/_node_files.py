@@ -127,5 +127,5 @@ def install(dest, files, mode=0o644, directory_mode=0o755, check_mode=False):
         for rel in removed:
             os.unlink(os.path.join(dest, rel))
         fs.write_file_atomic(os.path.join(dest, INSTALLED),
-                                json.dumps({"files": sorted(wanted)}, indent=0).encode("utf-8"), 0o644)
+                             json.dumps({"files": sorted(wanted)}, indent=0).encode("utf-8"), 0o644)
     return {"written": written, "removed": removed, "files": len(wanted)}

@@ -258,7 +258,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate im
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import retention
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import verify
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import docker_world_now
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.docker_container import docker_world_now
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, manifest, signature, status
 
 ARGUMENT_SPEC = dict(

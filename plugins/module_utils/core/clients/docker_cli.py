@@ -150,12 +150,12 @@ class DockerCli:
         if not checkpoint:
             return self.run(args, timeout=timeout, what=what)
         catcher = criu_cli.LogCatcher([os.path.join(root, container, "work", "restore.log")
-                                          for root in layout.CONTAINERD_TASK_ROOTS], timeout or 600).start()
+                                       for root in layout.CONTAINERD_TASK_ROOTS], timeout or 600).start()
         try:
             return self.run(args, timeout=timeout, what=what)
         except CommandError as exc:
             raise criu_cli.failure(exc, criu_cli.named_log(exc.result.get("stderr")), "restore", container[:12],
-                                      data=catcher.read())
+                                   data=catcher.read())
         finally:
             catcher.close()
 

@@ -105,7 +105,7 @@ class StoppedRestore:
             self.original = handle.read()
         changed = dict(spec, annotations=dict(spec.get("annotations") or {}, **{CRIU_CONFIG_ANNOTATION: self.conf_path}))
         fs.write_file_atomic(self.config_json, json.dumps(changed).encode("utf-8"),
-                                os.stat(self.config_json).st_mode & 0o777)
+                             os.stat(self.config_json).st_mode & 0o777)
 
     def leave(self):
         if self.original is not None:

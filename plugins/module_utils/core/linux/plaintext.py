@@ -29,7 +29,6 @@ PREFIX = "inferops-plain-"
 STALE_AFTER = 60.0
 
 
-
 def sweep(parent, now=None, prefix=PREFIX):
     """Remove the private directories (named ``prefix``...) killed runs left below ``parent``; returns their paths."""
     removed = []

@@ -76,8 +76,8 @@ def start_detached(argv, env, log_path=None, runner=None):
         if log_path:
             out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, fs.FILE_MODE)
         return (runner or commands.DEFAULT).spawn(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                                    stderr=subprocess.STDOUT, env=env, cwd="/", close_fds=True,
-                                                    start_new_session=True)
+                                                  stderr=subprocess.STDOUT, env=env, cwd="/", close_fds=True,
+                                                  start_new_session=True)
     except (IOError, OSError) as exc:
         raise CommandError("cold_start: could not start %r: %s" % (argv[0], exc), cmd=list(argv))
     finally:

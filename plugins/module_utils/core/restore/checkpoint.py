@@ -16,18 +16,14 @@ __metaclass__ = type
 
 import os
 import shutil
-import tempfile
 
 from ..base import layout
-from ..base.errors import CommandError, ParameterError
-from ..clients.docker_cli import env_dict
-from ..clients.runc_cli import RuncCli
+from ..base.errors import CommandError
 from ..linux import fs
-from ..store import container_record, device, manifest, metadata, world
-from . import verify
-from .containerd_leak import LeakGuard
+from ..store import device, manifest
 from .attempt import Fallback
-from .driver import Driver
+from .containerd_leak import LeakGuard
+from .docker_container import DockerContainer
 from .stages import HELD, RESTORE
 
 CHECKPOINT_NAME = "inferops-restore"
@@ -58,29 +54,7 @@ def place_checkpoint(images_dir, container_id, name, docker_root, held=None):
     return target, "copy"
 
 
-def recreate_or_refuse(container, attempt):
-    """A container that does not exist is recreated to start cold only from a record the verification vouches for
-    (verify.record_usable: intact, authentic where keys are configured, merely stale): a pod is never left down
-    because its snapshot went stale, and nothing of a snapshot that may be forged is ever run."""
-    if attempt.verdict is not None and (attempt.verdict["valid"] or verify.record_usable(attempt.verdict,
-                                                                                         attempt.documents)):
-        return
-    raise ParameterError(
-        "container: %r does not exist and there is no valid snapshot to recreate it from (%s); create it first (for "
-        "example with community.docker.docker_container state=present)" % (container, attempt.reason),
-        restored=False, reason=attempt.reason, verify=attempt.verdict)
-
-
-def docker_world_now(docker, container_id, recorded):
-    """The recreated container as it is; one created from the snapshot's record is the recorded one."""
-    if container_id:
-        process = world.docker_facts(docker.inspect_container(container_id))
-    else:
-        process = ((recorded or {}).get("world") or {}).get("process")
-    return process, RuncCli().version()
-
-
-class DockerCheckpoint(Driver):
+class DockerCheckpoint(DockerContainer):
     path = "docker"
     engine = "docker"
     stages = RESTORE
@@ -88,21 +62,11 @@ class DockerCheckpoint(Driver):
     images_from = (HELD,)  # place_checkpoint hard-links the images: that would change a cached copy's ctime
 
     def __init__(self, docker, container, cold_because=None, **wishes):
-        super(DockerCheckpoint, self).__init__(**wishes)
-        self.docker = docker
-        self.container = container
+        super(DockerCheckpoint, self).__init__(docker, container, **wishes)
         self.cold_because = cold_because  # method=auto found this path slower than a cold start: start cold
         if cold_because:  # it starts cold: only what a cold start may use (the container record) is hashed
             self.verification = manifest.DOCUMENTS_ONLY
-        self.container_id = docker.container_id(container)
-        self.created = False
         self.docker_root = None
-
-    def image_id(self, attempt):
-        return self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
-
-    def world_now(self, recorded):
-        return docker_world_now(self.docker, self.container_id, recorded)
 
     def check(self, attempt):
         if self.cold_because:
@@ -110,11 +74,7 @@ class DockerCheckpoint(Driver):
         if attempt.manifest.get("encryption"):
             raise Fallback("encrypted: docker start --checkpoint copies the images through containerd's content store "
                            "and a temporary directory in plaintext; restore encrypted snapshots with method=runtime")
-        if not self.container_id:
-            recorded = self.record(attempt)["image_id"]
-            wrong = verify.image_reason(recorded, present=self.docker.has_image(recorded))
-            if wrong:
-                raise Fallback(wrong)
+        super(DockerCheckpoint, self).check(attempt)
         self.docker_root, experimental = self.docker.checkpoint_support()
         if not experimental:
             raise Fallback("docker_not_experimental: method=docker needs the Docker daemon in experimental mode for "
@@ -122,7 +82,8 @@ class DockerCheckpoint(Driver):
                            "restart dockerd, or use method=runtime")
 
     def prepare(self, attempt):
-        self.ensure_container(attempt)
+        if not self.container_id:
+            self.create(attempt, self.env)
         self.write_metadata(attempt, restored=True)
 
     def host_restore(self, attempt):
@@ -132,7 +93,7 @@ class DockerCheckpoint(Driver):
         targets = self.device_targets(attempt)
         if targets:  # CRIU's NPU plugin reads this node's numbering of the devices beside the images (Docker's copy)
             fs.write_file_atomic(os.path.join(target, layout.NPU_DEVICES_FILE),
-                                    device.targets_text(targets).encode("utf-8"))
+                                 device.targets_text(targets).encode("utf-8"))
         with LeakGuard(target):
             try:
                 self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
@@ -151,51 +112,11 @@ class DockerCheckpoint(Driver):
             self.docker.stop(self.container_id)
 
     def cold_start(self, attempt):
-        if not self.container_id:
-            recreate_or_refuse(self.container, attempt)
-            self.ensure_container(attempt)
+        self.create_to_start_cold(attempt)
         self.write_metadata(attempt, restored=False)
-        self.docker.start(self.container_id, attempt.remaining(30.0), what="docker start (cold)")
-
-    def record_fields(self, attempt):
-        return {"container": self.container_id, "name": self.container}
+        self.start_cold(attempt)
 
     def device_targets(self, attempt):
         if self.container_id:
             return device.targets_from_docker(self.docker.inspect_container(self.container_id))
         return device.targets_from_docker({"HostConfig": self.record(attempt).get("host_config") or {}})
-
-    # -- this path's own steps ----------------------------------------------------------------------
-    def record(self, attempt):
-        return container_record.parse_container_record(attempt.document(layout.CONTAINER_RECORD))
-
-    def ensure_container(self, attempt):
-        if self.container_id:
-            return
-        record = self.record(attempt)
-        self.docker.create(container_record.create_args(record, self.container, self.env), env=self.env)
-        self.container_id = self.docker.container_id(self.container)
-        self.created = True
-
-    def write_metadata(self, attempt, restored):
-        write_metadata(self.docker, self.container_id, self.metadata_path, self.env, attempt, restored)
-
-
-def write_metadata(docker, container_id, metadata_path, env, attempt, restored):
-    """The new environment, where the engine reads it: `docker cp` into the created (not started) container."""
-    info = docker.inspect_container(container_id)
-    merged = env_dict((info.get("Config") or {}).get("Env"))
-    merged.update(env)
-    doc = metadata.document(merged, restored, attempt.snapshot_dir, "snapshot_restore", attempt.reason,
-                            engine="docker", container=(info.get("Name") or "").lstrip("/") or container_id,
-                            container_id=container_id, restore_nonce=attempt.restore_nonce if restored else None)
-    inner_dir, name = os.path.split(metadata_path)
-    scratch = tempfile.mkdtemp(prefix="inferops-meta-")
-    try:
-        staged = os.path.join(scratch, os.path.basename(inner_dir) or "metadata")
-        os.mkdir(staged, 0o700)
-        fs.write_file_atomic(os.path.join(staged, name), metadata.encode(doc))
-        docker.copy_into(container_id, staged, os.path.dirname(inner_dir) or "/")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    attempt.details["metadata_env_keys"] = metadata.env_keys(doc)

@@ -29,11 +29,10 @@ from ..base import layout
 from ..base.errors import CommandError, ParameterError, SnapshotError
 from ..clients.docker_cli import env_dict
 from ..linux import fs
-from ..store import container_record, manifest, metadata, status
+from ..store import manifest, metadata, status
 from . import verify
-from .checkpoint import docker_world_now, recreate_or_refuse, write_metadata
 from .attempt import Fallback
-from .driver import Driver
+from .docker_container import DockerContainer
 from .stages import HANDOVER
 
 
@@ -60,7 +59,7 @@ def covers(settings, snapshot_dir):
     return any(target.startswith(os.path.normpath(root).rstrip("/") + "/") for root in roots if isinstance(root, str))
 
 
-class Handover(Driver):
+class Handover(DockerContainer):
     path = "runtime"
     engine = "docker"
     # host_restore hands the snapshot to another run of this pipeline (the node's runtime), which hashes the images,
@@ -71,15 +70,11 @@ class Handover(Driver):
     images_from = ()
 
     def __init__(self, docker, container, runtime_name, device_restore=True, source=None, **wishes):
-        super(Handover, self).__init__(**wishes)
-        self.docker = docker
-        self.container = container
+        super(Handover, self).__init__(docker, container, **wishes)
         self.runtime_name = runtime_name
         self.device_restore = device_restore
         self.source = source
-        self.container_id = docker.container_id(container)
         self.existed = bool(self.container_id)
-        self.created = False
         self.started = False            # docker start ran: the runtime decided what happened
         self.runtime_record = None      # what the runtime recorded of it
 
@@ -103,22 +98,9 @@ class Handover(Driver):
                     % (self.container, self.runtime_name, layout.ENV_RESTORE_FROM, snapshot_dir), field="container")
 
     # -- the pipeline's steps -------------------------------------------------------------------------
-    def image_id(self, attempt):
-        return self.docker.inspect_container(self.container_id)["Image"] if self.container_id else None
-
     def expectations(self, attempt):
         return verify.expectations(self.identity, self.image_id(attempt), self.criu_version, self.runtime_version,
                                    source=self.source)
-
-    def world_now(self, recorded):
-        return docker_world_now(self.docker, self.container_id, recorded)
-
-    def check(self, attempt):
-        if not self.container_id:
-            recorded = self.record(attempt)["image_id"]
-            wrong = verify.image_reason(recorded, present=self.docker.has_image(recorded))
-            if wrong:
-                raise Fallback(wrong)
 
     def prepare(self, attempt):
         if self.container_id:
@@ -165,14 +147,9 @@ class Handover(Driver):
             raise SnapshotError("%s; the container made from the snapshot's record was removed, nothing of it ran"
                                 % attempt.reason, restored=False, reason=attempt.reason, verify=attempt.verdict,
                                 runtime_record=self.runtime_record)
-        if not self.container_id:
-            recreate_or_refuse(self.container, attempt)
-            self.create(attempt, dict(self.env))  # without the request: the runtime hands it to runc as it is
-            write_metadata(self.docker, self.container_id, self.metadata_path, self.env, attempt, restored=False)
-        self.docker.start(self.container_id, attempt.remaining(30.0), what="docker start (cold)")
-
-    def record_fields(self, attempt):
-        return {"container": self.container_id, "name": self.container}
+        if self.create_to_start_cold(attempt):  # without the request: the runtime hands it to runc as it is
+            self.write_metadata(attempt, restored=False)
+        self.start_cold(attempt)
 
     def commit(self, attempt):
         """The runtime's own record stands when it wrote one; this side writes only what the runtime never saw."""
@@ -180,17 +157,6 @@ class Handover(Driver):
             super(Handover, self).commit(attempt)
 
     # -- this path's own steps ----------------------------------------------------------------------
-    def record(self, attempt):
-        return container_record.parse_container_record(attempt.document(layout.CONTAINER_RECORD))
-
-    def create(self, attempt, env, runtime=None):
-        record = self.record(attempt)
-        if runtime:
-            record = dict(record, host_config=dict(record["host_config"], Runtime=runtime))
-        self.docker.create(container_record.create_args(record, self.container, env), env=env)
-        self.container_id = self.docker.container_id(self.container)
-        self.created = True
-
     def runtime_outcome(self, attempt, before):
         """What the runtime recorded of this start: the snapshot's status record, else the metadata file."""
         last = (status.read(attempt.snapshot_dir) or {}).get("last_restore")

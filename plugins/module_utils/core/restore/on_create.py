@@ -195,7 +195,7 @@ class OnCreate(Driver):
             root_fd = os.open(self.rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 os.close(syscalls.open_dirs_below(root_fd, [p for p in inner.split("/") if p], self.user.get("uid"),
-                                               self.user.get("gid")))
+                                                  self.user.get("gid")))
             finally:
                 os.close(root_fd)
         except (IOError, OSError, ValueError) as exc:
@@ -441,4 +441,4 @@ class OnCreate(Driver):
 
     def keep_log(self, work):
         return criu_cli.keep_log(os.path.join(work, "restore.log"), "restore", self.container_id[:12],
-                                    self.node.config["criu_log_dir"])
+                                 self.node.config["criu_log_dir"])

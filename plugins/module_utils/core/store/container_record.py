@@ -42,7 +42,7 @@ def write_container_record(staging_dir, info):
     fs.ensure_dir(os.path.join(staging_dir, layout.HOST_DIR))
     target = os.path.join(staging_dir, layout.CONTAINER_RECORD)
     fs.write_file_atomic(target, (json.dumps(container_record(info), indent=2, sort_keys=True) + "\n").encode(),
-                            durable=False)
+                         durable=False)
     return target
 
 

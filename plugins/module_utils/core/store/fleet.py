@@ -251,7 +251,7 @@ def read(snapshot_dir):
 
 def _write(snapshot_dir, entries):
     fs.write_file_atomic(layout.restores_path(snapshot_dir),
-                            (json.dumps({"entries": entries[-KEEP:]}, indent=1, sort_keys=True) + "\n").encode())
+                         (json.dumps({"entries": entries[-KEEP:]}, indent=1, sort_keys=True) + "\n").encode())
 
 
 def _holder_alive(entry, host, proc_root="/proc"):

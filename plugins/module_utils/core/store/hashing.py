@@ -149,7 +149,7 @@ def read_document(path, limit=DOCUMENT_LIMIT, fd=None, sink=None):
         fd = fs.open_regular(path)  # a held descriptor was checked when it was opened
     try:
         return fs.read_limited(fd, limit, path, each=None if sink is None else
-                                  lambda data, offset: _write_at(sink, data, offset))
+                               lambda data, offset: _write_at(sink, data, offset))
     finally:
         if own:
             os.close(fd)

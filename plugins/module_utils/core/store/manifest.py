@@ -338,7 +338,7 @@ def verify_deferred(directory, deferred, workers=None, progress=None, files=None
     """The content check ``verify(defer=...)`` left for later: (reasons, stats); [] when every byte is as listed."""
     chunked = dict((rel, entry[0]) for rel, entry in deferred["chunked"].items())
     whole_hashes, chunk_hashes, stats = hashing.hash_tree(directory, deferred["whole"], chunked, workers=workers,
-                                                  progress=progress, files=files)
+                                                          progress=progress, files=files)
     reasons = []
     for rel in sorted(deferred["listed"]):
         if rel in chunked:

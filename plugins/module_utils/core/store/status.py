@@ -72,7 +72,7 @@ def update(snapshot_dir, status=None, reason=None, restore=None, generation_id=N
             record["restores"] = (record.get("restores") or [])[-(KEEP_RESTORES - 1):] + [restore]
         schema.validate("status", record, "status record %s" % layout.status_path(snapshot_dir))
         fs.write_file_atomic(layout.status_path(snapshot_dir),
-                                (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+                             (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
     return record
 
 

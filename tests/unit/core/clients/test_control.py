@@ -179,7 +179,7 @@ def _in_root(jail, inner):
 @pytest.mark.parametrize("use_openat2", [True, False], ids=["openat2", "fd walk"])
 def test_the_agent_socket_in_a_process_root_is_reached_there(jailed, monkeypatch, use_openat2):
     monkeypatch.setattr(syscalls, "open_path_in_root", functools.partial(syscalls.open_path_in_root,
-                                                                      use_openat2=use_openat2))
+                                                                         use_openat2=use_openat2))
     answered = jailed["listen"](jailed["root"] / "run" / "inferops-snapshot" / "agent.1.sock")
     client = control.AgentSocketClient(_in_root(jailed, "/run/inferops-snapshot/agent.1.sock"))
     assert client.listening() and client.request("state", 5)["state"] == "RUNNING" and answered
@@ -191,7 +191,7 @@ def test_a_link_planted_in_a_process_root_is_refused_not_followed(jailed, monkey
     """A compromised engine links its socket dir (or the socket, or a directory above it) to a socket outside its
     root, absolute or relative: a naive path through /proc/<pid>/root would reach the host's socket."""
     monkeypatch.setattr(syscalls, "open_path_in_root", functools.partial(syscalls.open_path_in_root,
-                                                                      use_openat2=use_openat2))
+                                                                         use_openat2=use_openat2))
     root, outside = jailed["root"], jailed["outside"]
     answered = jailed["listen"](outside / "agent.1.sock")
     sockets = root / "run" / "inferops-snapshot"

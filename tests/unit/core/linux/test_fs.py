@@ -99,8 +99,8 @@ def test_a_store_that_refuses_writes_is_named_with_its_cause_and_its_fix(tmp_pat
     target = str(tmp_path / ".pod-a.status.json")
     read_only = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "..pod-a.status.json.tmp.4242"))  # write_file_atomic's
     assert fs.store_error(read_only) == ("cannot write %s: Read-only file system -- the storage it is on is read-only; "
-                                            "remount it read-write, or point the snapshot path at writable storage"
-                                            % target)
+                                         "remount it read-write, or point the snapshot path at writable storage"
+                                         % target)
     full = fs.store_error(OSError(errno.ENOSPC, "No space left on device", target))
     assert full.startswith("cannot write %s: No space left on device -- the storage it is on is full; " % target) \
         and "snapshot_cleanup" in full

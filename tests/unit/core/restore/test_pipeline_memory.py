@@ -53,14 +53,14 @@ def test_an_encrypted_snapshot_staged_on_tmpfs_needs_room_for_its_plaintext_too(
     monkeypatch.setattr(proc, "MEMINFO", meminfo(tmp_path, 5 * 1024))  # room for the process, not for both
     driver = Fake()
     attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False,
-                                                    keys={encryption.key_id(key): key}, decrypt_dir="/dev/shm"))
+                                           keys={encryption.key_id(key): key}, decrypt_dir="/dev/shm"))
     assert not attempt.restored and driver.cold and driver.read_from is None, attempt.reason
     assert "insufficient_memory" in attempt.reason and "needs 6 MiB" in attempt.reason, attempt.reason
     assert "decrypt" not in attempt.watch.durations, "refused before anything was decrypted"
     monkeypatch.setattr(proc, "MEMINFO", meminfo(tmp_path, 8 * 1024))
     driver = Fake()
     attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False,
-                                                    keys={encryption.key_id(key): key}, decrypt_dir="/dev/shm"))
+                                           keys={encryption.key_id(key): key}, decrypt_dir="/dev/shm"))
     assert attempt.restored, attempt.reason
 
 
@@ -72,7 +72,7 @@ def test_an_encrypted_snapshot_decrypted_to_disk_needs_free_space_there(tmp_path
     monkeypatch.setattr(fs, "free_bytes", lambda path: 1 << 20)
     driver = Fake()
     attempt = pipeline.run(driver, Attempt(snap, 30, device_restore=False,
-                                                    keys={encryption.key_id(key): key}, decrypt_dir=str(workdir)))
+                                           keys={encryption.key_id(key): key}, decrypt_dir=str(workdir)))
     assert not attempt.restored and driver.cold and "insufficient_space" in attempt.reason, attempt.reason
     assert str(workdir) in attempt.reason and "1 MiB free" in attempt.reason, attempt.reason
     assert not os.listdir(workdir), "nothing was decrypted"

@@ -109,7 +109,7 @@ def harness(tmp_path_factory):
     header = re.search(r"\(header: (.*)/criu-plugin\.h\)", built.stdout).group(1)
     binary = out / "npu_plugin_harness"
     compiled = subprocess.run(["cc"] + WARNINGS.split() + ["-isystem", header, "-I", str(PLUGIN_DIR), "-o", str(binary),
-                                                          str(HARNESS)], capture_output=True, text=True, check=False)
+                                                           str(HARNESS)], capture_output=True, text=True, check=False)
     assert compiled.returncode == 0, compiled.stderr
     return binary
 
