@@ -39,7 +39,6 @@ COVERED_ELSEWHERE = {
     "linux/syscalls.py": ["tests/unit/core/store/test_seal_publish.py", "tests/unit/core/clients/test_control.py"],
     "restore/attempt.py": ["tests/unit/core/restore/test_pipeline.py"],
     "restore/checkpoint.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_restore_docker_path.py"],
-    "restore/docker_container.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_roles.py"],
     "restore/handover.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_restore_on_create.py"],
     "restore/health.py": ["tests/integration/test_wait_serving.py"],
     "restore/node_state.py": ["tests/integration/test_restore_on_create.py", "tests/integration/test_lazy_pages.py"],
