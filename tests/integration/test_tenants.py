@@ -57,7 +57,7 @@ import os
 import sys
 
 sys.path.insert(0, %(lib)r)
-from inferops_snapshot.clients.runc import split_argv
+from inferops_snapshot.clients.runc_cli import split_argv
 from inferops_snapshot.node.runtime import parse_create
 
 NODE_RUNTIME = %(node_runtime)r
