@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/compare.py BEFORE/bench.json AFTER/bench.json   # markdown on stdout
         [--min-noise 0.10] [--min-seconds 0.05] [--fail-on-slower] [--only-common]
 
-The check of a refactor (issue 29): the benchmark before and after it shows no stage slower than its noise.
+The check of a refactor: the benchmark before and after it shows no stage slower than its noise.
 A row is a section / variant at one size: the samples' seconds, and each stage of every dict of name -> number in
 them at any depth, named <variant>.<dict key>.<stage> (stages, runtime.durations, lock_window, task_walls, ...),
 less the entries that are no seconds (bytes, counts, rates, kB). A sample without seconds (an error) counts for

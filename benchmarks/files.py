@@ -54,7 +54,7 @@ class Files:
 
     def verify_rate(self, w, rep):
         """snapshot_verify through ansible on a snapshot in the page cache, and SHA-256 on all cores right beside it:
-        the module's own hashing rate against the machine's (issue 26: >= 0.9x)."""
+        the module's own hashing rate against the machine's (the goal: >= 0.9x)."""
         self.read_all(w["snapshot_dir"])
         seconds, extra = self.verify_module(w)
         self.record("verify", "snapshot_verify_module_warm", w["size_mb"], rep, seconds,

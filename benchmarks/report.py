@@ -115,7 +115,7 @@ GIB = 1024.0
 
 def render_secure_default(samples):
     """The secure default (a signed snapshot, the node requiring a signature) against the unauthenticated fast path
-    (the same engine's unsigned snapshot, a node that trusts no key), docker run --runtime, side by side (issue 28)."""
+    (the same engine's unsigned snapshot, a node that trusts no key), docker run --runtime, side by side."""
     rows = []
     for size in sizes(samples):
         plain, signed = (med(samples, "ttfa", v, size) for v in ("docker_run_runtime_unauthenticated", "docker_run_runtime"))
@@ -229,7 +229,7 @@ def ratio(value, floor):
 
 
 def render_floors(result):
-    """The goals of issue 11: each part of a restore and of a generation against its floor, in the same run."""
+    """The goals of each part of a restore and of a generation against its floor, in the same run."""
     samples = result["samples"]
     out = []
     method = fastest_method(result)
@@ -237,7 +237,7 @@ def render_floors(result):
     size_list = sizes(samples)
     out.append("\n## Each part against its floor, measured in the same run\n")
     out.append("Floors are medians of this run's own measurements (see docs/benchmarks.md for each one); a ratio of 1.00× "
-               "is the floor itself. Goals (issue 11, at 2 GiB): `docker run --runtime` ≤ %.2f× the overlapped floor; "
+               "is the floor itself. Goals (at 2 GiB): `docker run --runtime` ≤ %.2f× the overlapped floor; "
                "`snapshot_restore` playbook ≤ %.1f s, from a staged, verified snapshot ≤ %.1f s; slope ≤ %.1f s per GiB; "
                "lock window ≤ %.1f× (device backup + raw `runc checkpoint`); generation with fsync ≤ %.1f× an fsync'd "
                "write of the snapshot.\n\n"
@@ -323,8 +323,8 @@ def render_floors(result):
                "of the samples taken right before and after each generation) and the same bytes written to one file on "
                "the same filesystem and fsync'd (a durable write cannot be faster than the disk). The host part is "
                "host_checkpoint without the device backup (the simulator's copy, judged in its own table); the durable "
-               "floor is the larger of raw runc and the fsync'd write. Goals: host part ≤ %.1f× raw runc (issue 26), "
-               "host_checkpoint ≤ %.1f× the fsync'd write (issue 11).\n\n" % (GOALS["host_checkpoint"], GOALS["durability"]))
+               "floor is the larger of raw runc and the fsync'd write. Goals: host part ≤ %.1f× raw runc, "
+               "host_checkpoint ≤ %.1f× the fsync'd write.\n\n" % (GOALS["host_checkpoint"], GOALS["durability"]))
     rows = []
     for size in sizes(samples, "checkpoint"):
         g = generation_floors(samples, size)
@@ -361,7 +361,7 @@ def render_floors(result):
         out.append("\n### snapshot_verify's hashing rate (MB/s, snapshot in the page cache)\n\n")
         out.append("The module's own rate (its `throughput_mb_s`: every byte of the snapshot read and hashed, chunks of a "
                    "big file on every core) against SHA-256 on all cores from memory, measured right after it (3 tries); "
-                   "goal ≥ %.1f× (issue 26).\n\n" % GOALS["verify_rate"])
+                   "goal ≥ %.1f×.\n\n" % GOALS["verify_rate"])
         out.append(table(["state", "snapshot_verify", "SHA-256 all cores, median", "best", "÷ median", "÷ best", "n"], rows))
 
     out.append("\n### The device copy (the simulated NPU's cost, not the collection's)\n\n")
@@ -402,7 +402,7 @@ def render_floors(result):
                 return med(samples, section, variant, size)
 
             def unpublished(section, variant, size=size):
-                """host_checkpoint less its publish step: the plain generation replaces the snapshot its workload's
+                """Host_checkpoint less its publish step: the plain generation replaces the snapshot its workload's
                 first generation published (removing 2 GiB takes about a second), the encrypted one publishes into
                 an empty place; without the step both do the same work."""
                 return median([x["seconds"] - x["stages"].get("publish", 0) for x in samples if x["section"] == section

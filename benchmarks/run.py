@@ -81,7 +81,7 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
                 gen = self.playbook("generate", [w], **self.resume_var(True, device_backup=False))
                 self.record_generate(gen, w, rep, "host_checkpoint_runc_backup_task")
             # The default generation between two raw runc checkpoints and beside the fsync'd write: its floors share
-            # its load (issue 26: a floor measured apart from what it judges drifts with the machine).
+            # its load (a floor measured apart from what it judges drifts with the machine).
             self.raw_runc_checkpoint(w, cid, rep, "before")
             self.settle()
             gen = self.playbook("generate", [w], **self.resume_var(True))
@@ -164,7 +164,7 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
         return {"key_file": path}
 
     def detect_restore_methods(self):
-        """Extra snapshot_restore methods (e.g. issue 5's restore-on-create runtime) when the module offers them."""
+        """Extra snapshot_restore methods (e.g. the restore-on-create runtime) when the module offers them."""
         option = self.module_options("snapshot_restore").get("method") or {}
         default = option.get("default")
         self.restore_default = default or "docker"
@@ -207,7 +207,7 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
                   "image": IMAGE, "device_share": DEVICE_SHARE}
         self.restore_methods = [] if args.no_extra_methods else self.detect_restore_methods()
         self.encryption = None if args.no_encryption else self.detect_encryption()
-        # host_checkpoint's resume (issue 11 item 5: the engine unlocked right after the checkpoint), as the roles use it
+        # host_checkpoint's resume (the engine unlocked right after the checkpoint), as the roles use it
         self.has_resume = "resume" in self.module_options("host_checkpoint")
         # host_checkpoint's device_backup (the lock and the backup inside it, after its checks), as the roles use it
         self.has_device_backup = "device_backup" in self.module_options("host_checkpoint")

@@ -11,7 +11,7 @@ from collections import namedtuple
 
 from conftest import REPO
 
-# The docs whose examples run (issue 27): what an operator copies on the first day.
+# The docs whose examples run: what an operator copies on the first day.
 DOCS = ("README.md", "docs/quickstart.md", "docs/awx.md", "docs/agent.md", "docs/restore-on-create.md",
         "docs/kubernetes.md")
 

@@ -1,5 +1,5 @@
-"""llama.cpp's OpenAI-compatible server (PyPI llama-cpp-python) in a container under the agent: a
-real third-party engine for the integration tests (issue 14, item 7). Reusable pieces:
+"""Llama.cpp's OpenAI-compatible server (PyPI llama-cpp-python) in a container under the agent: a
+real third-party engine for the integration tests. Reusable pieces:
 
 - ``build_engine_image()`` / fixture ``llama_image`` (session): the engine image, built by
   scripts/build-llama-image.sh, which builds llama-cpp-python's wheel only when its cache is cold
@@ -268,7 +268,7 @@ def snapshot_dir(root, pod):
 
 
 def take_snapshot(engine, directory, pod=None, **options):
-    """host_checkpoint of the running engine container: method runc, no device part (CPU engine).
+    """Host_checkpoint of the running engine container: method runc, no device part (CPU engine).
     The engine keeps running (leave_running). Returns the module's result; fails the test if it failed."""
     args = {"container": engine.name, "snapshot_dir": str(directory), "identity": identity(pod or engine.name),
             "method": "runc", "require_device_part": False, "timeout": 120}

@@ -1,4 +1,4 @@
-"""The restore-on-create runtime (issue 5) on this machine's shared dockerd, for the integration tests.
+"""The restore-on-create runtime on this machine's shared dockerd, for the integration tests.
 
 ``Node`` runs the snapshot_node role against localhost with names and paths of its own: a runtime
 name unique to the test session (``inferops-test-<tag>``), its own shim, library, state directory,
@@ -100,7 +100,7 @@ class Node:
         return ok, changed, failed
 
     def remove(self, daemon_before):
-        """snapshot_node_state=absent (forced: the test's own containers may not all be gone yet), then
+        """Snapshot_node_state=absent (forced: the test's own containers may not all be gone yet), then
         check that the node is as it was in ``daemon_before`` and that removing twice changes nothing.
         Returns (ok, changed, failed) of the first removal."""
         ok, changed, failed, out = self.run_role(snapshot_node_state="absent", snapshot_node_force_remove=True)
@@ -228,7 +228,7 @@ class WarmEngine:
         self.container.remove()
 
     def take(self, snapshot_dir, identity_, **args):
-        """host_checkpoint into ``snapshot_dir`` (``args``: signing_key, encryption_key...); its result."""
+        """Host_checkpoint into ``snapshot_dir`` (``args``: signing_key, encryption_key...); its result."""
         result = run_module("host_checkpoint", dict({
             "container": self.name, "snapshot_dir": snapshot_dir, "identity": identity_, "device_backup": True,
             "resume": True, "if_exists": "replace"}, **args))

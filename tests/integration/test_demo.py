@@ -28,7 +28,7 @@ def test_make_demo_playbook_restores_twice_with_identical_answers(docker_env):
         on_create = float(re.search(r"restore on create \([^)]*\) to first answers: ([0-9.]+) s", out).group(1))
         assert restore < cold and on_create < cold, (cold, restore, on_create)
         assert "answers identical to the warmed-up engine's after both restores" in out, out[-3000:]
-        # Secure by default (issue 28, 3): the roles signed it on the controller and both restores required the key.
+        # Secure by default: the roles signed it on the controller and both restores required the key.
         assert re.search(r"generation [0-9]+ signed on the controller by key [0-9a-f]{16} \(", out), out[-3000:]
     finally:
         docker("rm", "-f", DEMO_CONTAINER, check=False)

@@ -1,9 +1,9 @@
-"""Instances from a snapshot (issue 12, item 1), on the real dockerd + CRIU + the simulated NPU: the source
+"""Instances from a snapshot, on the real dockerd + CRIU + the simulated NPU: the source
 instance keeps serving while a clone -- pod 0 of another instance of the same service, in a network namespace
 of its own and on a device of its own -- is restored from the source's snapshot by the node's
 restore-on-create runtime. The clone answers exactly as the source does, both keep serving, the clone reads
 who it is now (and whom it came from, and its own nonce) from its metadata file, two clones draw random streams
-of their own (issue 28), and a second restore of the same snapshot onto the clone's device while the clone runs is
+of their own, and a second restore of the same snapshot onto the clone's device while the clone runs is
 refused (a cold start, device_busy)."""
 
 import json
@@ -223,7 +223,7 @@ def test_the_module_clones_the_newest_snapshot_of_the_service_into_a_container_m
 
 
 def test_two_clones_of_one_snapshot_draw_their_own_random_streams_and_nonces(node, source):
-    """Issue 28: two clones of one snapshot run side by side. Each restore's agent re-seeded Python's random, and the
+    """Two clones of one snapshot run side by side. Each restore's agent re-seeded Python's random, and the
     engine's RESTORE_POST hook re-seeded its own sampler from that restore's nonce (the one in its metadata file):
     their streams differ. The control: a generator of the engine that nobody re-seeds repeats itself in both."""
     clones = []

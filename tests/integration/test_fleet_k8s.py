@@ -1,4 +1,4 @@
-"""Restore on recreation without a scheduled job (issue 12, item 3), on the Kubernetes API emulator, the simulated
+"""Restore on recreation without a scheduled job, on the Kubernetes API emulator, the simulated
 kubelet and the real dockerd + CRIU + the simulated NPU.
 
 The pod template carries its own restore request (``k8s/service.restore_template_env``: INFEROPS_RESTORE_FROM

@@ -565,7 +565,7 @@ def test_the_rbac_in_the_docs_is_exactly_what_the_roles_use(cluster):
 
 
 def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_device(cluster, tmp_path):
-    """k8s_snapshot_device=false (CPU engines, accelerators without a snapshot API): the pod gets no
+    """K8s_snapshot_device=false (CPU engines, accelerators without a snapshot API): the pod gets no
     VLLM_NPU_SNAPSHOT_PATH, no device part is taken and the engine is never locked; the restore asks the runtime for
     no device restore (org.inferops.restore-device=false). Meanwhile a second generation run of the same pods, started
     while the first waits for the warmup (the test's kubelet holds the pod not Ready until the second run is over),
@@ -630,7 +630,7 @@ def test_host_only_generation_refuses_a_concurrent_run_and_restores_without_the_
 
 
 def test_a_rerun_after_a_generation_killed_with_its_controller_takes_its_claim_over_at_once(cluster, tmp_path):
-    """Issue 25, item 2, Kubernetes: the controller of a generation is killed (its whole process group and its
+    """Kubernetes: the controller of a generation is killed (its whole process group and its
     workers, as a cancelled job's) while it waits for the warmup, holding the pod's claim on the node. A rerun right
     after takes that claim over -- its holder, the dead ansible-playbook, is provably gone -- names it, and
     completes, instead of being refused until the claim lapses."""

@@ -41,7 +41,7 @@ PROMPTS = ["what is an NPU?", "lease me", "数据"]
 
 
 class Playbook:
-    """ansible-playbook in its own process group, its output read line by line as it streams."""
+    """Ansible-playbook in its own process group, its output read line by line as it streams."""
 
     def __init__(self, tmp_path, extra_vars, playbook=PLAYBOOK, host_vars=None, extra_env=None):
         ensure_collection_link()
@@ -164,7 +164,7 @@ def files(directory):
 
 
 def checkpoints_running(container_id):
-    """runc checkpoint processes for the container (started in their own session: a kill of the playbook
+    """Runc checkpoint processes for the container (started in their own session: a kill of the playbook
     does not stop them, as on a real host where the module's children outlive the controller)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -285,7 +285,7 @@ STAGES = [
 
 
 class ModulePlaybook:
-    """lease_generate.yml: the role's modules, with the lock in a task of its own."""
+    """Lease_generate.yml: the role's modules, with the lock in a task of its own."""
 
     resumes = False  # the engine stays BACKED_UP until the unlock task
     names = {"warmup": "Wait for the warmup", "lock": "Lock the engine", "backup": "Device snapshot",
@@ -479,7 +479,7 @@ class DefaultLeaseRole(Role):
 
 
 def test_the_lease_ends_with_the_generation_timeout_when_the_module_dies_with_its_controller(pods):
-    """Issue 25, item 3: with timeoutSeconds 20 and the role's default lease of 120 s, the module killed with its
+    """With timeoutSeconds 20 and the role's default lease of 120 s, the module killed with its
     controller at the lock, the backup and the checkpoint leaves the engine locked no longer than the timeout plus
     LEASE_MARGIN: its agent brings it back by then (it waited the whole 120 s before)."""
     seen = {}

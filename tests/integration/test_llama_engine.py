@@ -11,7 +11,7 @@ start too. So the test also proves that the restored process is the checkpointed
 whose answer depends on the history of the process (see test_restored_engine_is_the_checkpointed_process),
 and that a cold start is one (the probe gives a fresh process's first answer).
 
-Issue 14's problems with this engine: a model file changed in place (1) or swapped under an engine
+The problems this engine showed: a model file changed in place (1) or swapped under an engine
 that read it at start (2), other engine arguments (3) now end in a cold start naming the fact;
 an engine holding file locks (4) is checkpointed and restored, and holds its locks again (CRIU drops
 those on a file the process maps: restore/file_locks.py has the agent take them back).
@@ -52,7 +52,7 @@ def test_engine_image_serves_deterministic_greedy_completions(llama_image, llama
 
 
 def test_restored_engine_is_the_checkpointed_process(llama_image, llama_model, llama_node, llama_engines):
-    """generate -> delete -> restore with `docker run --runtime`: identical completions, and the same process.
+    """Generate -> delete -> restore with `docker run --runtime`: identical completions, and the same process.
 
     The continuity proof is an RNG probe (LlamaEngine.probe): a completion sampled at temperature 1
     with no seed in the request. For such a request llama-cpp-python seeds the sampler with the next
@@ -126,10 +126,10 @@ def test_restored_engine_is_the_checkpointed_process(llama_image, llama_model, l
 
 def test_engine_holding_file_locks_is_checkpointed_and_restored(
         llama_image, llama_model, llama_node, llama_engines, tmp_path):
-    """Issue 14, problem 4: llama-cpp-python's disk prompt cache (``--cache true --cache_type disk``:
+    """Llama-cpp-python's disk prompt cache (``--cache true --cache_type disk``:
     diskcache, i.e. SQLite in WAL mode) keeps POSIX locks on its database while the server runs. The
     container checkpoint must take the process with them (CRIU --file-locks; without it the
-    checkpoint failed, issue 14: "criu failed: type NOTIFY errno 0"), and the restore bring the same
+    checkpoint failed, "criu failed: type NOTIFY errno 0"), and the restore bring the same
     process back, serving from its cache. The test checks that the engine does hold POSIX locks when
     the checkpoint is taken.
 
@@ -243,7 +243,7 @@ def test_generation_replaces_a_stale_snapshot_and_force_regenerates(
 
 def test_the_roles_in_host_only_mode_generate_restore_and_force_with_a_canary(
         llama_image, llama_model, llama_node, llama_engines, tmp_path):
-    """Issue 14 item 6: the roles for a CPU engine (no NPU, no device part), as an operator runs them: generate.yml
+    """The roles for a CPU engine (no NPU, no device part), as an operator runs them: generate.yml
     with snapshot_generate_device=false and a canary, restore.yml with snapshot_restore_device=false and the default
     method (auto: this node's restore-on-create runtime holds the snapshot root), and a forced regeneration."""
     pod = unique_name("r")
@@ -287,7 +287,7 @@ def test_the_roles_in_host_only_mode_generate_restore_and_force_with_a_canary(
     docker("rm", "-f", pod)
 
 
-# -- issue 25: a changed model is always seen -----------------------------------------------------------------
+# -- a changed model is always seen -----------------------------------------------------------------
 
 def unsampled_offset(path):
     """An offset in the model's tensor data that none of the 16 evenly spread 64 KiB blocks an older collection
@@ -327,7 +327,7 @@ def edit_in_place(path):
 ], ids=["renamed-over", "in-place-mtime-restored", "read-write-mount"])
 def test_a_changed_model_comes_back_cold_naming_the_file(
         llama_image, llama_model, llama_node, llama_engines, change, model_rw):
-    """Issue 25, item 4: one byte changed anywhere in the model (here where no block an older collection sampled
+    """One byte changed anywhere in the model (here where no block an older collection sampled
     lies) is seen, however it was changed: a cold start that is a fresh process of the new model, files_mismatch
     naming the file."""
     g = generate(llama_node, llama_engines, llama_image, llama_model, PROMPTS, model_rw=model_rw)
@@ -342,7 +342,7 @@ def test_a_changed_model_comes_back_cold_naming_the_file(
 
 def test_the_quick_recheck_sees_a_changed_model_and_other_arguments_and_verify_names_why(
         llama_image, llama_model, llama_node, llama_engines, tmp_path):
-    """generate.yml with its default recheck (quick) used to say `unchanged` after the model file or the engine's
+    """Generate.yml with its default recheck (quick) used to say `unchanged` after the model file or the engine's
     arguments changed, keeping a stale snapshot, while verify.yml said NOT usable without the reason. The quick
     recheck applies every staleness reason a restore applies (world facts included), regenerates, and says why."""
     pod = unique_name("q")
@@ -387,7 +387,7 @@ def test_the_quick_recheck_sees_a_changed_model_and_other_arguments_and_verify_n
 @pytest.mark.parametrize("change", ["same-size", "other-size", "read-at-start"])
 def test_a_removed_pod_whose_model_changed_is_recreated_from_its_record_and_started_cold(
         llama_image, llama_model, llama_node, llama_engines, tmp_path, change):
-    """Issue 25, item 5 (the restore side, core/restore/*): the pod's container is gone and its model was updated; the
+    """The pod's container is gone and its model was updated; the
     snapshot is stale but intact, so restore.yml creates the container from the snapshot's record and starts it cold
     with the reason -- never leaves the pod down ("could not start ... no valid snapshot to recreate it from")."""
     pod = unique_name("d")

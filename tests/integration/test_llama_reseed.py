@@ -1,4 +1,4 @@
-"""A native sampler after a restore (issue 28), with the real llama.cpp server on real dockerd + CRIU: every copy of
+"""A native sampler after a restore, with the real llama.cpp server on real dockerd + CRIU: every copy of
 one snapshot continues llama-cpp-python's seed chain where the checkpoint left it, so without a re-seed two copies
 give the same "random" completions. The server run through docs/engines.md's llama_serve.py -- the very block a
 reader copies -- restarts the chain from each restore's nonce in a RESTORE_POST hook: two copies of one snapshot

@@ -1,5 +1,5 @@
-"""Bad input to a module is a clear error naming the option and its form, before anything is created (issue 25,
-item 6): an ``identity`` given as a string -- ansible-core's own check used to fail first with "dictionary
+"""Bad input to a module is a clear error naming the option and its form, before anything is created:
+an ``identity`` given as a string -- ansible-core's own check used to fail first with "dictionary
 requested, could not parse JSON or key=value", naming no option -- on every module that takes one, through the
 real AnsiballZ and argument spec. And an option that is wrong is refused before a generation claim is written (a
 failed task left one holding the pod for generation_lease)."""

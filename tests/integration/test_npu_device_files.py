@@ -1,4 +1,4 @@
-"""The NPU path as it is on a real Ascend node (issue 24), on the real dockerd and CRIU with the simulated NPU.
+"""The NPU path as it is on a real Ascend node, on the real dockerd and CRIU with the simulated NPU.
 
 After its backup a real NPU process still holds its device files -- descriptors on /dev/davinci<N> and
 /dev/davinci_manager, and a shared mapping of the manager -- which CRIU dumps only through a plugin. The
@@ -107,7 +107,7 @@ def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dum
 
 
 def restore_into(warm, name, devices_of, **args):
-    """snapshot_restore (method docker) into a new container on the devices installed for ``devices_of``."""
+    """Snapshot_restore (method docker) into a new container on the devices installed for ``devices_of``."""
     c = WorkloadContainer(name, warm["image"], warm["device_dir"], warm["port"], **SIZES)
     c.devices = device_args(devices_of)
     c.create()

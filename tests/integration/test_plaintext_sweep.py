@@ -1,4 +1,4 @@
-"""The boot-time sweep of stale plaintext (issue 28), on the real dockerd + CRIU: a restore of an encrypted snapshot
+"""The boot-time sweep of stale plaintext, on the real dockerd + CRIU: a restore of an encrypted snapshot
 by the node runtime is killed (SIGKILL, as the OOM killer does) while its plaintext is in the node's decrypt
 directory; the plaintext stays behind -- nothing of the dead run can remove it -- until the tmpfiles.d entry the
 snapshot_node role installed is applied as at boot (`systemd-tmpfiles --remove --boot`), which removes it. Applied

@@ -1,4 +1,4 @@
-"""snapshot_restore method=docker on the real dockerd and CRIU (issue 25, items 5 and 6): the environment a snapshot
+"""Snapshot_restore method=docker on the real dockerd and CRIU: the environment a snapshot
 recorded never goes on a command line and shows in no field of a result, failures included; and when CRIU fails
 the restore, the log the message names still exists (containerd removes its own copy with the failed task).
 

@@ -92,7 +92,7 @@ def test_settings_the_runtime_could_not_use_are_refused_naming_the_variable_befo
 
 
 def test_encryption_keys_given_as_text_are_shown_nowhere(node):
-    """snapshot_node_encryption_keys may be key text (from a vault): --diff printed it in the job's log."""
+    """Snapshot_node_encryption_keys may be key text (from a vault): --diff printed it in the job's log."""
     key = base64.b64encode(os.urandom(32)).decode()
     ok, changed, failed, out = node.run_role(check=True, diff=True, snapshot_node_encryption_keys=[key])
     assert failed == 0 and changed >= 1, out[-3000:]
@@ -376,7 +376,7 @@ def test_container_without_the_marker_starts_exactly_as_with_runc(node, warm):
 
 
 def test_snapshot_restore_method_runtime_uses_the_runtime(node, warm):
-    """snapshot_restore method=runtime: the module creates the container with the runtime and starts it;
+    """Snapshot_restore method=runtime: the module creates the container with the runtime and starts it;
     compared with method=docker (docker start --checkpoint) on the same snapshot."""
     seconds = {}
     for method in ("docker", "runtime"):
@@ -453,7 +453,7 @@ def test_snapshot_restore_method_runtime_leaves_hashing_to_the_runtime_which_ref
 
 
 def test_auto_without_the_runtime_starts_a_large_state_cold_at_once_instead_of_taking_dockers_slow_path(node, warm):
-    """Issue 26: method=auto on a node whose runtime cannot restore the snapshot never takes a path slower than a cold
+    """Method=auto on a node whose runtime cannot restore the snapshot never takes a path slower than a cold
     start. Above docker_path_max_bytes it starts the container cold at once, with the reason, recreating it from the
     verified record -- without hashing the images it will not restore."""
     name = "%s-slow" % warm["pod"]

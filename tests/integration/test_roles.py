@@ -108,7 +108,7 @@ def test_generate_refuses_bad_role_variables_before_the_claim_in_check_mode_too(
      "snapshot_cleanup_generation_grace: must be a whole number of seconds greater than 0, got 0"),
 ])
 def test_cleanup_refuses_a_negative_max_age_and_names_its_variables(tmp_path, bad, words):
-    """max_age -1 was "no age limit" without a word; the grace's error named the module's option only."""
+    """Max_age -1 was "no age limit" without a word; the grace's error named the module's option only."""
     (tmp_path / "host").mkdir()
     inv = inventory(tmp_path, "pre", [{"name": "p0"}])
     inv["all"]["hosts"]["npu-host"].update(bad)
@@ -296,7 +296,7 @@ def test_snapshot_status_records_failed_and_removes_only_the_pods_paths(tmp_path
 
 
 def test_restore_role_through_the_restore_on_create_runtime(tmp_path, pod_factory):
-    """snapshot_restore_method=runtime: the role recreates the deleted container under the snapshot_node
+    """Snapshot_restore_method=runtime: the role recreates the deleted container under the snapshot_node
     runtime, which verifies and restores it; the warmed-up answers come back."""
     (tmp_path / "node").mkdir()
     with installed_runtime(tmp_path / "node") as node:
@@ -365,7 +365,7 @@ def test_a_failed_run_leaves_a_pod_it_was_refused_alone_even_after_the_other_run
 
 def test_a_read_only_store_is_a_clear_error_the_cleanup_does_not_fail_on_and_the_summary_is_printed(
         tmp_path, pod_factory):
-    """Issue 25: with the snapshot store read-only, generation used to fail with "unexpected error in
+    """With the snapshot store read-only, generation used to fail with "unexpected error in
     snapshot_status: [Errno 30] Read-only file system", its cleanup failed the same way, and the per-pod summary was
     never printed. Now the error names the path and the cause, the cleanup goes on, every engine serves and the
     summary says what happened to the pod."""

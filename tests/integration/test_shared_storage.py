@@ -1,4 +1,4 @@
-"""Shared storage (issue 12, item 2): one snapshot directory that two hosts mount. Host A generates into it,
+"""Shared storage: one snapshot directory that two hosts mount. Host A generates into it,
 host B -- a host of its own, reached over SSH like A (the namespaced sshd hosts of test_multihost) -- restores
 from it onto its own device; B's attempt to generate the same pod into the same store while A's generation
 holds it is refused cleanly (the claim), changing nothing of A's. Real dockerd + CRIU + the simulated NPU,

@@ -1,4 +1,4 @@
-"""A run killed with its controller is taken over at once by the next (issue 25, items 1, 2 and 6): real dockerd,
+"""A run killed with its controller is taken over at once by the next: real dockerd,
 CRIU and the simulated NPU's engine under its agent, the real snapshot_generate role and host_checkpoint.
 
 - One generation id, a uuid, names the run in its claim, its status record, its results and its messages.
@@ -55,7 +55,7 @@ def start_role(pod, readiness_file=None, **extra):
 
 
 def work_path(container_id):
-    """runc's --work-path of the checkpoint of the container that is running now, or None."""
+    """Runc's --work-path of the checkpoint of the container that is running now, or None."""
     for pid in checkpoints_running(container_id):
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
             argv = handle.read().decode().split("\0")

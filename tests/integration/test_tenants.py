@@ -1,4 +1,4 @@
-"""Tenants and the record that builds a container (issue 28, item 7), attacked on the real dockerd + CRIU through the
+"""Tenants and the record that builds a container, attacked on the real dockerd + CRIU through the
 node's restore-on-create runtime as the snapshot_node role installs it (signatures required: the controller's key).
 
 (a) **A pod of namespace B asking for namespace A's snapshot.** The runtime takes the requester from the OCI config's
@@ -49,7 +49,7 @@ A, B = "tenant-a", "tenant-b"
 
 # containerd's CRI plugin for the test: the annotations of the container being created, then the node's runtime.
 CRI_RUNTIME = '''#!/usr/bin/python3 -I
-"""containerd's CRI plugin, emulated for a test of inferops.snapshot (tests/integration/test_tenants.py): on create,
+"""Containerd's CRI plugin, emulated for a test of inferops.snapshot (tests/integration/test_tenants.py): on create,
 the CRI annotations of the container (ANNOTATIONS/<id>.json) go into its bundle's config.json, as containerd puts
 them there, and the call goes on, unchanged, to the node's runtime."""
 import json

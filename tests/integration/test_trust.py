@@ -172,7 +172,7 @@ def test_a_restored_engine_that_answers_otherwise_is_started_cold(signed):
 
 
 def test_a_page_image_overwritten_after_verification_is_never_restored(signed):
-    """The attack of issue 28, 3: a writer of the store overwrites bytes of a page image after the verification
+    """The attack of 3: a writer of the store overwrites bytes of a page image after the verification
     and before Docker's copy. It waits until the restore holds the file (a non-blocking open for writing fails
     with EWOULDBLOCK while a lease is held: that attempt breaks it), then writes; the kernel holds the write off
     until the restore lets go. Either the restore saw the lease broken and started cold (``swapped:``), or -- if

@@ -1,4 +1,4 @@
-"""Secure by default, fresh and scoped (issue 28, items 3-5), attacked on the real dockerd + CRIU.
+"""Secure by default, fresh and scoped, attacked on the real dockerd + CRIU.
 
 A node set up by the snapshot_node role as an operator would -- the controller's signing key (made on first use by
 snapshot_signing_key) trusted, an encryption key given -- restores a snapshot host_checkpoint took and its action

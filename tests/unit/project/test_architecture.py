@@ -126,7 +126,7 @@ def test_the_agent_folder_is_self_contained():
 
 
 def test_core_imports_the_standard_library_and_the_two_agreed_libraries_only():
-    """core/ runs on the nodes' bare python3 (the restore-on-create runtime): the standard library, jsonschema (every
+    """Core/ runs on the nodes' bare python3 (the restore-on-create runtime): the standard library, jsonschema (every
     document is validated; snapshot_prereqs and snapshot_node install python3-jsonschema) and cryptography (signing,
     encryption; python3-cryptography), each in its one home. Python 2 fallbacks only inside a try."""
     homes = {"jsonschema": {"schema.py"}, "cryptography": {"signature.py", "encryption.py"}}
@@ -310,7 +310,7 @@ def test_no_two_test_modules_share_a_module_name():
 
 
 def test_every_process_is_started_by_the_runner():
-    """clients/commands.py is the process boundary: no other file of the collection starts a process itself."""
+    """Clients/commands.py is the process boundary: no other file of the collection starts a process itself."""
     runner = PLUGINS / "module_utils" / "core" / "clients" / "commands.py"
     found = []
     for path in python_files(PLUGINS):
@@ -323,7 +323,7 @@ def test_every_process_is_started_by_the_runner():
     assert not found, "start processes through clients/commands.py: %s" % found
 
 
-# -- one home per mechanism: a second definition anywhere is a copy (issue 29, 4) --------------------------------
+# -- one home per mechanism: a second definition anywhere is a copy --------------------------------
 
 ONE_HOME = {  # module-level function or class -> the one file that defines it
     "alive": "core/linux/proc.py", "env_dict": "core/clients/docker_cli.py", "expectations": "core/restore/verify.py",
@@ -405,7 +405,7 @@ def _module_utils_imports(path):
 
 
 def test_modules_outside_kubernetes_need_no_kubernetes_core():
-    """kubernetes.core is needed where the k8s modules run; a Docker host's controller with ansible-core alone
+    """Kubernetes.core is needed where the k8s modules run; a Docker host's controller with ansible-core alone
     (and the become test's venv) must run every other module. Ansible bundles every module_util a module's
     code imports, even inside a function, so one stray import makes kubernetes.core a requirement of them all."""
     offenders = {}

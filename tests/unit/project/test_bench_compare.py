@@ -1,4 +1,4 @@
-"""benchmarks/compare.py, the before/after check of a refactor (issue 29): a stage slower than its run-to-run noise
+"""Benchmarks/compare.py, the before/after check of a refactor: a stage slower than its run-to-run noise
 is "slower" (and fails with --fail-on-slower), a difference within it is "same", a row of one run only is listed,
 an error sample counts for nothing, and the two committed runs compare without Docker or root."""
 

@@ -20,7 +20,7 @@ __metaclass__ = type
 import os
 import shutil
 
-from ..base.layout import IMAGES_INVENTORY as INVENTORY
+from ..base import layout
 
 PREFIX = "ctrd-checkpoint"
 
@@ -54,7 +54,7 @@ def _environ(proc, pid):
 
 
 def temp_dirs(proc="/proc"):
-    """containerd's temporary directories, seen through its own root (it may have a private /tmp)."""
+    """Containerd's temporary directories, seen through its own root (it may have a private /tmp)."""
     found = []
     for pid in containerd_pids(proc):
         env = _environ(proc, pid)
@@ -84,7 +84,7 @@ def _fingerprint(directory):
         if os.path.isfile(path) and not os.path.islink(path):
             sizes[name] = os.path.getsize(path)
     try:
-        with open(os.path.join(directory, INVENTORY), "rb") as handle:
+        with open(os.path.join(directory, layout.IMAGES_INVENTORY), "rb") as handle:
             inventory = handle.read()
     except OSError:
         inventory = None
@@ -103,7 +103,7 @@ def _is_copy_of(candidate, images_fingerprint):
 
 
 class LeakGuard:
-    """with LeakGuard(images_dir): docker start --checkpoint ...  -- removes the copy containerd leaves."""
+    """With LeakGuard(images_dir): docker start --checkpoint ...  -- removes the copy containerd leaves."""
 
     def __init__(self, images_dir, proc="/proc"):
         self.images_dir = images_dir

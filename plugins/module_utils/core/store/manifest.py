@@ -23,7 +23,7 @@ import os
 import re
 
 from ..base import layout, schema
-from ..clients.criu_cli import major as criu_major
+from ..clients import criu_cli
 from ..linux import fs
 from . import hashing, signature, status
 from .world import image_reason
@@ -362,8 +362,8 @@ def _compare(manifest, hashes, expect, already_reported):
     wrong = image_reason((manifest.get("image") or {}).get("id"), expect.get("image_id"))
     if wrong:
         reasons.append(wrong)
-    wanted_criu = criu_major(expect.get("criu_version"))
-    taken_criu = criu_major(manifest["engine"].get("criu_version"))
+    wanted_criu = criu_cli.major(expect.get("criu_version"))
+    taken_criu = criu_cli.major(manifest["engine"].get("criu_version"))
     if wanted_criu is not None and taken_criu != wanted_criu:
         reasons.append("criu_mismatch: snapshot was taken with CRIU %s, this host has %s"
                        % (manifest["engine"].get("criu_version"), expect["criu_version"]))
@@ -374,7 +374,7 @@ def _compare(manifest, hashes, expect, already_reported):
 
 
 def _scope_reason(trusted, details, data):
-    """signature_untrusted when the key that signed the snapshot (authenticated: the manifest's bytes are the signed
+    """Signature_untrusted when the key that signed the snapshot (authenticated: the manifest's bytes are the signed
     ones) may not sign the identity its manifest names (the node's policy, keyscope.py)."""
     if not details["authenticated"] or data is None:
         return None

@@ -49,7 +49,7 @@ def test_a_socket_directory_that_cannot_be_made_names_the_variable_and_the_engin
     assert blocker.is_file()
 
 
-# -- who may talk to the agent: root and the engine's own user, checked by the peer's credentials (issue 28) ----
+# -- who may talk to the agent: root and the engine's own user, checked by the peer's credentials ----
 
 ENGINE_UID, OTHER_UID = 4243, 4242  # an engine image's user, and anyone else on the node
 ENGINE = r'''

@@ -1,4 +1,4 @@
-"""Every copy of a snapshot its own randomness (issue 28): the agent re-seeds the interpreter's generators (real
+"""Every copy of a snapshot its own randomness: the agent re-seeds the interpreter's generators (real
 forked copies of one process, as clones of one snapshot are), calls the engine's RESTORE_POST hooks with the
 restore's nonce once per restore, and notices a restore by itself; the protocol's resumed operation and its nonce;
 the pipeline's reseed stage, which tells a real agent socket the nonce of the metadata file (an old agent, or none,

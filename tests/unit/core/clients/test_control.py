@@ -78,7 +78,7 @@ def test_an_endpoint_url_that_cannot_be_asked_is_refused_naming_endpoint_without
 
 
 def test_a_password_in_the_endpoint_url_is_in_no_message_nor_result():
-    """npu_snapshot_lock's endpoint: http://admin:s3cretpw@... -- the message and the result's endpoint said it."""
+    """Npu_snapshot_lock's endpoint: http://admin:s3cretpw@... -- the message and the result's endpoint said it."""
     port = free_port()
     client = control.client_for_endpoint("http://admin:s3cretpw@127.0.0.1:%d/" % port)
     assert client.where == "http://127.0.0.1:%d" % port
@@ -126,7 +126,7 @@ def test_a_socket_path_longer_than_sun_path_is_reached_through_its_directory():
         shutil.rmtree(directory)
 
 
-# -- the host never follows a link planted inside a process's root (issue 28) ------------------------------------
+# -- the host never follows a link planted inside a process's root ------------------------------------
 
 @pytest.fixture
 def jailed():

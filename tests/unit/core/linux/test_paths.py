@@ -42,7 +42,7 @@ def pod(root):
 
 
 def test_a_symlink_inside_the_store_is_refused_wherever_it_points(tmp_path):
-    """Issue 13: a link below the snapshot root was followed and the whole snapshot written elsewhere."""
+    """A link below the snapshot root was followed and the whole snapshot written elsewhere."""
     store = tmp_path / "store"
     (store / "ns").mkdir(parents=True)
     (tmp_path / "elsewhere").mkdir()

@@ -1,4 +1,4 @@
-"""Secure by default and keys scoped to identities (issue 28, 3 and 5): what a host requires, which identities a
+"""Secure by default and keys scoped to identities: what a host requires, which identities a
 trusted key may sign and an encryption key decrypt, and the refusals, before anything of the images is read.
 
 Real Ed25519 and AES keys, real sealing and verification; the only fake is an attempt's fields."""

@@ -1,4 +1,4 @@
-"""The NPU device files (issue 24) in pure functions: the NPU plugin's image, the check before CRIU runs, the version
+"""The NPU device files in pure functions: the NPU plugin's image, the check before CRIU runs, the version
 refusal, the agent's device_memory field, and the rewrite of the inet sockets' local address in CRIU's files.img."""
 
 import os

@@ -62,7 +62,7 @@ def test_each_chunk_is_plain_aes_256_gcm_under_the_identitys_hkdf_key_with_its_p
                                     "other pod", "other namespace"])
 def test_any_change_the_wrong_key_or_another_snapshots_binding_fails_to_authenticate(files, damage):
     """The same bytes read as another file, another generation of the same pod, another pod or another namespace's:
-    the chunk was bound to its own, and does not authenticate (the splice of issue 28, 5)."""
+    the chunk was bound to its own, and does not authenticate (the splice of 5)."""
     plain, cipher, out = files
     key = os.urandom(32)
     encryption.encrypt_file(key, str(plain), str(cipher), REL, BOUND, chunk_bytes=1024)
@@ -213,7 +213,7 @@ def test_what_is_encrypted():
 
 
 def test_the_ciphertext_is_hashed_as_it_is_written_whole_and_per_chunk(tmp_path):
-    """host_checkpoint takes sealing's digests of the ciphertext from encryption's own buffers (seal.WrittenDigest)
+    """Host_checkpoint takes sealing's digests of the ciphertext from encryption's own buffers (seal.WrittenDigest)
     instead of reading it back: they are those of the finished files, whole and per chunk of the chunk index
     (chunks that straddle encryption's)."""
     import hashlib

@@ -1,4 +1,4 @@
-"""Fleet (issue 12): clones of another instance's snapshot, the record of restores beside a snapshot, and what
+"""Fleet: clones of another instance's snapshot, the record of restores beside a snapshot, and what
 retention makes of it. Real files, real processes (a `sleep` as the holder of a restore), the node runtime's
 real request parsing and verification with a fake runc at the process boundary."""
 

@@ -1,4 +1,4 @@
-"""Freshness (issue 28, 4): a snapshot's signed generation only grows per identity, a node refuses one older than it
+"""Freshness: a snapshot's signed generation only grows per identity, a node refuses one older than it
 has restored (rollback:) and an expired one (expired:), and the counters that keep them are root's alone.
 
 Real files, real flocks, real processes racing for the high-water mark."""

@@ -70,7 +70,7 @@ def test_a_signed_snapshot_is_authenticated_and_an_unsigned_one_refused_where_ke
 
 
 def rewrite_consistently(final, new_pages, key=None):
-    """The attack of issue 13: change the memory, then make checksum.sha256 and the manifest match."""
+    """The attack of change the memory, then make checksum.sha256 and the manifest match."""
     pages = final / "host" / "criu" / "pages-1.img"
     pages.write_bytes(new_pages)
     staging = final.parent / ".pod-a.partial"
@@ -178,7 +178,7 @@ def test_a_signature_document_with_a_key_id_of_another_type_is_invalid_not_a_cra
     "MC4CAQAwBQYDK2VwBCIEIFl9Vdn7IUHxfBD/+ph7\n  CFGasNf4CuO4LHHc2jHWYHOf\n",  # a YAML-folded Vault value
 ])
 def test_a_key_given_without_its_pem_armour_is_refused_without_repeating_any_of_it(value):
-    """host_checkpoint's signing_key is no_log, but Ansible masks only the whole value, and its action plugin's result
+    """Host_checkpoint's signing_key is no_log, but Ansible masks only the whole value, and its action plugin's result
     is not masked at all: not one piece of a key may reach a message."""
     with pytest.raises(ParameterError) as error:
         signature.load_private_key(value)
@@ -197,7 +197,7 @@ def test_a_missing_key_file_is_still_named(tmp_path):
 @pytest.mark.parametrize("mode", [0o1777, 0o755, 0o750, 0o711])
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_an_existing_key_directory_others_can_reach_is_refused_and_never_changed(tmp_path, mode, check_mode):
-    """path: /tmp or ~ given by mistake was made 0700 (and /tmp with it) before the check could see its mode."""
+    """Path: /tmp or ~ given by mistake was made 0700 (and /tmp with it) before the check could see its mode."""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(str(shared), mode)

@@ -1,4 +1,4 @@
-"""Signed on the controller (issue 28, 3): the node's sealed snapshot goes up, the signature comes down, and nothing
+"""Signed on the controller: the node's sealed snapshot goes up, the signature comes down, and nothing
 is published unsigned in between -- the publish and abort phases of host_checkpoint, and what the action plugin
 checks before it signs. Real sealing, claims, status records and Ed25519 keys; no CRIU (the seal phase's checkpoint
 is the integration tests': test_trust_by_default, test_trust)."""

@@ -1,4 +1,4 @@
-"""snapshot_canary's headers are no_log (issue 28): a header's value -- an engine's bearer token -- never reaches a
+"""Snapshot_canary's headers are no_log: a header's value -- an engine's bearer token -- never reaches a
 task result, a failure's message or the invocation; only canary.json (0600) keeps it, to ask again at a restore.
 The real module through ansible, against the sample workload."""
 
