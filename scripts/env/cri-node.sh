@@ -12,7 +12,8 @@
 #                                                      netns, veths, bridge, IPAM (images and config stay)
 #   bash scripts/env/cri-node.sh status [NODE...]      one JSON object per node: running, pid, socket, paths
 #
-# NODE is node-a or node-b (default: both). Layout of node-X (X = a, b; N = 1, 2):
+# NODE is node-a or node-b (default: both); node-c .. node-z are for a test that breaks a node of its own.
+# Layout of node-X (X = a .. z; N = 1 .. 26):
 #   /etc/inferops-cri/node-X/config.toml        containerd config (version 2), imports conf.d/*.toml
 #   /etc/inferops-cri/node-X/conf.d/            drop-ins (the snapshot_node role's runtime handler goes here)
 #   /etc/inferops-cri/node-X/net.d/             its CNI network (bridge + host-local + portmap; loopback by the CRI)
@@ -69,11 +70,10 @@ trap 'die "unexpected failure (rc=$?) at cri-node.sh:$LINENO: $BASH_COMMAND"' ER
 # ---------------------------------------------------------------------------------------------- node layout
 node_vars() {   # $1: node name -> the variables of that node
     NODE=$1
-    case $NODE in
-        node-a) N=1 ;;
-        node-b) N=2 ;;
-        *) die "unknown node '$NODE'" "the test nodes are: ${ALL_NODES[*]}" ;;
-    esac
+    # node-a and node-b are the tests' two nodes; node-c .. node-z are for tests that must break a node of their
+    # own (kill its daemon, tear it down) without touching the pods of other tests on node-a and node-b
+    [[ $NODE =~ ^node-([a-z])$ ]] || die "unknown node '$NODE'" "the test nodes are node-a .. node-z"
+    N=$(($(printf '%d' "'${BASH_REMATCH[1]}") - 96))
     ETC=$ETC_BASE/$NODE
     RUN=$RUN_BASE/$NODE
     LIB=$LIB_BASE/$NODE
@@ -255,6 +255,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     enable_selinux = false
     disable_apparmor = true
     netns_mounts_under_state_dir = true
+    # Not below containerd's own score: this machine's root lacks CAP_SYS_RESOURCE, and runc cannot lower
+    # a process's oom_score_adj (the sandbox's -998) without it ("failed to update /proc/self/oom_score_adj")
+    restrict_oom_score_adj = true
     max_container_log_line_size = 16384
 
     [plugins."io.containerd.grpc.v1.cri".cni]
@@ -418,8 +421,8 @@ down_node() {
         done
     fi
     stop_daemon
-    local pid round
-    for round in 1 2 3; do
+    local pid
+    for _ in 1 2 3; do
         for pid in $(node_pids); do kill -KILL "$pid" 2>/dev/null || true; done
         [[ -z $(node_pids) ]] && break
         sleep 0.2
@@ -438,16 +441,17 @@ down_node() {
     rm -rf --one-file-system "$STATE" "$RUNC_ROOT" "$IPAM_DIR" "$SOCK" "$SOCK.ttrpc"
     rm -f /var/lib/cni/results/"$NETWORK"-* 2>/dev/null || true
     local other any=0
-    for other in "${ALL_NODES[@]}"; do
-        ip link show "inferops-cri-${other#node-}" >/dev/null 2>&1 && any=1
+    for other in /sys/class/net/inferops-cri-?; do
+        [[ -e $other ]] && any=1
     done
     ((any)) || ip route del unreachable "$SUPERNET" 2>/dev/null || true
     log "$NODE: down"
 }
 
 node_pids() {   # processes of this node: shims serving its socket, its containers (cgroup and root)
-    local pid cmd root
-    for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    local dir pid cmd root
+    for dir in /proc/[0-9]*; do
+        pid=${dir#/proc/}
         [[ $pid == "$$" ]] && continue
         cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
         if [[ $cmd == *containerd-shim* && $cmd == *"-address $SOCK "* ]]; then echo "$pid"; continue; fi
@@ -480,15 +484,17 @@ remove_cgroups() {   # the node's pod cgroups, in every hierarchy, deepest first
 
 remove_portmap_rules() {   # the portmap plugin's DNAT rules of this node's network (hostPort pods)
     command -v iptables-save >/dev/null || return 0
-    local rule chain
-    iptables-save -t nat 2>/dev/null | grep -F -- "\"$NETWORK\"" | grep '^-A ' | while read -r rule; do
+    local rule chain rules
+    rules=$(iptables-save -t nat 2>/dev/null | grep -F -- "\"$NETWORK\"" | grep '^-A ' || true)
+    [[ -n $rules ]] || return 0
+    while read -r rule; do
         chain=$(awk '{ for (i = 1; i < NF; i++) if ($i == "-j") print $(i + 1) }' <<<"$rule")
         eval "iptables -t nat ${rule/-A /-D }" 2>/dev/null || true
         if [[ $chain == CNI-DN-* ]]; then
             iptables -t nat -F "$chain" 2>/dev/null || true
             iptables -t nat -X "$chain" 2>/dev/null || true
         fi
-    done
+    done <<<"$rules"
     return 0
 }
 
