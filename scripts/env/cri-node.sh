@@ -118,9 +118,10 @@ cmd_install() {
     done
     if ((${#missing[@]})); then
         log "installing: ${missing[*]}"
-        apt-get update -q >/dev/null 2>&1 || die "apt-get update failed" "check the host's apt sources"
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-            die "apt-get install ${missing[*]} failed" "run it by hand to see why"
+        local out
+        out=$(apt-get update -q 2>&1) || die "apt-get update failed" "check the host's apt sources" "$(tail -n 5 <<<"$out")"
+        out=$(apt-get install -y -q --no-install-recommends "${missing[@]}" 2>&1) ||
+            die "apt-get install ${missing[*]} failed" "$(tail -n 8 <<<"$out")"
     fi
     local version
     version=$(containerd --version | awk '{ print $3 }')
