@@ -478,7 +478,7 @@ remove_cgroups() {   # the node's pod cgroups, in every hierarchy, deepest first
         find "$top" -depth -type d -exec rmdir {} \; 2>/dev/null || true
     done
     for top in /sys/fs/cgroup/*/"$CGROUP_BASE" /sys/fs/cgroup/"$CGROUP_BASE"; do
-        [[ -d $top ]] && rmdir "$top" 2>/dev/null || true
+        if [[ -d $top ]]; then rmdir "$top" 2>/dev/null || true; fi
     done
     return 0
 }

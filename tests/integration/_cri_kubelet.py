@@ -89,7 +89,7 @@ def start_nodes(image):
     """Both nodes running, ``image`` (a docker image) in their k8s.io namespace; {node: status}."""
     nodes = CriNodes()
     nodes.run("install")
-    status, _ = nodes.start(*NODES)
+    status = nodes.start(*NODES)[0]
     nodes.import_image(image, *NODES)
     return status
 
@@ -1089,6 +1089,12 @@ class CriKubelet:
                     self.cri.call("runtime", "RemoveContainer", pb.RemoveContainerRequest(container_id=container.id))
                 self.cri.call("runtime", "RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
                 self.events.append((sandbox.metadata.name, "orphan removed", sandbox.id))
+            meta = sandbox.metadata
+            shutil.rmtree(self.kubelet_root / "pods" / meta.uid, ignore_errors=True)
+            shutil.rmtree(self.log_root / ("%s_%s_%s" % (meta.namespace, meta.name, meta.uid)), ignore_errors=True)
+            pids = Path("/sys/fs/cgroup/pids" + self.cgroup_root)
+            for cgroup in (pids.rglob("pod" + meta.uid) if pids.is_dir() else []):
+                remove_cgroup(str(cgroup)[len("/sys/fs/cgroup/pids"):])
 
     # -- for the tests -----------------------------------------------------------------------------------
     def abandon(self):
@@ -1166,6 +1172,11 @@ class PodRecord:
             self.containers.setdefault(container["name"], ContainerRecord(container["name"]))
 
 
+def stamp(nanoseconds):
+    """A CRI time (ns since the epoch) as the API writes times."""
+    return datetime.datetime.fromtimestamp(nanoseconds / 1e9, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class ContainerRecord:
     def __init__(self, name):
         self.name = name
@@ -1200,8 +1211,6 @@ class ContainerRecord:
             return
         self.status_state = status.state
         self.image_ref = status.image_ref or self.image_ref
-        stamp = lambda ns: datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ")
         if status.started_at:
             self.started_at = stamp(status.started_at)
         if status.state == 2:  # CONTAINER_EXITED

@@ -53,7 +53,7 @@ def cluster(cri_nodes):
 def scratch(cri_nodes):
     """node-z: a node this file may kill, tear down and reconfigure; down again at the end."""
     nodes = CriNodes()
-    status, _ = nodes.start(SCRATCH_NODE)
+    status = nodes.start(SCRATCH_NODE)[0]
     yield nodes, status[SCRATCH_NODE]
     conf_d = Path(status[SCRATCH_NODE]["conf_d"])
     for dropin in conf_d.glob("*.toml"):
@@ -90,9 +90,11 @@ def test_nodes_start_idempotently(cri_nodes):
         status = cri_nodes[node]
         assert "/var/run/docker" not in Path(status["config"]).read_text()
         config = Path(status["config"]).read_text()
-        for setting in ('sandbox_image = "docker.io/inferops-cri/pause:local"', 'snapshotter = "%s"' % status[
-                "snapshotter"], "SystemdCgroup = false", 'Root = "%s"' % str(Path(status["runc_root"]).parent),
-                        'imports = ["%s/*.toml"]' % status["conf_d"], 'default_runtime_name = "runc"'):
+        settings = ('sandbox_image = "docker.io/inferops-cri/pause:local"',
+                    'snapshotter = "%s"' % status["snapshotter"], "SystemdCgroup = false",
+                    'Root = "%s"' % str(Path(status["runc_root"]).parent),
+                    'imports = ["%s/*.toml"]' % status["conf_d"], 'default_runtime_name = "runc"')
+        for setting in settings:
             assert setting in config, (node, setting)
         client = CriClient(status["socket"])
         try:
@@ -237,8 +239,8 @@ def test_pod_status_names_why_it_cannot_start(cluster):
     # a failed RunPodSandbox leaves no sandbox; the image errors' sandboxes go with their pods
     for name in ("nohandler", "noclass", "noimage", "neverpull"):
         api.delete(name)
-    kubelet.wait(lambda: not any(kubelet.record(NAMESPACE, n) for n in ("nohandler", "noclass", "noimage",
-                                                                          "neverpull")), "the four pods removed", 60)
+    names = ("nohandler", "noclass", "noimage", "neverpull")
+    kubelet.wait(lambda: not any(kubelet.record(NAMESPACE, n) for n in names), "the four pods removed", 60)
     assert not [s for s in sandboxes(status) if s.metadata.namespace == NAMESPACE]
     kubelet.wait(lambda: not any(node_leftovers(status).values()) or None, "node-b clean", 30)
 
@@ -306,7 +308,7 @@ def test_dropin_handler_keeps_pods_and_passes_pod_annotations(scratch):
     a drop-in carrying the node's CRI section plus the handler works. Pods keep running through the containerd
     restarts. A pod of the handler's RuntimeClass gets the pod annotations its pod_annotations let through in the OCI
     config (and no others); a pod of the default handler gets none."""
-    nodes, _ = scratch
+    nodes = scratch[0]
     status = nodes.start(SCRATCH_NODE)[0][SCRATCH_NODE]
     conf_d = Path(status["conf_d"])
     server = ApiServer()
@@ -321,7 +323,8 @@ def test_dropin_handler_keeps_pods_and_passes_pod_annotations(scratch):
         api.create(pause_pod("survivor", NAMESPACE, SCRATCH_NODE, annotations={"org.inferops.restore-from": "/x"}))
         survivor = kubelet.wait(lambda: ready(api.pod("survivor")) and api.pod("survivor"), "survivor Ready", 60)
         survivor_id = survivor["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-        survivor_pid = json.loads((Path(status["runc_root"]) / survivor_id / "state.json").read_text())["init_process_pid"]
+        survivor_state = Path(status["runc_root"]) / survivor_id / "state.json"
+        survivor_pid = json.loads(survivor_state.read_text())["init_process_pid"]
 
         handler = ('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.passthrough]\n'
                    '  runtime_type = "io.containerd.runc.v2"\n'
