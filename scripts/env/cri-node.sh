@@ -423,7 +423,7 @@ down_node() {
     fi
     stop_daemon
     local pid
-    for _ in 1 2 3; do
+    for _ in $(seq 50); do   # SIGKILL takes effect when the task next runs: a loaded machine needs a moment
         for pid in $(node_pids); do kill -KILL "$pid" 2>/dev/null || true; done
         [[ -z $(node_pids) ]] && break
         sleep 0.2
@@ -449,18 +449,15 @@ down_node() {
     log "$NODE: down"
 }
 
-node_pids() {   # processes of this node: shims serving its socket, its containers (cgroup and root)
-    local dir pid cmd root
-    for dir in /proc/[0-9]*; do
-        pid=${dir#/proc/}
-        [[ $pid == "$$" ]] && continue
-        cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
-        if [[ $cmd == *containerd-shim* && $cmd == *"-address $SOCK "* ]]; then echo "$pid"; continue; fi
-        if grep -qE ":/$CGROUP_BASE/$NODE(/|\$)" "/proc/$pid/cgroup" 2>/dev/null; then echo "$pid"; continue; fi
-        root=$(readlink "/proc/$pid/root" 2>/dev/null) || continue
-        [[ $root == "$STATE"/* ]] && echo "$pid"
+node_pids() {   # processes of this node: shims serving its socket, its containers (cgroup and root); one pass each
+    {
+        pgrep -f -- "containerd-shim.* -address $SOCK( |\$)" || true
+        grep -lE ":/$CGROUP_BASE/$NODE(/|\$)" /proc/[0-9]*/cgroup 2>/dev/null | cut -d/ -f3 || true
+        find /proc/[0-9]*/root -maxdepth 0 -lname "$STATE/*" 2>/dev/null | cut -d/ -f3 || true
+    } | { grep -vx -e "$$" -e "$BASHPID" || true; } | sort -un | while read -r pid; do
+        # a zombie is dead already (its parent, a killed shim, is gone too): nothing of it is left to kill
+        [[ "$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)" == Z ]] || echo "$pid"
     done
-    return 0
 }
 
 unmount_below() {   # every mount below the given directories, deepest first

@@ -246,15 +246,18 @@ def test_pod_status_names_why_it_cannot_start(cluster):
 
 
 def node_processes(status):
-    """Processes of a node: its containerd-shims, and whatever runs in its pod cgroups."""
+    """Processes of a node: its containerd-shims, and whatever runs in its pod cgroups (zombies are dead: this
+    machine's PID 1 does not reap the orphans it inherits from a killed shim)."""
     found = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             cgroups = (proc / "cgroup").read_text()
-        except OSError:
+        except (OSError, IndexError):
             continue
         if ("containerd-shim" in cmdline and "-address %s " % status["socket"] in cmdline) or \
                 (":%s/" % status["cgroup_parent"]) in cgroups:
