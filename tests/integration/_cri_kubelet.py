@@ -918,8 +918,7 @@ class CriKubelet:
             if state.id:
                 entry["containerID"] = "containerd://" + state.id
             if state.waiting is not None or state.id is None:
-                reason, message = state.waiting or (("ContainerCreating", None) if record.sandbox_error is None
-                                                    else ("ContainerCreating", None))
+                reason, message = state.waiting or ("ContainerCreating", None)
                 entry["state"] = {"waiting": {"reason": reason} | ({"message": message} if message else {})}
             elif state.status_state == self.pb.CONTAINER_RUNNING:
                 entry["state"] = {"running": {"startedAt": state.started_at}}
@@ -1166,7 +1165,7 @@ class PodRecord:
         self.sandbox_error = (reason, message)
         self.sandbox_failures += 1
         self.backoff_until = time.monotonic() + min(10, 2 ** (self.sandbox_failures - 1))
-        for name, state in self.containers.items():
+        for state in self.containers.values():
             state.waiting = ("ContainerCreating", None)
         for container in self.pod["spec"]["containers"]:
             self.containers.setdefault(container["name"], ContainerRecord(container["name"]))
