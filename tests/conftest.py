@@ -412,6 +412,19 @@ def docker_env():
     return "inferops/workload:latest"
 
 
+@pytest.fixture(scope="session")
+def cri_nodes(docker_env):
+    """The two Kubernetes nodes of the tests as clusters run them (scripts/env/cri-node.sh: containerd 1.6 with its CRI
+    plugin and CNI, node-a and node-b) running, the workload image in their k8s.io namespace: {node: its paths and
+    addresses, as `cri-node.sh status` prints them}. Started, or found running from an earlier session: they outlive
+    it (docs/kubernetes.md, "Kubernetes nodes in the tests"). tests/integration/_cri_kubelet.py drives them."""
+    integration = str(REPO / "tests" / "integration")
+    if integration not in sys.path:
+        sys.path.insert(0, integration)
+    from _cri_kubelet import start_nodes  # pylint: disable=import-outside-toplevel
+    return start_nodes(docker_env)
+
+
 def docker(*args, check=True):
     proc = subprocess.run(["docker"] + [str(a) for a in args], capture_output=True, text=True, check=False)
     if check and proc.returncode != 0:

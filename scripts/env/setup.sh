@@ -16,6 +16,9 @@
 #               /dev/davinci_manager (a loop device; the loop driver loaded and a free loop device bound
 #               where a fresh machine has none yet), by tests/simulator/aclsim_ctl.py install --node
 #   4. image    the offline base image inferops/base:bookworm (debootstrap | docker import)
+#   5. cri      the Kubernetes CRI nodes' packages (containerd with its CRI plugin, containernetworking-plugins) and
+#               their pause image, by scripts/env/cri-node.sh install; the nodes themselves are started by the
+#               tests that use them (tests/conftest.py cri_nodes: cri-node.sh start, then import of the workload image)
 #
 # Environment knobs (all optional):
 #   INFEROPS_ENV_RESTART_DOCKER=1  allow restarting a running dockerd that is not configured right
@@ -23,7 +26,7 @@
 #   INFEROPS_CRIU_SUITES="forky sid"  Debian suites tried, in order, for criu 4.2.x
 #   INFEROPS_CRIU_PREFIX=/opt/inferops/criu
 #   INFEROPS_BASE_IMAGE=inferops/base:bookworm
-#   INFEROPS_ENV_STEPS="apt dockerd criu plugin npu image"  run only these steps
+#   INFEROPS_ENV_STEPS="apt dockerd criu plugin npu image cri"  run only these steps
 set -Eeuo pipefail
 umask 022
 
@@ -40,7 +43,7 @@ DAEMON_JSON=/etc/docker/daemon.json
 DOCKERD_LOG=/var/log/inferops-dockerd.log
 DOCKERD_WAIT_S=60
 DAEMON_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu plugin npu image}
+STEPS=${INFEROPS_ENV_STEPS:-apt dockerd criu plugin npu image cri}
 CRIU_PLUGIN_DIR=/usr/lib/criu   # CRIU's built-in plugin directory (criu/include/plugin.h CR_PLUGIN_DEFAULT)
 NPU_PLUGIN=$REPO_ROOT/roles/snapshot_prereqs/files/npu-plugin
 export DEBIAN_FRONTEND=noninteractive
@@ -552,6 +555,18 @@ step_image() {
 }
 
 # --------------------------------------------------------------------------------------------
+# step 5: the CRI nodes' packages
+# --------------------------------------------------------------------------------------------
+# Two containerd instances of their own (node-a, node-b) beside dockerd's, with CNI: docs/kubernetes.md
+# ("Kubernetes nodes in the tests"). Installing is idempotent and takes well under a second once done.
+step_cri() {
+    local out
+    out=$(bash "$REPO_ROOT/scripts/env/cri-node.sh" install 2>&1) ||
+        die "cannot prepare the CRI test nodes (scripts/env/cri-node.sh install):" "$out"
+    log "${out//\[cri-node\] /}"
+}
+
+# --------------------------------------------------------------------------------------------
 run_step() {
     local name=$1 t
     [[ " $STEPS " == *" $name "* ]] || return 0
@@ -570,6 +585,7 @@ main() {
     run_step plugin
     run_step npu
     run_step image
+    run_step cri
     CURRENT_STEP=all
     printf '[setup] environment ready in %ss\n' "$(elapsed "$T0")"
 }
