@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# inferops.snapshot -- the Kubernetes CRI nodes of the tests (issue 37): containerd 1.6 with its CRI plugin, as
+# inferops.snapshot -- the Kubernetes CRI nodes of the tests: containerd 1.6 with its CRI plugin, as
 # clusters run it, twice on this one machine (node-a, node-b), each its own daemon with its own config, root,
 # state, socket, runc root, CNI network and bridge, never touching dockerd's own containerd
 # (/var/run/docker/containerd). docs/kubernetes.md ("Kubernetes nodes in the tests") says what they are for.

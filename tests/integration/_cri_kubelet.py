@@ -1,4 +1,4 @@
-"""The Kubernetes nodes of the tests as clusters run them (issue 37): containerd 1.6's CRI plugin on two nodes of this
+"""The Kubernetes nodes of the tests as clusters run them: containerd 1.6's CRI plugin on two nodes of this
 machine (``scripts/env/cri-node.sh``: node-a, node-b), driven by a kubelet stand-in through the CRI's gRPC API.
 
 - ``CriNodes``: the nodes themselves (start, restart, down, import an image, their paths), through the script.

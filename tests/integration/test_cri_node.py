@@ -1,4 +1,4 @@
-"""The Kubernetes nodes of the tests as clusters run them (issue 37, items 1 and 2): two containerd 1.6 CRI nodes of
+"""The Kubernetes nodes of the tests as clusters run them: two containerd 1.6 CRI nodes of
 their own on this machine (scripts/env/cri-node.sh) and the kubelet stand-in that drives them through the CRI's gRPC
 API (tests/integration/_cri_kubelet.py), against the Kubernetes API emulator.
 
