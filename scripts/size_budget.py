@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Growth of the collection's code as a decision, as checkpointctl's test/check-lib-size.sh makes it for its library.
 
 Counted: every Python file under plugins/ (the generated plugins/module_utils/core/base/schemas.py aside: schemas/ is
@@ -57,7 +56,7 @@ def base(repo):
     start = added[-1] + "^" if git(repo, "rev-list", "--parents", "-n", "1", added[-1]).split()[1:] else added[-1]
     release = git(repo, "log", "-1", "--format=%H", "-G", r"^version:", "--", "galaxy.yml").strip()
     if release and subprocess.run(["git", "-C", repo, "merge-base", "--is-ancestor", start, release],
-                                  capture_output=True).returncode == 0:
+                                  capture_output=True, check=False).returncode == 0:
         return release
     return start
 
@@ -92,7 +91,7 @@ def commits_over_budget(repo, since):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--repo", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = parser.parse_args(argv)
     failed = False

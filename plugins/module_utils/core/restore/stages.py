@@ -14,7 +14,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import collections
-import os
 
 from ..base import layout
 from ..linux import fs, mounts, plaintext, proc
