@@ -4,6 +4,7 @@ run the collection's modules exactly as Ansible runs them (ansible ad-hoc, real 
 import contextlib
 import datetime
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -189,6 +190,14 @@ def posix_locks(pid):
     with open("/proc/locks") as handle:
         fields = [line.split() for line in handle]
     return sorted((f[3], f[5], f[6], f[7]) for f in fields if len(f) > 7 and f[1] == "POSIX" and f[4] == str(pid))
+
+
+def load_file_module(name, path):
+    """The Python file at ``path`` (a script of the repository) imported as the module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def protobuf_varint(value):

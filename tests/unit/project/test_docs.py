@@ -3,7 +3,6 @@ and current, the generator reads the docs the way ansible-doc does, the error me
 troubleshooting.md is keyed by exist in the code, and relative links resolve."""
 
 import ast
-import importlib.util
 import json
 import os
 import re
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import COLLECTIONS, REPO, ensure_collection_link
+from conftest import COLLECTIONS, REPO, ensure_collection_link, load_file_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import stages
 
@@ -23,14 +22,7 @@ DOCS = REPO / "docs"
 GENERATOR = REPO / "scripts" / "gen_module_docs.py"
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_module_docs", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = load_generator()
+gen = load_file_module("gen_module_docs", GENERATOR)
 
 
 def module_names():

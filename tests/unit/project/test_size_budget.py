@@ -2,26 +2,18 @@
 code over its cap, and no commit since the last release growing the code past a budget without a ``Size-Budget:``
 trailer saying why. The tree is checked as it is; the rule itself on small repositories made for it."""
 
-import importlib.util
 import re
 import subprocess
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_file_module
 
 SCRIPT = REPO / "scripts" / "size_budget.py"
 DOC = REPO / "docs" / "architecture.md"
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("size_budget", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-budget = load()
+budget = load_file_module("size_budget", SCRIPT)
 
 
 def test_the_tree_keeps_its_size_budget(capsys):
