@@ -214,14 +214,7 @@ def _list(directory, plan, trusted, expect, details):
     except (ChecksumFormatError, UnicodeDecodeError, ValueError, IOError, OSError) as exc:
         raise _Refused(["checksum_unreadable: %s: %s" % (CHECKSUMS, exc)])
     details["fingerprint"] = hashlib.sha256(raw).hexdigest()
-    # Who made it, before anything else is read: an untrusted snapshot is refused whatever it holds.
-    signed = None
-    if plan.files is not None and layout.SIGNATURE in plan.files.fds:
-        signed = _read(directory, plan, layout.SIGNATURE, 64 * 1024)
-    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw,
-                                                                           document=signed)
-    if refused:
-        raise _Refused([refused])
+    _authenticate(directory, plan, trusted, raw, details)
     reasons = _fingerprint_reasons(directory, details["fingerprint"], expect.get("checksum"))
     try:
         # A restore's files are the ones it holds, which is what it restores from: a file held and then unlinked
@@ -236,6 +229,17 @@ def _list(directory, plan, trusted, expect, details):
                    for rel in sorted(set(listed) - present))
     reasons.extend("file_unlisted: %s is not covered by %s" % (rel, CHECKSUMS) for rel in sorted(present - set(listed)))
     return listed, present, reasons
+
+
+def _authenticate(directory, plan, trusted, raw, details):
+    """Who made it, before anything else is read: an untrusted snapshot is refused (_Refused) whatever it holds."""
+    signed = None
+    if plan.files is not None and layout.SIGNATURE in plan.files.fds:
+        signed = _read(directory, plan, layout.SIGNATURE, 64 * 1024)
+    details["authenticated"], refused, details["key_id"] = signature.check(directory, trusted, checksums=raw,
+                                                                           document=signed)
+    if refused:
+        raise _Refused([refused])
 
 
 def _hash(directory, plan, listed, present, trusted, workers, progress, details):
@@ -254,24 +258,8 @@ def _hash(directory, plan, listed, present, trusted, workers, progress, details)
         details["authenticated"] = False
         raise _Refused([refused])
     whole, chunked, chunks = _jobs(documents, listed, to_hash, hashes, size_of)
-    later = [rel for rel in whole + sorted(chunked) if plan.action(rel) == DEFER]
-    if later:
-        details["deferred"] = {"whole": [rel for rel in later if rel in whole],
-                               "chunked": dict((rel, (chunked[rel], chunks[rel]["chunks"])) for rel in later
-                                               if rel in chunked),
-                               "listed": dict((rel, listed[rel]) for rel in later)}
-        hashes.update((rel, (size_of(rel), listed[rel])) for rel in later)  # the size is checked against the manifest
-        whole = [rel for rel in whole if rel not in hashes]
-        chunked = dict((rel, size) for rel, size in chunked.items() if rel not in hashes)
-    try:
-        if plan.files is not None:
-            missing = sorted(rel for rel in whole + list(chunked) if rel not in plan.files.fds)
-            if missing:
-                raise ValueError("%s appeared after the restore began" % ", ".join(missing))
-        whole_hashes, chunk_hashes, stats = hashing.hash_tree(directory, whole, chunked, workers=workers,
-                                                              progress=progress, files=plan.files)
-    except (IOError, OSError, ValueError) as exc:
-        raise _Refused(["unreadable: the snapshot's files could not be hashed: %s" % exc])
+    whole, chunked, later = _defer(plan, whole, chunked, chunks, listed, hashes, size_of, details)
+    whole_hashes, chunk_hashes, stats = _hash_jobs(directory, plan, whole, chunked, workers, progress)
     hashes.update(whole_hashes)
     for rel in chunked:
         good = [digest for _length, digest in chunk_hashes[rel]] == chunks[rel]["chunks"]
@@ -280,6 +268,33 @@ def _hash(directory, plan, listed, present, trusted, workers, progress, details)
     stats.update(chunked_files=len(chunked), **({"deferred_files": len(later)} if later else {}))
     details.update(hashing=stats, files=len(hashes), bytes=sum(size for size, _digest in hashes.values()))
     return hashes
+
+
+def _defer(plan, whole, chunked, chunks, listed, hashes, size_of, details):
+    """The files the plan defers taken out of this read (their size checked against the manifest, their content left to
+    verify_deferred, as ``details["deferred"]``); returns what is left to hash now, and the deferred files."""
+    later = [rel for rel in whole + sorted(chunked) if plan.action(rel) == DEFER]
+    if not later:
+        return whole, chunked, later
+    details["deferred"] = {"whole": [rel for rel in later if rel in whole],
+                           "chunked": dict((rel, (chunked[rel], chunks[rel]["chunks"])) for rel in later
+                                           if rel in chunked),
+                           "listed": dict((rel, listed[rel]) for rel in later)}
+    hashes.update((rel, (size_of(rel), listed[rel])) for rel in later)
+    return ([rel for rel in whole if rel not in hashes],
+            dict((rel, size) for rel, size in chunked.items() if rel not in hashes), later)
+
+
+def _hash_jobs(directory, plan, whole, chunked, workers, progress):
+    """hashing.hash_tree of what is left, through the plan's held files; _Refused when it cannot be read."""
+    try:
+        if plan.files is not None:
+            missing = sorted(rel for rel in whole + list(chunked) if rel not in plan.files.fds)
+            if missing:
+                raise ValueError("%s appeared after the restore began" % ", ".join(missing))
+        return hashing.hash_tree(directory, whole, chunked, workers=workers, progress=progress, files=plan.files)
+    except (IOError, OSError, ValueError) as exc:
+        raise _Refused(["unreadable: the snapshot's files could not be hashed: %s" % exc])
 
 
 def _read_documents(directory, plan, listed, kept, hashes, details):
