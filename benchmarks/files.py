@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from common import MB, MIB, run  # pylint: disable=import-error
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest as manifest_utils
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest
 
 
 class Files:
@@ -75,15 +75,15 @@ class Files:
         """snapshot_verify (through ansible and in-process) vs sha256sum over the same files, warm and cold."""
         snap = w["snapshot_dir"]
         nbytes = self.snapshot_bytes(snap)
-        with open(os.path.join(snap, manifest_utils.CHECKSUMS)) as handle:
-            files = sorted(manifest_utils.parse_checksums(handle.read()))
+        with open(os.path.join(snap, manifest.CHECKSUMS)) as handle:
+            files = sorted(manifest.parse_checksums(handle.read()))
 
         def module():
             return self.verify_module(w)
 
         def inproc(workers=None):
             t0 = time.monotonic()
-            valid, reasons, details = manifest_utils.verify(snap, expect={"identity": w["identity"]}, workers=workers)
+            valid, reasons, details = manifest.verify(snap, expect={"identity": w["identity"]}, workers=workers)
             if not valid:
                 raise RuntimeError("verify: %s" % reasons)
             return time.monotonic() - t0, {"workers": details["hashing"]["workers"], "chunks": details["hashing"].get("chunks"),
@@ -91,7 +91,7 @@ class Files:
 
         def sha256sum():
             t0 = time.monotonic()
-            run(["sha256sum", "--check", "--strict", "--quiet", manifest_utils.CHECKSUMS], cwd=snap)
+            run(["sha256sum", "--check", "--strict", "--quiet", manifest.CHECKSUMS], cwd=snap)
             return time.monotonic() - t0, {}
 
         def sha256sum_parallel():

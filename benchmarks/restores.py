@@ -14,10 +14,10 @@ import time
 
 from common import FirstAnswer, OPENER, docker, log, run  # pylint: disable=import-error
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import docker_cli as docker_client
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import docker_cli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import checkpoint, containerd_leak
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (container_record as container,
-                                                                                   status as status_record)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (container_record,
+                                                                                   status)
 
 
 class Restores:
@@ -84,7 +84,7 @@ class Restores:
         identity = "/".join(w["identity"][k] for k in ("namespace", "service", "instance", "pod"))
         env = {layout.ENV_RESTORE_FROM: snap, "INFEROPS_RESTORE_IDENTITY": identity}
         argv = ["run", "--detach", "--runtime", self.prefix] + self.with_env_file(
-            container.create_args(w["record"], w["name"], env))
+            container_record.create_args(w["record"], w["name"], env))
         self.settle(warm=() if cold_cache else (warm or [snap]))
         wall_t0 = time.time()
         t0 = time.monotonic()
@@ -98,7 +98,7 @@ class Restores:
             self.why_no_answer(w)
             raise
         restored = self.was_restored(w, wall_t0)
-        last = (status_record.read(snap) or {}).get("last_restore") or {}
+        last = (status.read(snap) or {}).get("last_restore") or {}
         self.record("ttfa", variant, w["size_mb"], rep, seconds, restored=restored, correct=self.check_answers(w, answer) and restored,
                     docker_run_s=round(run_s, 3), runtime=last, reason=last.get("reason"),
                     stages={"host_restore": round(run_s, 3)})
@@ -108,7 +108,7 @@ class Restores:
     def with_env_file(self, create):
         """A CreateArgs as docker's arguments: its environment (the restore request included) in an --env-file, 0600,
         as DockerCli.create hands it over -- a CreateArgs used as a plain list has no environment at all."""
-        path, by_name = docker_client.write_env_file(tempfile.mkdtemp(dir=self.workdir), create.env)
+        path, by_name = docker_cli.write_env_file(tempfile.mkdtemp(dir=self.workdir), create.env)
         if by_name:
             raise RuntimeError("the bench's workloads have no multi-line environment values: %s" % sorted(by_name))
         return ["--env-file", path] + list(create)
@@ -123,8 +123,8 @@ class Restores:
             % (w["name"], state, logs.stdout, logs.stderr, json.dumps((self.runtime_log() or [None])[-1])[:4000]))
 
     def recreate_args(self, w, verb, env_overrides=None):
-        record = container.read_container_record(w["snapshot_dir"])
-        args = ["create"] + self.with_env_file(container.create_args(record, w["name"], env_overrides))
+        record = container_record.read_container_record(w["snapshot_dir"])
+        args = ["create"] + self.with_env_file(container_record.create_args(record, w["name"], env_overrides))
         return [verb] + args[1:]
 
     def write_metadata(self, name):

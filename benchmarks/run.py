@@ -39,7 +39,7 @@ from common import (  # pylint: disable=import-error
     machine_info, run, stage_cache,
 )
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import container_record as container
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import container_record
 import report  # pylint: disable=import-error
 from base import BenchBase  # pylint: disable=import-error
 from bare_process import BareProcess  # pylint: disable=import-error
@@ -86,7 +86,7 @@ class Bench(BenchBase, Floors, Files, Generation, Restores, BareProcess, Orchest
             self.settle()
             gen = self.playbook("generate", [w], **self.resume_var(True))
             sample = self.record_generate(gen, w, rep, "host_checkpoint_runc")
-            w["record"] = container.read_container_record(w["snapshot_dir"])
+            w["record"] = container_record.read_container_record(w["snapshot_dir"])
             self.raw_runc_checkpoint(w, cid, rep, "after")
             self.fsync_write(size_mb, sample["total_bytes"], rep)
             self.verify_rate(w, rep)
