@@ -796,6 +796,10 @@ SCHEMAS = json.loads(r'''
     },
     "type": "array"
    },
+   "format_version": {
+    "minimum": 1,
+    "type": "integer"
+   },
    "generation": {
     "minimum": 0,
     "type": "integer"

@@ -112,9 +112,9 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, progress
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
                                               trusted=trusted, plan=plan)
     recorded = details["manifest"]
-    mismatch = engine_reason(recorded, engine)
-    if mismatch:
-        reasons.append(mismatch)
+    for mismatch in (engine_reason(recorded, engine), manifest.format_reason(recorded) if recorded else None):
+        if mismatch:
+            reasons.append(mismatch)
     inventory = os.path.join(layout.IMAGES_DIR, layout.IMAGES_INVENTORY)
     if valid and not (inventory in plan.files.fds if plan.files is not None else
                       os.path.isfile(os.path.join(snapshot_dir, inventory))):

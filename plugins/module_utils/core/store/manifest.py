@@ -365,6 +365,17 @@ def verify_deferred(directory, deferred, workers=None, progress=None, files=None
     return reasons, stats
 
 
+def format_reason(recorded):
+    """Why a verified manifest is of a snapshot format this code does not read (None when it is its own)."""
+    found = (recorded or {}).get("format_version", 1)
+    if found == layout.SNAPSHOT_FORMAT:
+        return None
+    return ("format_mismatch: the snapshot is of format %d (made by inferops.snapshot %s), this collection restores "
+            "format %d; take a new snapshot (a generation replaces it)"
+            % (found, ((recorded.get("world") or {}).get("host") or {}).get("collection", "before 0.4.0"),
+               layout.SNAPSHOT_FORMAT))
+
+
 def _compare(manifest, hashes, expect, already_reported):
     reasons = []
     for item in manifest["files"]:

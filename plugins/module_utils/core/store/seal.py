@@ -410,7 +410,7 @@ def seal(staging_dir, fields, workers=None, progress=None, known=None, durable=T
     hashes, stats = seal_hashes(staging_dir, relpaths, workers=workers, progress=progress, known=known)
     stats["fsync_seconds"] = flusher.finish() if flusher is not None else None
     files, total = manifest.manifest_files(hashes)
-    document = dict(fields, schema_version=1, files=files, total_bytes=total)
+    document = dict(fields, schema_version=1, format_version=layout.SNAPSHOT_FORMAT, files=files, total_bytes=total)
     schema.validate("manifest", document, "manifest")
     data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
     fs.write_file_atomic(os.path.join(staging_dir, manifest.MANIFEST), data)

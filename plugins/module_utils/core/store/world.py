@@ -301,9 +301,6 @@ def compare(recorded, current_process, criu_version=None, runc_version=None):
     now = host_facts(criu_version, runc_version)
     if host.get("kernel") != now["kernel"]:
         reasons.append("kernel_mismatch: snapshot taken on kernel %s, this host runs %s" % (host.get("kernel"), now["kernel"]))
-    if _release(host.get("collection"), 2) != _release(now["collection"], 2):
-        reasons.append("collection_mismatch: snapshot made by inferops.snapshot %s, this is %s"
-                       % (host.get("collection"), now["collection"]))
     if host.get("runc") and runc_version and _release(host["runc"], 2) != _release(runc_version, 2):
         reasons.append("runc_mismatch: snapshot taken with runc %s, this host has %s" % (host["runc"], runc_version))
     return reasons

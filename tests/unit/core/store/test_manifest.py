@@ -220,3 +220,18 @@ def test_is_page_image_names_only_crius_page_images():
     assert not layout.is_page_image("host/criu/pagemap-1.img")
     assert not layout.is_page_image("host/criu/sub/pages-1.img")
     assert not layout.is_page_image("device/pages-1.img")
+
+
+def test_a_snapshot_records_its_format_and_a_restore_reads_only_its_own(tmp_path):
+    """The compatibility rule compares the snapshot's own format version, not the release of the collection that
+    wrote it: a manifest of another format (or none: before 0.4.0, format 1) is format_mismatch, whichever release."""
+    final, recorded, _digest = sealed_snapshot(tmp_path)
+    assert recorded["format_version"] == layout.SNAPSHOT_FORMAT and manifest_utils.format_reason(recorded) is None
+    older = dict(recorded)
+    del older["format_version"]
+    assert manifest_utils.format_reason(older).startswith(
+        "format_mismatch: the snapshot is of format 1 (made by inferops.snapshot before 0.4.0), this collection "
+        "restores format %d" % layout.SNAPSHOT_FORMAT)
+    newer = dict(recorded, format_version=layout.SNAPSHOT_FORMAT + 1)
+    assert manifest_utils.format_reason(newer).startswith("format_mismatch: the snapshot is of format %d"
+                                                          % (layout.SNAPSHOT_FORMAT + 1))
