@@ -104,6 +104,8 @@ class OnCreate(Driver):
     def locate(self, attempt):
         """Everything decided before the snapshot's contents are touched: the request, the policy, the path."""
         request, create = self.request, self.create
+        if request.get("refused"):  # the node cannot tell who asks, or cannot trust its own settings (node/runtime.py)
+            raise Fallback(request["refused"])
         if request["problems"]:
             raise Fallback("bad_request: %s" % "; ".join(request["problems"]))
         if create["unknown"] or create["preserve_fds"] or "--no-new-keyring" in create["flags"]:
