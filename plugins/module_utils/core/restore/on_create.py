@@ -27,7 +27,7 @@ from ..clients.runc_cli import StoppedRestore
 from ..linux import fs, netns, paths, proc, syscalls
 from ..store import criu_images, device, fleet, manifest, metadata, world
 from ..store.container_record import parse_container_record
-from . import held, verify
+from . import held, reseed, verify
 from .attempt import Fallback
 from .driver import Driver
 from .stages import CACHE, HELD, RESTORE
@@ -422,9 +422,10 @@ class OnCreate(Driver):
         for detail in ("record_error", "lazy_pages", "file_locks", "reseed"):
             if detail in attempt.details:
                 record[detail] = attempt.details[detail]
-        unauthenticated = verify.unauthenticated_warning(verdict, attempt.require_signature)
-        if unauthenticated and attempt.restored:
-            record["warning"] = unauthenticated
+        warnings = [verify.unauthenticated_warning(verdict, attempt.require_signature),
+                    reseed.not_told(attempt.details.get("reseed"))]
+        if attempt.restored and any(warnings):
+            record["warning"] = "; ".join(warning for warning in warnings if warning)
         self.node.log.event("restore", **record)
 
     # -- this path's own steps ----------------------------------------------------------------------

@@ -20,7 +20,8 @@ from conftest import BIN, COLLECTIONS, REPO, ensure_collection_link
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu_cli as criu, runc_cli as runc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import syscalls
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create, reseed
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 
 ROLE = REPO / "roles" / "snapshot_node"
@@ -489,6 +490,24 @@ def test_settings_the_runtime_cannot_trust_make_every_restore_a_cold_start_never
     assert record["outcome"] == "cold" and record["reason"] == config["unusable"], record
     assert record["verify"]["valid"] is None, "nothing of the snapshot was read"
     assert (config["runc"] == fake_node["runc"]) is (case == "0644"), "the runc of root's settings only"
+
+
+def test_a_restore_whose_engine_was_not_told_says_reseed_not_told_in_the_runtimes_log(fake_node):
+    """The runtime's log line of a restored container whose engine has no agent socket: ``reseed`` said ``told:
+    false`` among the details, and no warning; copies of the snapshot may share their random streams."""
+    b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": "/s"})
+    spec_ = json.loads((Path(b) / "config.json").read_text())
+    node = rr.Runtime(fake_node["config"], CONTAINERD_GLOBALS + ["create", "--bundle", b, CID]).node
+    driver = on_create.OnCreate(node, spec_, b, rr.parse_create(["--bundle", b, CID]),
+                                rr.restore_request(spec_, fake_node["config"]), {}, "4.2.1")
+    attempt = Attempt("/s", 5)
+    attempt.restored = True
+    attempt.details["reseed"] = reseed.tell(os.getpid(), str(fake_node["tmp"] / "no-agent"), "0" * 32, 5)
+    driver.commit(attempt)
+    record = log_records(fake_node)[-1]
+    assert record["outcome"] == "restored" and record["reseed"]["told"] is False
+    assert record["warning"] == reseed.not_told(attempt.details["reseed"]), record
+    assert record["warning"].startswith("reseed: not_told: the restored process has no agent socket at ")
 
 
 def test_settings_as_the_role_writes_them_are_used():
