@@ -40,11 +40,16 @@ def read_tree(source):
     return files
 
 
+def _below(rel):
+    """Whether ``rel`` names a file below dest: relative, no empty, '.' or '..' component, not the install list."""
+    return isinstance(rel, str) and not rel.startswith("/") and rel != INSTALLED and \
+        not any(part in ("", ".", "..") for part in rel.split("/"))
+
+
 def _checked(files):
     decoded = {}
     for rel, data in sorted(files.items()):
-        parts = rel.split("/")
-        if rel.startswith("/") or any(part in ("", ".", "..") for part in parts) or rel == INSTALLED:
+        if not _below(rel):
             raise ParameterError("files: %r is not a relative path below dest; give paths like 'pkg/module.py'" % rel,
                                  field="files")
         try:
@@ -68,8 +73,16 @@ def _differs(path, data, mode):
 
 
 def _previously_installed(dest):
+    """What an earlier run installed, from its list; each entry is checked as ``files`` are (the list names what is
+    removed: one naming '../' or an absolute path would remove a file outside dest)."""
     listed = (fs.read_json(os.path.join(dest, INSTALLED)) or {}).get("files")
-    return set(rel for rel in listed if isinstance(rel, str)) if isinstance(listed, list) else set()
+    listed = listed if isinstance(listed, list) else []
+    for rel in listed:
+        if not _below(rel):
+            raise ParameterError("dest: %s lists %r, which is not a relative path below dest: this module never wrote "
+                                 "it; remove that entry (or the file) and run again"
+                                 % (os.path.join(dest, INSTALLED), rel), field="dest")
+    return set(listed)
 
 
 def check_dest(dest):
@@ -102,9 +115,12 @@ def _check_targets(dest, written, removed):
             if not os.path.lexists(path):
                 break
             last = depth == len(parts)  # the file itself: a rename replaces a file or a link, never a directory
-            if (os.path.isdir(path) and not os.path.islink(path)) if last else not os.path.isdir(path):
+            # a directory on the way is a real one: through a link, a removal would reach outside dest
+            if (os.path.isdir(path) and not os.path.islink(path)) if last else \
+                    (os.path.islink(path) or not os.path.isdir(path)):
                 raise ParameterError("dest: cannot install %s in %s: %s is %s; remove it or give another dest" % (
-                    rel, dest, path, "a directory" if last else "not a directory"), field="dest", path=rel)
+                    rel, dest, path, "a directory" if last else "a symbolic link" if os.path.islink(path) else
+                    "not a directory"), field="dest", path=rel)
 
 
 def install(dest, files, mode=0o644, directory_mode=0o755, check_mode=False):

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+
+import pytest
 
 from conftest import Workload, http_get, reset_device, run_module
 
@@ -150,7 +154,9 @@ def test_check_mode_reports_without_locking(workload):
     assert state["changed"] is False and state["previous_state"] == "RUNNING"
 
 
-def test_http_endpoint_transport_with_configured_paths(workload):
+def test_http_endpoint_transport_with_configured_paths(workload_factory):
+    workload = workload_factory(WORKLOAD_CONTROL_HTTP="1").start()  # asked for: off by default (below)
+    workload.wait_ready()
     endpoint = {"endpoint": workload.url}
     locked = run_module("npu_snapshot_lock", dict(endpoint, state="locked"))
     assert locked["changed"] is True and locked["state"] == "LOCKED", locked
@@ -159,6 +165,25 @@ def test_http_endpoint_transport_with_configured_paths(workload):
     assert unlocked["state"] == "RUNNING"
     wrong = run_module("npu_snapshot_lock", dict(endpoint, state="locked", endpoint_paths={"lock": "/nope/lock"}))
     assert wrong.get("failed") and "/nope/lock" in wrong["msg"], wrong
+
+
+def test_the_engines_http_control_endpoint_is_off_unless_asked_for(workload):
+    """This workload runs on the host's network, as the docs and the demo run engines: its 127.0.0.1 is the node's,
+    and anyone on the node -- any user, any host-networked pod -- unlocked it through POST /snapshot/unlock. Off by
+    default; the agent's socket, which checks who asks, still works."""
+    target = {"pid": workload.pid, "agent_socket_dir": str(workload.socket_dir)}
+    locked = run_module("npu_snapshot_lock", dict(target, state="locked"))
+    assert locked["changed"] and locked["state"] == "LOCKED", locked
+    request = urllib.request.Request(workload.url + "/snapshot/unlock", data=b'{"v": 1, "timeout": 5}', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403 and b"HTTP control endpoint is off" in refused.value.read()
+    assert run_module("npu_snapshot_lock", dict(target, state="unlocked"))["previous_state"] == "LOCKED", \
+        "nothing unlocked it meanwhile"
+    result = run_module("npu_snapshot_lock", {"endpoint": workload.url, "state": "locked"})
+    assert result.get("failed") and result["msg"].startswith("state refused by the process behind %s/snapshot/state: "
+                                                             "this engine's HTTP control endpoint is off" % workload.url), \
+        result
 
 
 def test_missing_library_is_a_clear_error(tmp_path, device_dir):

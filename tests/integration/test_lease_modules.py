@@ -66,7 +66,11 @@ def test_lock_and_backup_modules_take_a_lease_and_a_second_lock_renews_it(engine
     assert bad["failed"] and bad["msg"].startswith("lease: must be 0"), bad
 
 
-def test_a_lease_through_the_engines_own_http_endpoint(engine):
+def test_a_lease_through_the_engines_own_http_endpoint(workload_factory):
+    engine = workload_factory(WORKLOAD_WARMUP_SECONDS="0.1", WORKLOAD_CONTROL_HTTP="1").start()  # off by default
+    engine.wait_ready()
+    engine.expected = [engine.generate(p) for p in PROMPTS]
+    engine.client = AgentSocketClient(engine.socket_path)
     endpoint = {"endpoint": engine.url}
     locked = run_module("npu_snapshot_lock", dict(endpoint, state="locked", lease=30))
     assert locked["changed"] and locked["lease"]["seconds"] == 30, locked

@@ -24,6 +24,13 @@ bound: OnCreate.bind_to_requester); B naming an identity of its own on A's path;
 too: the container is the pod's own, nothing of A's snapshot was read). And a copy of A's signed snapshot put in B's
 directory carries A's signed identity: refused too (identity_mismatch:).
 
+Under cri-dockerd the kubelet's labels in dockerd's record of the container say who asks (``docker create --label``
+as cri-dockerd creates it): B is refused by them, A restored. The role takes dockerd's data root from ``docker info``
+and refuses another one; a runtime.json naming another data root than dockerd's (the old default on a node whose
+dockerd keeps its data elsewhere) found no record, and B asked as nobody: now refused by dockerd's own mounts
+(docker_record:), and -- where the pod mounts files of its own over them -- as a requester nobody can place on a node
+with tenants (requester_unknown:).
+
 (b) **A same-size edit of ``host/container.json`` with signing on** (the record a hand-over creates the container
 from): ``"Privileged": false`` made ``true`` in place, the file's size unchanged. The signed checksum list no
 longer matches it: on the runtime path a cold start (a strict request: a refusal, nothing runs) with
@@ -292,6 +299,93 @@ def test_a_copy_of_the_snapshot_in_the_other_namespaces_directory_keeps_its_sign
         assert record["identity"] == identity(B, t["pod"]), record
     finally:
         shutil.rmtree(copied)
+
+
+# -- (a) under cri-dockerd: dockerd's record says who asks --------------------------------------------------------
+
+def labelled(t, label, namespace, own_files=None, **env):
+    """A container as cri-dockerd creates one for a pod of ``namespace`` -- the kubelet's labels in dockerd's record of it
+    -- under the node's runtime, started; ``own_files``: a directory whose hostname, hosts and resolv.conf the pod
+    mounts over dockerd's (volumes of its own). Returns (the container, the runtime's record of its create)."""
+    name = "tenants-%s-%s" % (t["tag"], label)
+    c = WorkloadContainer(name, t["image"], t["device_dir"], t["port"], **env)
+    said = (namespace, "%s-%s" % (namespace, label), "engine", "container")
+    labels = dict(zip(layout.DOCKER_REQUESTER_LABELS[1:], said))
+    args = [arg for key, value in sorted(labels.items()) for arg in ("--label", "%s=%s" % (key, value))]
+    for item in ("hostname", "hosts", "resolv.conf") if own_files else ():
+        args += ["-v", "%s:/etc/%s:ro" % (own_files / item, item)]
+    reset_device(t["device_dir"])
+    docker("create", "--runtime", t["node"].name, *(args + c.create_args()))
+    container_id = docker("inspect", "--format", "{{.Id}}", name)
+    docker("start", name)
+    records = t["node"].log_records(container_id)
+    assert records, "the node's runtime recorded nothing for %s" % name
+    return c, records[-1]
+
+
+def cold_or_restored(t, c, record, reason):
+    try:
+        if reason is None:
+            assert record["outcome"] == "restored" and record["authenticated"] is True, record
+        else:
+            assert record["outcome"] == "cold" and record["reason"].startswith(reason), record
+        serves(t, c, restored=reason is None)
+    finally:
+        remove(c)
+    return record
+
+
+@pytest.fixture
+def docker_root_elsewhere(taken):
+    """The node's runtime.json naming another data root than dockerd's -- the role's old default on a node whose dockerd
+    keeps its data elsewhere (the role now asks dockerd; an operator may still edit the file, or move dockerd)."""
+    path = taken["node"].lib_dir / "runtime.json"
+    kept = path.read_text()
+    elsewhere = taken["node"].base / "docker-data-root"
+    elsewhere.mkdir(exist_ok=True)
+    path.write_text(json.dumps(dict(json.loads(kept), docker_root=str(elsewhere))))  # the same file: root's, 0600
+    try:
+        yield elsewhere
+    finally:
+        path.write_text(kept)
+
+
+def test_the_role_takes_dockerds_data_root_from_dockerd_and_refuses_another(taken):
+    node = taken["node"]
+    settings = json.loads((node.lib_dir / "runtime.json").read_text())
+    assert settings["docker_root"] == docker("info", "--format", "{{.DockerRootDir}}") and settings["tenants"] is True
+    before = (node.lib_dir / "runtime.json").read_bytes()
+    _ok, _changed, failed, out = node.run_role(snapshot_node_docker_root=str(node.base / "docker-data-root"))
+    assert failed == 1 and "is not dockerd's data root, %s (docker info)" % settings["docker_root"] in out, out[-3000:]
+    assert "Nothing was written" in out and (node.lib_dir / "runtime.json").read_bytes() == before
+
+
+def test_under_cri_dockerd_a_pod_of_another_namespace_is_refused_by_the_kubelets_labels(taken):
+    t = taken
+    record = cold_or_restored(t, *labelled(t, "cd-b", B, **requested(t["a"], A)), reason=MISMATCH + ", and cri-dockerd "
+                              "says this container is of pod %s-cd-b in namespace %s" % (B, B))
+    assert record["requester"]["by"] == "cri-dockerd" and record["verify"]["valid"] is None, record
+    cold_or_restored(t, *labelled(t, "cd-a", A, **requested(t["a"], A)), reason=None)
+
+
+def test_a_runtime_reading_another_data_root_than_dockerds_refuses_the_pod_it_cannot_place(
+        taken, docker_root_elsewhere, tmp_path):
+    """Its record not found, the pod of tenant B asked as nobody and got tenant A's snapshot, valid and authenticated.
+    dockerd's own mounts in the OCI config say where it keeps the container's files: refused (docker_record:). A pod
+    that mounts files of its own over them leaves no trace of dockerd, and asks as nobody: refused on a node with
+    tenants, the default (requester_unknown:)."""
+    t = taken
+    record = cold_or_restored(t, *labelled(t, "root-b", B, **requested(t["a"], A)), reason="docker_record: dockerd "
+                              "keeps container ")
+    assert "below %s (the OCI config mounts its files from there)" % docker("info", "--format", "{{.DockerRootDir}}") \
+        in record["reason"] and str(docker_root_elsewhere) in record["reason"], record
+    assert record["verify"]["valid"] is None, "refused before a byte of the snapshot was read"
+    for item, text in (("hostname", "pod\n"), ("hosts", "127.0.0.1 localhost\n"), ("resolv.conf", "")):
+        (tmp_path / item).write_text(text)
+    os.chmod(str(tmp_path), 0o755)
+    record = cold_or_restored(t, *labelled(t, "none-b", B, own_files=tmp_path, **requested(t["a"], A)),
+                              reason="requester_unknown: neither the OCI config's annotations")
+    assert record["requester"] is None and record["verify"]["valid"] is None, record
 
 
 # -- (b) a same-size edit of the container record, signing on ---------------------------------------------------------

@@ -9,7 +9,8 @@ plugin signed on the controller, and then, through a plain ``docker run --runtim
   encryption key -- a plaintext one still (unencrypted:);
 - a snapshot signed by a trusted key outside the identities it may sign for (signature_untrusted:);
 - the encrypted page image of an older generation spliced into a newer one, sealed again around it, where decrypting
-  is the only content check (decrypt_failed:).
+  is the only content check (decrypt_failed:);
+- the plaintext forgery again, with the node's settings gone, cut short or open to others (settings_unreadable:).
 
 Each refusal is a cold start: the container serves, warmed up again. The generations come from the signer's ledger
 beside the controller's key; the high-water mark is the node's own file (snapshot_node_generations_file)."""
@@ -88,9 +89,10 @@ def taken(node, keys, docker_env, tmp_path_factory):
                by_team=by_team, spliced=spliced, spliced_aside=spliced_aside)
 
 
-def restore(node, t, snap, label):
+def restore(node, t, snap, label, log=None):
     """A plain `docker run --runtime` of the recreated container, as an orchestrator would; (its log record, the
-    container), the container serving (restored, or warmed up again)."""
+    container), the container serving (restored, or warmed up again). ``log``: the runtime's log file, when it is
+    not the node's (settings it cannot read name none)."""
     name = "trust-%s-%s" % (t["tag"], label)
     c = WorkloadContainer(name, t["image"], t["device_dir"], t["port"], INFEROPS_RESTORE_FROM=snap,
                           INFEROPS_RESTORE_IDENTITY="/".join(snap.split("/")[-4:]))
@@ -99,7 +101,12 @@ def restore(node, t, snap, label):
     try:
         c.wait_ready()
         assert c.generate(PROMPT) == t["expected"]
-        return node.log_records(docker("inspect", "--format", "{{.Id}}", name))[-1]
+        container_id = docker("inspect", "--format", "{{.Id}}", name)
+        if log is None:
+            return node.log_records(container_id)[-1]
+        with open(log) as handle:
+            return [record for record in map(json.loads, handle) if record.get("event") == "restore"
+                    and record.get("container") == container_id][-1]
     finally:
         docker("rm", "-f", name, check=False)
 
@@ -197,3 +204,29 @@ def test_an_older_generations_page_image_spliced_into_a_newer_one_does_not_decry
         assert "host/criu/%s" % pages in record["verify"]["authenticated_by_decryption"]
     finally:
         settings(node, **before)
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated", "0644"])
+def test_settings_the_runtime_cannot_trust_are_a_cold_start_never_a_restore_without_their_keys(node, taken, case):
+    """runtime.json gone: the runtime took its defaults, which trust no key, and restored the plaintext forgery
+    unsigned. Cut short: every restoring create failed with a traceback and the container never started. Readable by
+    others: it may hold keys as text. Each is now a cold start with settings_unreadable:, the container serving; where
+    nothing of the file can be trusted, the runtime logs to its default log."""
+    t, path = taken, node.lib_dir / "runtime.json"
+    kept = path.read_bytes()
+    log = None if case == "0644" else layout.RUNTIME_LOG
+    try:
+        if case == "missing":
+            path.unlink()
+        elif case == "truncated":
+            path.write_bytes(kept[:len(kept) // 2])
+        else:
+            path.chmod(0o644)
+        record = restore(node, t, t["forged"], "settings-%s" % case, log=log)
+    finally:
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(kept)
+        path.chmod(0o600)
+    assert record["outcome"] == "cold" and record["reason"].startswith("settings_unreadable: %s " % path), record
+    assert record["verify"]["valid"] is None, "nothing of the snapshot was read"

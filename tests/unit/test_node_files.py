@@ -3,6 +3,7 @@ installed on a node in one module run -- only what differs written, only what it
 outside dest reachable, and the files' bytes never echoed back in the result."""
 
 import base64
+import json
 import os
 import stat
 
@@ -88,6 +89,38 @@ def test_a_conflict_below_dest_is_refused_before_anything_is_written(tmp_path, b
         _node_files.install(str(dest), encoded(a_py=b"a", sub__b_py=b"b", c_py=b"c"), check_mode=check_mode)
     assert raised.value.result["field"] == "dest"
     assert sorted(os.listdir(str(dest))) == ["c_py" if blocker == "directory" else "sub"]  # a_py not written
+
+
+@pytest.mark.parametrize("entry", ["../outside.txt", "{outside}", "a/../../outside.txt", "", "./a_py", 7])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_an_install_list_naming_a_path_outside_dest_is_refused_and_nothing_is_removed(tmp_path, entry, check_mode):
+    """The list of what an earlier run installed names what this run removes: an entry '../x' or '/etc/x' (the list
+    edited, or written by something else) removed that file, wherever it was. Checked as ``files`` are."""
+    dest, outside = tmp_path / "pkg", tmp_path / "outside.txt"
+    _node_files.install(str(dest), encoded(a_py=b"a", old_py=b"old"))
+    outside.write_text("not ours")
+    listed = dest / _node_files.INSTALLED
+    entry = entry.format(outside=outside) if isinstance(entry, str) else entry
+    listed.write_text(json.dumps({"files": ["a_py", "old_py", entry]}))
+    with pytest.raises(ParameterError) as raised:
+        _node_files.install(str(dest), encoded(a_py=b"a"), check_mode=check_mode)
+    assert raised.value.result["field"] == "dest" and raised.value.msg == (
+        "dest: %s lists %r, which is not a relative path below dest: this module never wrote it; remove that entry "
+        "(or the file) and run again" % (listed, entry))
+    assert outside.read_text() == "not ours" and (dest / "old_py").exists(), "nothing removed"
+
+
+def test_a_removal_never_goes_through_a_linked_directory(tmp_path):
+    dest, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    _node_files.install(str(dest), encoded(a_py=b"a", sub__old_py=b"old"))
+    elsewhere.mkdir()
+    (elsewhere / "old_py").write_text("not ours")
+    (dest / "sub" / "old_py").unlink()
+    (dest / "sub").rmdir()
+    (dest / "sub").symlink_to(elsewhere)
+    with pytest.raises(ParameterError, match="^dest: cannot install sub/old_py in .*: .*/sub is a symbolic link"):
+        _node_files.install(str(dest), encoded(a_py=b"a"))
+    assert (elsewhere / "old_py").read_text() == "not ours"
 
 
 def test_content_that_is_not_base64_is_refused(tmp_path):

@@ -10,7 +10,8 @@ Run it under the inferops agent so the modules can reach its snapshot state:
     python3 -m inferops_agent -- workload.py
 Configuration is by environment (see CONFIG below). It honours VLLM_NPU_SNAPSHOT_PATH: when set,
 the engine takes the device snapshot itself after warmup (lock + backup) and only then reports
-ready, as the seed design's engine does.
+ready, as the seed design's engine does. Its own HTTP control endpoint (POST /snapshot/<op>) is off
+unless WORKLOAD_CONTROL_HTTP=1: on the host's network anyone on the node could reach it.
 
 Randomness after a restore (docs/engines.md): every copy restored from one snapshot starts with the same state of
 every generator in it. The agent re-seeds Python's global ``random`` itself; generators the engine owns it cannot
@@ -53,6 +54,11 @@ CONFIG = {
     # a directory for a cache the way SQLite in WAL mode keeps one (llama.cpp's disk cache): a database file and
     # its index, each with a POSIX read lock held, the index also mapped into memory
     "lock_dir": os.environ.get("WORKLOAD_LOCK_DIR"),
+    # The engine's own HTTP control endpoint (POST /snapshot/<op>): off unless asked for. It carries no credentials,
+    # and with --network host (the docs and the demo run engines that way) 127.0.0.1 is the node's: every process
+    # of the node, of any user, and every host-networked pod could lock, back up or unlock the engine. The agent's
+    # unix socket, which checks who asks (SO_PEERCRED), is the way in; turn this on only in a network of its own.
+    "control_http": os.environ.get("WORKLOAD_CONTROL_HTTP") == "1",
 }
 CHUNK = 4 * 1024 * 1024
 # Ready for traffic; after an engine-triggered device snapshot requests wait until the resume.
@@ -264,6 +270,10 @@ def make_handler(engine):
             op = url.path.rsplit("/", 1)[-1]
             if not url.path.startswith("/snapshot/"):
                 return self._send(404, {"error": "no such path"})
+            if not CONFIG["control_http"]:
+                return self._send(403, _protocol.error_reply(op, _protocol.KIND_FORBIDDEN, (
+                    "this engine's HTTP control endpoint is off (WORKLOAD_CONTROL_HTTP=1 turns it on, in a network "
+                    "of its own only); use the agent's unix socket")))
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = _protocol.decode(self.rfile.read(min(length, _protocol.MAX_MESSAGE_BYTES + 1)) or b"{}")

@@ -43,7 +43,6 @@ SPELLED = {
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_AGENT_SOCKET_DIR"),
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_METADATA_FILE"),
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_SNAPSHOT_ROOT"),
-    ("roles/snapshot_node/defaults/main.yml", "DOCKER_ROOT"),
     ("roles/snapshot_node/defaults/main.yml", "RUNC_CRIU_CONFIG"),
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_RUNC"),
     ("roles/snapshot_node/defaults/main.yml", "RUNTIME_LOG"),

@@ -220,7 +220,8 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "timeout": 60.0,
     "policy": "once",
     "snapshot_roots": [DEFAULT_SNAPSHOT_ROOT],
-    "docker_root": DOCKER_ROOT,
+    "docker_root": DOCKER_ROOT,                   # dockerd's data root (the role takes it from docker info)
+    "tenants": True,                              # a request whose requester cannot be established restores nothing
     "min_size": 1024,
     "device_restore": True,
     "metadata_file": DEFAULT_METADATA_FILE,

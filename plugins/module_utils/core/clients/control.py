@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import stat
+import struct
 
 from ..agent import protocol
 from ..base.clock import Renewer, wait_for
@@ -124,21 +125,43 @@ def open_socket_path(path):
 
 
 def _connect(sock, path):
+    """Connect ``sock`` to the socket at ``path``; returns the owner of the socket file it reached (None: a host path
+    connected to by name)."""
     fd = open_socket_path(path)
     if fd is not None:
         try:
             sock.connect("/proc/self/fd/%d" % fd)  # that very inode, whatever happens to the path meanwhile
+            return os.fstat(fd).st_uid
         finally:
             os.close(fd)
-        return
     if len(path.encode("utf-8")) <= SUN_PATH_MAX:
         sock.connect(path)
-        return
+        return None
     directory = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         sock.connect("/proc/self/fd/%d/%s" % (directory, os.path.basename(path)))
     finally:
         os.close(directory)
+    return None
+
+
+def impostor(sock, owner, engine):
+    """Why the socket ``sock`` is connected to is not the agent of the engine whose host pid is ``engine``, or None.
+    Its listener (SO_PEERCRED: the process that called listen, as this pid namespace sees it) must be the engine
+    itself, and the socket file (``owner``) and the listener the engine's uid -- or root's: CRIU binds and listens
+    a restored process's sockets as root, before it gives the process its own credentials back. Anyone else in the
+    engine's container who can write its socket directory (an emptyDir is 0777) could put a socket of their own
+    there and answer in the engine's name."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    engine_uid = proc.effective_uid(engine)
+    wrong = []
+    if pid != engine:
+        wrong.append("its listener is pid %d, not the engine's pid %d" % (pid, engine))
+    if uid not in (0, engine_uid):
+        wrong.append("its listener runs as uid %d, not the engine's uid %s" % (uid, engine_uid))
+    if owner is not None and owner not in (0, engine_uid):
+        wrong.append("the socket file is uid %d's, not the engine's uid %s" % (owner, engine_uid))
+    return "; ".join(wrong) or None
 
 
 def _refused_link(path, exc):
@@ -151,13 +174,14 @@ def _refused_link(path, exc):
 class AgentSocketClient:
     """Talks to the collection's in-process agent over its unix socket."""
 
-    def __init__(self, path):
+    def __init__(self, path, engine=None):
         self.path = path
         self.where = "unix://" + path
+        self.engine = engine  # the engine's host pid (for_pid): only its own socket is believed (impostor)
 
     @classmethod
     def for_pid(cls, pid, socket_dir=DEFAULT_AGENT_SOCKET_DIR):
-        return cls(agent_socket_for_pid(pid, socket_dir))
+        return cls(agent_socket_for_pid(pid, socket_dir), engine=pid)
 
     def wait_listening(self, timeout, gone=None):
         """Wait until the socket exists (a restored agent's socket comes back with its process)."""
@@ -188,13 +212,20 @@ class AgentSocketClient:
         sock.settimeout(timeout + TRANSPORT_MARGIN)
         try:
             try:
-                _connect(sock, self.path)
+                owner = _connect(sock, self.path)
             except syscalls.LinkRefused as exc:
                 raise _refused_link(self.path, exc)
             except (IOError, OSError) as exc:
                 raise EndpointError(
                     "cannot reach the snapshot agent at %s (%s): is the engine running under the inferops "
                     "agent launcher, and is this the right pid/container/endpoint?" % (self.path, exc),
+                    endpoint=self.where)
+            wrong = impostor(sock, owner, self.engine) if self.engine is not None else None
+            if wrong:  # nothing sent, nothing believed
+                raise EndpointError(
+                    "refusing the agent socket %s: it is not the engine's own (%s); another process in the engine's "
+                    "container replaced it: keep the agent's socket directory (%s) private to the engine -- not a "
+                    "volume others in the pod can write" % (self.path, wrong, protocol.SOCKET_DIR_ENV),
                     endpoint=self.where)
             sock.sendall(data)
             buf = b""

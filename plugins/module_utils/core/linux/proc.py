@@ -138,6 +138,18 @@ def namespace_pid(pid, proc="/proc"):
     return pid  # kernels without NSpid: no pid namespaces in use
 
 
+def effective_uid(pid, proc="/proc"):
+    """The effective uid of ``pid`` (as the host sees it), or None when there is no such process."""
+    try:
+        with open(os.path.join(proc, str(pid), "status")) as status:
+            for line in status:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (IOError, OSError, IndexError, ValueError):
+        return None
+    return None
+
+
 def cmdline(pid, proc="/proc"):
     """The command line of ``pid`` as a list ([] for a kernel thread or a pid that is gone)."""
     try:

@@ -27,9 +27,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import json
 import os
 import re
+import stat
 import time
 import traceback
 
@@ -55,17 +57,55 @@ CREATE_FLAGS = ("--no-pivot", "--no-new-keyring")
 
 
 def load_config(path):
-    """Node settings from ``path`` (JSON) over DEFAULTS; a missing file gives the defaults."""
-    config = dict(DEFAULTS)
-    if path:
-        try:
-            with open(path) as handle:
-                config.update(json.load(handle))
-        except (IOError, OSError):
-            pass
+    """Node settings from ``path`` (JSON) over DEFAULTS. ``unusable``: why a restore may not use them -- the file
+    missing, unreadable, not root's, open to group or others, not a JSON object, or a value that does not parse --
+    and then every restore is a cold start with it, never one under the defaults (which trust no key: a missing
+    file turned signature checks off). A root file that nobody else can write still names the runc, log and state
+    directory every call needs; otherwise those are the defaults. No ``path`` (tests): the defaults."""
+    settings, unusable = (_read_settings(path) if path else ({}, None))
+    try:
+        config = _normalised(dict(DEFAULTS, **(settings or {})))
+    except (TypeError, ValueError) as exc:
+        config, unusable = _normalised(dict(DEFAULTS)), unusable or "%s holds a value that does not parse (%s)" % (
+            path, exc)
+    config["unusable"] = None if unusable is None else (
+        "settings_unreadable: %s; every restore on this node starts cold until the snapshot_node role writes the "
+        "runtime's settings again" % unusable)
+    return config
+
+
+def _read_settings(path):
+    """(the settings in ``path``, or None when nothing of them may be used; why a restore may not use them, or None)."""
+    try:
+        fd = fs.open_regular(path)
+    except (IOError, OSError) as exc:
+        return None, "%s cannot be read (%s)" % (path, getattr(exc, "strerror", None) or exc)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            return None, ("%s is owned by uid %d with mode %04o: the runtime takes its settings only from a file of "
+                          "root's that nobody else can write (0600)" % (path, st.st_uid, stat.S_IMODE(st.st_mode)))
+        data = fs.read_limited(fd, fs.RECORD_LIMIT, path)
+    except (IOError, OSError, ValueError) as exc:
+        return None, "%s cannot be read (%s)" % (path, exc)
+    finally:
+        os.close(fd)
+    try:
+        settings = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        return None, "%s is not JSON (%s): truncated, or edited by hand?" % (path, exc)
+    if not isinstance(settings, dict):
+        return None, "%s is not a JSON object" % path
+    if st.st_mode & 0o077:  # keys may be in it as text
+        return settings, "%s has mode %04o, not 0600: it may hold keys as text" % (path, stat.S_IMODE(st.st_mode))
+    return settings, None
+
+
+def _normalised(config):
     config["timeout"] = float(config["timeout"])
     config["min_size"] = int(config["min_size"])
     config["lazy_pages"] = str(config["lazy_pages"]).lower() in ("true", "1", "yes")
+    config["tenants"] = _unset(config.get("tenants")) or str(config["tenants"]).lower() not in ("false", "0", "no", "off")
     for name in ("require_signature", "require_encryption"):  # unset: on with keys; only a clear no turns it off
         value = config.get(name)
         config[name] = None if _unset(value) else str(value).lower() not in ("false", "0", "no", "off")
@@ -230,20 +270,66 @@ def restore_request(spec, config):
 
 # -- small helpers -----------------------------------------------------------------------------------
 
-def docker_record(config, container_id):
-    """Name and image id of a Docker container from dockerd's own record (config.v2.json).
+# dockerd bind-mounts a container's /etc/hostname, /etc/hosts and /etc/resolv.conf from <data root>/containers/<id>/
+# (under cri-dockerd, the pod sandbox's id): where its OCI config says dockerd keeps the container's record.
+DOCKER_FILES = re.compile(r"^(/.+)/containers/[0-9a-f]{64}/(?:hostname|hosts|resolv\.conf)$")
 
-    Read from disk: asking dockerd (docker inspect) from inside a runtime call would wait on the
-    container lock dockerd holds while it starts the container.
-    """
+
+def docker_roots(spec):
+    """The data roots dockerd's own mounts in the OCI config name (none: a container dockerd did not create)."""
+    return sorted(set(match.group(1) for match in (DOCKER_FILES.match(mount.get("source") or "")
+                                                   for mount in spec.get("mounts") or [] if isinstance(mount, dict))
+                      if match))
+
+
+def docker_record(config, container_id, spec=None):
+    """(name, image id, networks and labels of a Docker container from dockerd's own record (config.v2.json), or {}
+    when there is none; why it cannot be used, or None). Read from disk: asking dockerd (docker inspect) from inside a
+    runtime call would wait on the container lock dockerd holds while it starts the container. A record below
+    another data root than dockerd's (its mounts say where), over the read limit or not a JSON object is refused,
+    never taken for none: it says who asks (cri-dockerd's labels) and which image runs."""
     if not re.match(r"^[0-9a-f]{64}$", container_id or ""):
-        return {}
-    record = fs.read_json(os.path.join(config["docker_root"], "containers", container_id, "config.v2.json"))
-    if record is None:
-        return {}
+        return {}, None
+    root = os.path.normpath(config["docker_root"])
+    elsewhere = [found for found in docker_roots(spec or {}) if os.path.realpath(found) != os.path.realpath(root)]
+    if elsewhere:
+        return {}, ("docker_record: dockerd keeps container %s below %s (the OCI config mounts its files from there), "
+                    "and this node's runtime reads dockerd's records below %s (runtime.json docker_root): run the "
+                    "snapshot_node role again, which takes dockerd's data root from docker info"
+                    % (container_id[:12], " and ".join(elsewhere), root))
+    path = os.path.join(root, "containers", container_id, "config.v2.json")
+    try:
+        fd = fs.open_regular(path)
+    except (IOError, OSError) as exc:
+        if getattr(exc, "errno", None) == errno.ENOENT:
+            return {}, None
+        return {}, "docker_record: dockerd's record %s cannot be read: %s" % (path, exc)
+    try:
+        record = json.loads(fs.read_limited(fd, fs.RECORD_LIMIT, path).decode("utf-8"))
+    except (IOError, OSError, ValueError) as exc:  # ValueError: over the limit too
+        return {}, "docker_record: dockerd's record of container %s is refused, not read: %s" % (container_id[:12], exc)
+    finally:
+        os.close(fd)
+    if not isinstance(record, dict):
+        return {}, "docker_record: dockerd's record %s is not a JSON object" % path
     return {"name": (record.get("Name") or "").lstrip("/") or None, "image_id": record.get("Image"),
             "networks": sorted(((record.get("NetworkSettings") or {}).get("Networks") or {})),
-            "labels": (record.get("Config") or {}).get("Labels") or {}}
+            "labels": (record.get("Config") or {}).get("Labels") or {}}, None
+
+
+def refusal(config, request, record, record_refused, container_id):
+    """Why this node may not restore for this request at all, before anything of the snapshot is read: settings it
+    cannot trust, dockerd's record it cannot read, or -- on a node with tenants -- a requester nobody can place in a
+    namespace (no CRI annotations, no dockerd record); None when it may go on."""
+    if config.get("unusable"):
+        return config["unusable"]
+    if record_refused:
+        return record_refused
+    if config["tenants"] and request["requester"] is None and not record:
+        return ("requester_unknown: neither the OCI config's annotations (containerd, CRI-O) nor dockerd's record of "
+                "container %s (below %s) say who asks, and this node has tenants (snapshot_node_tenants): a request "
+                "that cannot be placed in a namespace restores nothing" % (container_id[:12], config["docker_root"]))
+    return None
 
 
 # -- the runtime ----------------------------------------------------------------------------------
@@ -306,10 +392,11 @@ class Runtime:
         request = restore_request(spec, self.config)
         if request is None or not create["id"]:
             return self.exec_runc()
-        record = docker_record(self.config, create["id"])
+        record, record_refused = docker_record(self.config, create["id"], spec)
         if request["requester"] is None:  # cri-dockerd: the kubelet's labels on the container say who asks
             request["requester"], refused = requester(spec, record.get("labels"))
             request["problems"].extend(problem for problem in refused if problem not in request["problems"])
+        request["refused"] = refusal(self.config, request, record, record_refused, create["id"])
         driver = OnCreate(self.node, spec, bundle, create, request, record, self.node.criu.version())
         try:
             trust = Trust.load(self.config)

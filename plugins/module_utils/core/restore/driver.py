@@ -18,6 +18,7 @@ __metaclass__ = type
 
 import os
 
+from ..base import layout
 from ..base.errors import SnapshotError
 from ..linux import paths, proc
 from ..store import device, manifest, status
@@ -95,9 +96,11 @@ class Driver:
         host_restore); raise Fallback when it will never be. Called before the engine is unlocked."""
 
     def device_resume(self, attempt):
+        """The device state back through the restored process's agent; the versions it is checked against are the
+        device part's verified bytes (a file read again after the verification could be anyone's)."""
         return device.resume_process(attempt.pid, self.agent_socket_dir(attempt), attempt.remaining(1.0),
                                      gone=lambda: not self.alive(attempt), before_unlock=lambda: self.pages_in(attempt),
-                                     recorded=device.read_device_part(attempt.content_dir))
+                                     recorded=device.parse_device_part(attempt.document(layout.DEVICE_PART)))
 
     def device_targets(self, attempt):
         """{path in the restored process: (type, major, minor)} of the NPU device nodes its new container has

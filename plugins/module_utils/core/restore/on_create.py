@@ -27,7 +27,7 @@ from ..clients.runc_cli import StoppedRestore
 from ..linux import fs, netns, paths, proc, syscalls
 from ..store import criu_images, device, fleet, manifest, metadata, world
 from ..store.container_record import parse_container_record
-from . import held, verify
+from . import held, reseed, verify
 from .attempt import Fallback
 from .driver import Driver
 from .stages import CACHE, HELD, RESTORE
@@ -104,6 +104,8 @@ class OnCreate(Driver):
     def locate(self, attempt):
         """Everything decided before the snapshot's contents are touched: the request, the policy, the path."""
         request, create = self.request, self.create
+        if request.get("refused"):  # the node cannot tell who asks, or cannot trust its own settings (node/runtime.py)
+            raise Fallback(request["refused"])
         if request["problems"]:
             raise Fallback("bad_request: %s" % "; ".join(request["problems"]))
         if create["unknown"] or create["preserve_fds"] or "--no-new-keyring" in create["flags"]:
@@ -420,9 +422,10 @@ class OnCreate(Driver):
         for detail in ("record_error", "lazy_pages", "file_locks", "reseed"):
             if detail in attempt.details:
                 record[detail] = attempt.details[detail]
-        unauthenticated = verify.unauthenticated_warning(verdict, attempt.require_signature)
-        if unauthenticated and attempt.restored:
-            record["warning"] = unauthenticated
+        warnings = [verify.unauthenticated_warning(verdict, attempt.require_signature),
+                    reseed.not_told(attempt.details.get("reseed"))]
+        if attempt.restored and any(warnings):
+            record["warning"] = "; ".join(warning for warning in warnings if warning)
         self.node.log.event("restore", **record)
 
     # -- this path's own steps ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ hooks with the nonce (agent/reseed.py, docs/agent.md).
 
 - A process whose snapshot has a device part has an agent: its socket is waited for, as the device stage does.
   Otherwise a process without an agent's socket cannot be told; its metadata file has the nonce, the result
-  says so (``told: false``).
+  says so (``told: false``) and so do the module's warnings and the runtime's log (``not_told``).
 - An agent older than the operation refuses it as a bad request: the restore goes on, and the result says why the
   engine was not re-seeded (its image's copy of the agent predates this).
 - An agent that is there and cannot do it -- a hook of the engine that fails, a generator it cannot re-seed, no
@@ -54,3 +54,13 @@ def tell(pid, socket_dir, nonce, timeout, wait=False, gone=None):
                                       "collection's agent into the image again" % error.get("message")}
     resumed = reply.get("resumed") or {}
     return {"told": True, "reseeded": resumed.get("reseeded"), "hooks": resumed.get("hooks")}
+
+
+def not_told(told):
+    """The warning of a restore whose engine was not told (``tell``'s answer, ``told: false``), or None: copies of the
+    snapshot may then share the state of every generator in them, and whoever runs them should know."""
+    if not isinstance(told, dict) or told.get("told") is not False:
+        return None
+    return ("reseed: not_told: %s; every copy restored from this snapshot may repeat the others' random numbers "
+            "(request ids, sampling seeds) unless the engine re-seeds from the metadata file's restore_nonce"
+            % told.get("why"))

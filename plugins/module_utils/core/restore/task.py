@@ -21,7 +21,7 @@ from ..clients import engine_http
 from ..clients.docker_cli import DockerCli, env_dict
 from ..linux import fs, paths
 from ..store import fleet
-from . import bare, cache, health, pipeline, verify
+from . import bare, cache, health, pipeline, reseed, verify
 from .attempt import Trust, new_attempt
 from .checkpoint import DockerCheckpoint
 from .handover import Handover, covers, runtime_settings
@@ -238,6 +238,9 @@ def _result(attempt, base, warn):
     unauthenticated = verify.unauthenticated_warning(attempt.verdict, attempt.require_signature)
     if unauthenticated and attempt.restored:
         warn(unauthenticated)
+    not_told = reseed.not_told(attempt.details.get("reseed"))
+    if not_told and attempt.restored:
+        warn(not_told)
     result = dict(base, changed=True, restored=attempt.restored, reason=attempt.reason, verify=attempt.verdict,
                   durations=attempt.watch.durations)
     for key in ("placement", "metadata_env_keys", "file_locks", "reseed", "runtime_record"):

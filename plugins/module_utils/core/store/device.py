@@ -64,6 +64,18 @@ def read_device_part(directory):
     return fs.read_json(device_part_path(directory))
 
 
+def parse_device_part(data):
+    """The device part from its bytes -- a restore's are the verified ones (attempt.document), never the file read
+    again after the verification; SnapshotError when they are not a JSON object."""
+    try:
+        part = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise SnapshotError("the device part %s is not JSON: %s" % (layout.DEVICE_PART, exc))
+    if not isinstance(part, dict):
+        raise SnapshotError("the device part %s is not a JSON object" % layout.DEVICE_PART)
+    return part
+
+
 def write_device_part(staging_dir, part):
     """Write device.json into the snapshot's staging directory (0700 dirs, 0600 file, atomic)."""
     fs.ensure_dir(staging_dir)

@@ -18,12 +18,13 @@ import pytest
 
 import conftest
 from unit.core.restore import test_pipeline
-from unit.core.restore.test_pipeline import no_locks  # noqa: F401  # pylint: disable=unused-import  # the fixture
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import (launcher, protocol,
                                                                                    reseed as agent_reseed)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotTimeout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import reseed
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import reseed, task
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
+
+no_locks = test_pipeline.no_locks  # the fixture, as pytest finds it in this module
 
 NONCE = "0123456789abcdef0123456789abcdef"
 
@@ -271,5 +272,20 @@ def test_an_agent_older_than_resumed_lets_the_restore_go_on_and_says_why(tmp_pat
 def test_a_process_without_an_agent_is_restored_and_only_its_metadata_file_has_the_nonce(tmp_path, no_locks):
     told = reseed.tell(os.getpid(), str(tmp_path / "no-agent"), NONCE, 5)
     assert told["told"] is False and "has no agent socket" in told["why"]
+    assert reseed.not_told(told).startswith("reseed: not_told: the restored process has no agent socket at ")
+    assert reseed.not_told({"told": True}) is None and reseed.not_told(None) is None
     with pytest.raises(SnapshotTimeout):  # a snapshot with a device part has an agent: waited for, then a failure
         reseed.tell(os.getpid(), str(tmp_path / "no-agent"), NONCE, 0.3, wait=True)
+
+
+def test_a_restore_whose_engine_was_not_told_says_reseed_not_told_in_the_modules_warnings(tmp_path, no_locks):
+    """An engine without the agent's socket was restored without a word about re-seeding: the result's ``reseed`` said
+    ``told: false`` among its details, and nothing warned that copies of the snapshot may share their random streams."""
+    driver = Restoring(str(tmp_path / "no-agent"), str(tmp_path / "metadata.json"))
+    attempt = test_pipeline.run(test_pipeline.snapshot(tmp_path, device=None), driver)
+    assert attempt.restored and attempt.details["reseed"]["told"] is False, attempt.reason
+    warned = []
+    result = task._result(attempt, {}, warned.append)
+    assert result["reseed"]["told"] is False and warned[-1] == reseed.not_told(attempt.details["reseed"]), warned
+    assert warned[-1].startswith("reseed: not_told: the restored process has no agent socket at /proc/%d/root%s/agent."
+                                 % (os.getpid(), tmp_path / "no-agent")), warned

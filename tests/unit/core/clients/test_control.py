@@ -237,3 +237,69 @@ def test_the_metadata_file_is_read_in_a_process_root_without_following_a_planted
     (root / "run" / "inferops-snapshot").mkdir()
     (root / "run" / "inferops-snapshot" / "metadata.json").symlink_to(outside / "metadata.json")
     assert metadata.read_in_process(jailed["pid"], "/run/inferops-snapshot/metadata.json") is None
+
+
+# -- the host believes only the engine's own socket -----------------------------------------------------------------
+
+IMPOSTOR = r"""
+import os, socket, sys
+path = sys.argv[1]
+os.setgid(65534)
+os.setuid(65534)                      # another uid in the engine's container
+os.unlink(path)                       # the socket directory is an emptyDir: 0777, no sticky bit
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+os.chmod(path, 0o666)
+server.listen(1)
+print("listening", flush=True)
+server.settimeout(float(sys.argv[2]))
+try:
+    conn, _address = server.accept()
+except socket.timeout:
+    print("no one came", flush=True)
+else:
+    heard = conn.recv(65536)
+    print("heard %d bytes" % len(heard), flush=True)
+    try:
+        conn.sendall(b'{"v": 1, "ok": true, "op": "lock", "state": "LOCKED"}\n')
+    except OSError:
+        pass
+"""
+
+
+def test_a_socket_another_uid_put_in_the_engines_place_is_refused_before_anything_is_sent():
+    """The engine (this process, root) serves its agent socket in a directory anyone in its container may write: the
+    host reached whatever listened at the path and believed its replies -- a lock that never happened, a reseed that
+    never ran. Its listener must be the engine (SO_PEERCRED) and the socket file the engine's (or root's)."""
+    directory = tempfile.mkdtemp(prefix="pod-", dir="/tmp")
+    os.chmod(directory, 0o777)
+    path = os.path.join(directory, "agent.%d.sock" % os.getpid())
+    engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor = None
+    try:
+        engine.bind(path)
+        engine.listen(4)
+
+        def answer():
+            conn, _address = engine.accept()
+            conn.recv(65536)
+            conn.sendall(b'{"v": 1, "ok": true, "op": "state", "state": "RUNNING"}\n')
+            conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+        client = control.AgentSocketClient.for_pid(os.getpid(), directory)
+        assert client.engine == os.getpid() and client.request("state", 5)["state"] == "RUNNING", "its own: believed"
+        impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, path, "1.5"], stdout=subprocess.PIPE, text=True)
+        assert impostor.stdout.readline().strip() == "listening"
+        with pytest.raises(EndpointError) as refused:
+            client.request("lock", 5)
+        assert refused.value.msg.startswith(
+            "refusing the agent socket %s: it is not the engine's own (its listener is pid %d, not the engine's pid %d; "
+            "its listener runs as uid 65534, not the engine's uid 0; the socket file is uid 65534's, not the engine's "
+            "uid 0)" % (client.path, impostor.pid, os.getpid())), refused.value.msg
+        assert impostor.stdout.readline().strip() == "heard 0 bytes", "nothing was sent to it"
+    finally:
+        if impostor is not None:
+            impostor.kill()
+            impostor.wait()
+        engine.close()
+        shutil.rmtree(directory)

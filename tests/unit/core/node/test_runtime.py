@@ -20,7 +20,8 @@ from conftest import BIN, COLLECTIONS, REPO, ensure_collection_link
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import criu_cli as criu, runc_cli as runc
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import syscalls
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import on_create, reseed
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import metadata
 
 ROLE = REPO / "roles" / "snapshot_node"
@@ -220,8 +221,18 @@ def fake_node(tmp_path):
     config = dict(rr.DEFAULTS, runc=str(runc), state_dir=str(tmp_path / "state"), log_file=str(tmp_path / "rt.log"),
                   snapshot_roots=[str(roots)], docker_root=str(tmp_path / "docker"))
     (tmp_path / "node.json").write_text(json.dumps(config))
+    (tmp_path / "node.json").chmod(0o600)  # as the role writes it: root's, 0600
+    docker_container(tmp_path / "docker", CID, {"Name": "/engine", "Config": {}})  # a Docker host's: dockerd made it
     return {"config": rr.load_config(str(tmp_path / "node.json")), "calls": calls, "runc": str(runc),
             "roots": roots, "tmp": tmp_path}
+
+
+def docker_container(docker_root, container_id, record):
+    """dockerd's record of a container it created (config.v2.json below its data root)."""
+    path = docker_root / "containers" / container_id / "config.v2.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return path
 
 
 class Exec(BaseException):  # like a real execv, never caught by the runtime
@@ -366,9 +377,7 @@ def test_under_cri_dockerd_the_kubelets_labels_say_who_asks(labels, expected, pr
 def test_a_pod_under_cri_dockerd_never_restores_another_namespaces_snapshot(fake_node):
     """cri-dockerd puts no annotations in the OCI config: without dockerd's labels the runtime saw no requester and
     took the identity from the path, so a pod of tenant-b could restore tenant-a's snapshot by naming it."""
-    record = fake_node["tmp"] / "docker" / "containers" / CID / "config.v2.json"
-    record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"Name": "/k8s_engine_pod-b", "Config": {"Labels": CRI_DOCKERD}}))
+    docker_container(fake_node["tmp"] / "docker", CID, {"Name": "/k8s_engine_pod-b", "Config": {"Labels": CRI_DOCKERD}})
     b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": str(fake_node["roots"] / "tenant-a" / "svc" / "p0" / "pod-a")})
     argv = CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID]
     assert run(fake_node, argv) == ("exec", [fake_node["runc"]] + argv)
@@ -376,6 +385,133 @@ def test_a_pod_under_cri_dockerd_never_restores_another_namespaces_snapshot(fake
     assert logged["outcome"] == "cold" and logged["reason"].startswith("tenant_mismatch: the snapshot's directory is of "
                                                                        "namespace tenant-a, and cri-dockerd says"), logged
     assert logged["requester"]["namespace"] == "tenant-b"
+
+
+def create_asking(node, env=None, annotations=None, mounts=None):
+    """A create asking for tenant-b's snapshot below the node's root; the runtime's log record of it (the call went
+    on to runc: a cold start)."""
+    env = dict({"INFEROPS_RESTORE_FROM": str(node["roots"] / "tenant-b" / "svc" / "p0" / "pod-b")}, **(env or {}))
+    b = bundle(node, env, annotations=annotations, mounts=mounts)
+    argv = CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID]
+    assert run(node, argv) == ("exec", [node["runc"]] + argv)
+    return log_records(node)[-1]
+
+
+def unlisted_container(node):
+    """A container dockerd has no record of (another container runtime made it, or dockerd keeps it elsewhere)."""
+    shutil.rmtree(str(node["tmp"] / "docker" / "containers" / CID))
+
+
+def test_on_a_node_with_tenants_a_request_nobody_can_place_in_a_namespace_restores_nothing(fake_node):
+    """No CRI annotation and no dockerd record: the runtime took such a request for a tenant-less node's and restored
+    whatever it named. Tenants are the default; a dockerd container without the kubelet's labels (a Docker host's,
+    made by whoever may run docker: root) still asks as before."""
+    unlisted_container(fake_node)
+    record = create_asking(fake_node)
+    assert record["outcome"] == "cold" and record["reason"].startswith(
+        "requester_unknown: neither the OCI config's annotations (containerd, CRI-O) nor dockerd's record of container "
+        "%s" % CID[:12]), record
+    assert record["verify"]["valid"] is None, "refused before a byte of the snapshot was read"
+    assert create_asking(fake_node, annotations=CONTAINERD)["reason"].startswith("missing:"), "placed: it goes on"
+    fake_node["config"]["tenants"] = False  # a node the operator says has none
+    assert create_asking(fake_node)["reason"].startswith("missing:")
+    fake_node["config"]["tenants"] = True
+    docker_container(fake_node["tmp"] / "docker", CID, {"Name": "/engine", "Config": {"Labels": {"a": "b"}}})
+    assert create_asking(fake_node)["reason"].startswith("missing:"), "dockerd made it: its creator may run docker"
+
+
+def dockerd_mounts(root, container_id=CID):
+    return [{"destination": "/etc/%s" % name, "type": "bind", "source": "%s/containers/%s/%s" % (root, container_id, name)}
+            for name in ("resolv.conf", "hostname", "hosts")]
+
+
+def test_a_container_dockerd_keeps_below_another_data_root_is_refused_not_taken_for_one_without_a_record(fake_node):
+    """runtime.json's docker_root was the role's default while dockerd ran with another data root: the record of a
+    cri-dockerd pod's container was never found, so the pod asked as nobody and got another tenant's snapshot."""
+    elsewhere = fake_node["tmp"] / "data-root"
+    docker_container(elsewhere, CID, {"Name": "/k8s_engine_pod-b", "Config": {"Labels": CRI_DOCKERD}})
+    unlisted_container(fake_node)
+    sandbox = "5a" * 32  # cri-dockerd: the files of the pod's sandbox container
+    for mounts in (dockerd_mounts(elsewhere), dockerd_mounts(elsewhere, sandbox)):
+        record = create_asking(fake_node, mounts=mounts)
+        assert record["outcome"] == "cold" and record["reason"] == (
+            "docker_record: dockerd keeps container %s below %s (the OCI config mounts its files from there), and this "
+            "node's runtime reads dockerd's records below %s (runtime.json docker_root): run the snapshot_node role "
+            "again, which takes dockerd's data root from docker info" % (CID[:12], elsewhere, fake_node["tmp"] / "docker")
+        ), record
+    fake_node["config"]["tenants"] = False  # without tenants too: the record also says which image runs
+    assert create_asking(fake_node, mounts=dockerd_mounts(elsewhere))["reason"].startswith("docker_record:")
+    fake_node["config"]["docker_root"] = str(elsewhere)
+    assert create_asking(fake_node, mounts=dockerd_mounts(elsewhere))["reason"].startswith("missing:"), "its own root"
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "is larger than %d bytes" % (16 << 20)), (b"[1, 2]", "is not a JSON object"), (b'{"Name": "/tr', "refused")])
+def test_a_record_dockerd_cannot_have_written_is_refused_not_ignored(fake_node, content, why):
+    """A record over the 16 MiB read limit was read as none: the container asked as nobody."""
+    path = fake_node["tmp"] / "docker" / "containers" / CID / "config.v2.json"
+    if content is None:
+        with open(str(path), "wb") as handle:
+            handle.write(b'{"Name": "/engine", "Config": {"Labels": {"x": "' + b"y" * (16 << 20) + b'"}}}')
+    else:
+        path.write_bytes(content)
+    record = create_asking(fake_node, annotations=CONTAINERD)
+    assert record["outcome"] == "cold" and record["reason"].startswith("docker_record:") and why in record["reason"]
+
+
+@pytest.mark.parametrize("case", ["missing", "not JSON", "truncated", "not root's", "0644", "not a number", "a link"])
+def test_settings_the_runtime_cannot_trust_make_every_restore_a_cold_start_never_an_unsigned_one(fake_node, case):
+    """A missing runtime.json gave the defaults, which trust no key: signatures went unchecked. A truncated one made
+    every restoring create fail with a traceback. Either is now a cold start with the reason; calls that restore
+    nothing still go to the runc the settings name, when they are root's and nobody else can write them."""
+    path = fake_node["tmp"] / "node.json"
+    settings = json.loads(path.read_text())
+    if case == "missing":
+        path.unlink()
+    elif case == "not JSON":
+        path.write_text("{not json")
+    elif case == "truncated":
+        path.write_text(json.dumps(settings)[:40])
+    elif case == "not root's":
+        os.chown(str(path), 1000, 1000)
+    elif case == "0644":
+        path.chmod(0o644)
+    elif case == "not a number":
+        path.write_text(json.dumps(dict(settings, timeout="soon")))
+    elif case == "a link":
+        os.rename(str(path), str(path) + ".real")
+        os.symlink(str(path) + ".real", str(path))
+    config = rr.load_config(str(path))
+    assert config["unusable"].startswith("settings_unreadable: %s " % path), config["unusable"]
+    assert config["trusted_keys"] == [] or case == "0644"
+    node = dict(fake_node, config=dict(config, state_dir=fake_node["config"]["state_dir"],
+                                       log_file=fake_node["config"]["log_file"], runc=fake_node["runc"]))
+    record = create_asking(node, annotations=CONTAINERD)
+    assert record["outcome"] == "cold" and record["reason"] == config["unusable"], record
+    assert record["verify"]["valid"] is None, "nothing of the snapshot was read"
+    assert (config["runc"] == fake_node["runc"]) is (case == "0644"), "the runc of root's settings only"
+
+
+def test_a_restore_whose_engine_was_not_told_says_reseed_not_told_in_the_runtimes_log(fake_node):
+    """The runtime's log line of a restored container whose engine has no agent socket: ``reseed`` said ``told:
+    false`` among the details, and no warning; copies of the snapshot may share their random streams."""
+    b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": "/s"})
+    spec_ = json.loads((Path(b) / "config.json").read_text())
+    node = rr.Runtime(fake_node["config"], CONTAINERD_GLOBALS + ["create", "--bundle", b, CID]).node
+    driver = on_create.OnCreate(node, spec_, b, rr.parse_create(["--bundle", b, CID]),
+                                rr.restore_request(spec_, fake_node["config"]), {}, "4.2.1")
+    attempt = Attempt("/s", 5)
+    attempt.restored = True
+    attempt.details["reseed"] = reseed.tell(os.getpid(), str(fake_node["tmp"] / "no-agent"), "0" * 32, 5)
+    driver.commit(attempt)
+    record = log_records(fake_node)[-1]
+    assert record["outcome"] == "restored" and record["reseed"]["told"] is False
+    assert record["warning"] == reseed.not_told(attempt.details["reseed"]), record
+    assert record["warning"].startswith("reseed: not_told: the restored process has no agent socket at ")
+
+
+def test_settings_as_the_role_writes_them_are_used():
+    assert CONFIG["unusable"] is None and CONFIG["tenants"] is True
 
 
 def test_without_an_identity_the_path_below_the_root_is_the_identity_checked(fake_node):

@@ -99,9 +99,10 @@ DEVICE = {"schema_version": 1, "pid": 1, "state": "BACKED_UP", "devices": [0],
           "runtime": {"name": "ascend-acl", "version": "9.1.0"}, "created_at": "2026-11-29T12:00:00Z"}
 
 
-def snapshot(tmp_path, encrypted=False, npu_image=None):
-    """A published snapshot with a device part, so that the device stage runs; ``npu_image``: the bytes of the NPU
-    plugin's image among the CRIU images (as they are in the store: ciphertext of an encrypted snapshot)."""
+def snapshot(tmp_path, encrypted=False, npu_image=None, device=DEVICE):
+    """A published snapshot with a device part (``device``; None: none), so that the device stage runs; ``npu_image``:
+    the bytes of the NPU plugin's image among the CRIU images (as they are in the store: ciphertext of an encrypted
+    snapshot)."""
     snap = make(tmp_path, encryption_key=KEY if encrypted else None)
     staging = layout.staging_dir(snap)
     os.rename(snap, staging)
@@ -110,11 +111,13 @@ def snapshot(tmp_path, encrypted=False, npu_image=None):
     if npu_image is not None:
         with open(os.path.join(staging, layout.IMAGES_DIR, layout.NPU_PLUGIN_IMAGE), "wb") as handle:
             handle.write(npu_image)
-    os.mkdir(os.path.join(staging, layout.DEVICE_DIR))
-    with open(os.path.join(staging, layout.DEVICE_PART), "w") as handle:
-        json.dump(DEVICE, handle)
+    if device is not None:  # None: a host-only snapshot
+        os.mkdir(os.path.join(staging, layout.DEVICE_DIR))
+        with open(os.path.join(staging, layout.DEVICE_PART), "w") as handle:
+            json.dump(device, handle)
     extra = {"encryption": encryption.describe(KEY, [PAGES, "host/criu/inventory.img"])} if encrypted else {}
-    seal.seal(staging, dict(fields(), device=DEVICE, **extra))
+    extra.update({"device": device} if device is not None else {})
+    seal.seal(staging, dict(fields(), **extra))
     seal.publish(staging, snap)
     return snap
 

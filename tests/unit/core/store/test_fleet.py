@@ -163,6 +163,9 @@ def node(tmp_path):
     roots.mkdir(mode=0o700)
     config = dict(rr.DEFAULTS, runc=str(runc), state_dir=str(tmp_path / "state"), log_file=str(tmp_path / "rt.log"),
                   snapshot_roots=[str(roots)], docker_root=str(tmp_path / "docker"))
+    record = tmp_path / "docker" / "containers" / CID / "config.v2.json"  # a Docker host's container: dockerd made it
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"Name": "/engine", "Config": {}}))
     return {"config": config, "roots": roots, "tmp": tmp_path, "runc": str(runc)}
 
 
