@@ -73,8 +73,9 @@ build-collection: venv
 # The README's test command: everything CI runs. pytest mostly waits (warmups, leases, engines starting:
 # a load of about 1 on 2 cores), so it runs on PYTEST_WORKERS workers (pytest-xdist, one test file per
 # worker at a time), and the other checks run beside it, at a lower priority, into build/checks.log, which is printed once both are done; either failing fails the target. pytest's failure
-# summary is printed again last (its full output, with the 30 slowest steps, is in build/pytest.log): a CI
-# log's tail should name what failed.
+# summary is printed again last (its full output, with the 30 slowest steps, is in build/pytest.log), and so are the
+# checks' failed tasks (a molecule scenario's fatal line is hundreds of lines above its recap): a CI log's tail should
+# name what failed.
 test: venv simulator collection image
 	@rm -f $(BUILD)/checks.rc
 	@( nice -n 10 $(MAKE) --no-print-directory checks > $(BUILD)/checks.log 2>&1; echo $$? > $(BUILD)/checks.rc ) & \
@@ -84,6 +85,8 @@ test: venv simulator collection image
 	echo "==== pytest's summary again ($(BUILD)/pytest.log), so that the end of the output names what failed ===="; \
 	grep -q 'short test summary info' $(BUILD)/pytest.log && sed -n '/short test summary info/,$$p' $(BUILD)/pytest.log \
 	    || tail -n 1 $(BUILD)/pytest.log; \
+	[ "$$checks_rc" = 0 ] || { echo "==== the checks' failed tasks and errors again ($(BUILD)/checks.log) ===="; \
+	    grep -a -E 'fatal: \[|FAILED! =>|failed: \[|^ERROR|ERROR: |Error: ' $(BUILD)/checks.log | cut -c1-1500 | tail -n 20; }; \
 	echo "pytest: exit $$pytest_rc; sanity, lint, versions, molecule: exit $$checks_rc"; \
 	[ "$$pytest_rc" = 0 ] && [ "$$checks_rc" = 0 ]
 
