@@ -276,6 +276,23 @@ def doc_links():
                 yield path, target
 
 
+def repository_links():
+    """Links to this repository's own files (galaxy.yml's repository, a branch, a path): what a page links where the
+    built collection leaves the target out (docs/benchmarks.md's run folders)."""
+    repository = yaml.safe_load((REPO / "galaxy.yml").read_text())["repository"].rstrip("/")
+    pattern = re.compile(re.escape(repository) + r"/(?:blob|raw|tree)/main/([^)#\s]+)")
+    for path in sorted(DOCS.glob("*.md")) + [REPO / "README.md"]:
+        for target in pattern.findall(path.read_text(encoding="utf-8")):
+            yield path, target
+
+
+def test_links_into_the_repository_name_files_it_has():
+    links = list(repository_links())
+    assert any(path.name == "benchmarks.md" for path, _target in links), "benchmarks.md links its runs this way"
+    missing = [(path.name, target) for path, target in links if not (REPO / target).exists()]
+    assert not missing, missing
+
+
 def test_relative_links_resolve():
     broken = []
     for path, target in doc_links():
