@@ -19,7 +19,8 @@ TARBALL_BUDGET = 1024 * 1024
 def assert_only_what_users_need(tarball, names):
     """No development files (galaxy.yml's build_ignore); everything a user, AWX's EE build or the docs need."""
     for excluded in ("tests", "scripts", "benchmarks", "Makefile", "collections", "changelogs/fragments",
-                     "playbooks/demo.yml", "requirements/test.txt", "requirements/bench.txt", "requirements/engines.txt"):
+                     "playbooks/demo.yml", "requirements/test.txt", "requirements/bench.txt", "requirements/engines.txt",
+                     "requirements/docs.txt"):
         assert not any(n == excluded or n.startswith(excluded + "/") for n in names), excluded
     runs = sorted(set(n.split("/")[2] for n in names if n.startswith("docs/benchmarks/") and n.count("/") >= 3))
     assert not runs, "benchmark runs in the tarball: %s" % runs
