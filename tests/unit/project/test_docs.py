@@ -293,6 +293,20 @@ def test_links_into_the_repository_name_files_it_has():
     assert not missing, missing
 
 
+def test_the_docsite_leads_to_every_guide_by_its_title():
+    """docs/docsite/extra-docs.yml's page (a docsite renders RST only): one link per guide of docs/, its title the
+    guide's own, into the repository (galaxy.yml's); scripts/docs-lint.sh checks the page as antsibull-docs reads it."""
+    index = yaml.safe_load((DOCS / "docsite" / "extra-docs.yml").read_text())
+    assert [entry for section in index["sections"] for entry in section["toctree"]] == ["guides"]
+    page = (DOCS / "docsite" / "rst" / "guides.rst").read_text(encoding="utf-8")
+    repository = yaml.safe_load((REPO / "galaxy.yml").read_text())["repository"].rstrip("/")
+    linked = dict((target, title) for title, target in re.findall(r"`([^`<]+?) <([^>]+)>`__", page))
+    guides = sorted(path for path in DOCS.glob("*.md") if path.name != "index.md")
+    wanted = dict(("%s/blob/main/docs/%s" % (repository, path.name), path.read_text(encoding="utf-8").splitlines()[0][2:])
+                  for path in guides)
+    assert linked == wanted
+
+
 def test_relative_links_resolve():
     broken = []
     for path, target in doc_links():
