@@ -23,6 +23,7 @@ description:
 requirements:
   - jsonschema (Python library) on the target host
   - cryptography (Python library) on the target host, with O(trusted_keys)
+  - the Docker CLI (O(docker_cli)) on the target host, with O(container) or an O(image) given by name
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

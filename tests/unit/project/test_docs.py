@@ -88,6 +88,24 @@ def test_every_module_that_signs_verifies_or_encrypts_lists_cryptography_in_its_
             assert library in requirements, (name, library)
 
 
+# Modules that need nothing on their host but Python: the agent's socket, the files they are given.
+NEEDS_NOTHING = {"npu_snapshot_lock", "snapshot_node_files"}
+
+
+def test_every_module_says_what_it_needs_where():
+    """A module that runs a tool or imports a library names it in requirements: (the Docker CLI, CRIU, a library on the
+    controller); ansible-doc shows the list, fragments merged."""
+    for name in module_names():
+        doc = gen.read_module(str(REPO / "plugins" / "modules" / ("%s.py" % name)))["doc"]
+        requirements = " ".join(doc.get("requirements") or [])
+        assert bool(requirements) != (name in NEEDS_NOTHING), (name, requirements)
+        source = (REPO / "plugins" / "modules" / ("%s.py" % name)).read_text(encoding="utf-8")
+        if "DockerCli(" in source:
+            assert "Docker CLI" in requirements or "Docker" in requirements, (name, requirements)
+        if "signature.key_pair" in source or "snapshot_signing_key" == name:
+            assert "cryptography (Python library) on the controller" in requirements, (name, requirements)
+
+
 def required_libraries(name):
     """What the module's _module.run() checks for on the target (its requires=, default jsonschema)."""
     tree = ast.parse((REPO / "plugins" / "modules" / ("%s.py" % name)).read_text(encoding="utf-8"))
