@@ -253,6 +253,32 @@ def test_every_reason_the_code_can_give_has_a_troubleshooting_entry():
     assert not missing, "troubleshooting.md has no entry (### `<kind>: ...`) for: %s" % ", ".join(missing)
 
 
+# The roles' own reasons (YAML, not plugins/): where a role's report says why a pod starts normally or is left alone.
+ROLE_REASONS = {"snapshot_restore/tasks/normal_start.yml": ("_entry_reason", "_snapshot_restore_plan_off_reason"),
+                "snapshot_generate/tasks/main.yml": ("reason",)}
+
+
+def role_reason_pieces():
+    """The literal words of each reason those templates can give ('; already running' -> 'already running')."""
+    for name, keys in ROLE_REASONS.items():
+        text = (REPO / "roles" / name).read_text(encoding="utf-8")
+        for key in keys:
+            template = re.search(r"^\s+%s: >-\n((?:\s{6,}.*\n)+)" % re.escape(key), text, flags=re.M).group(1)
+            for literal in re.findall(r"'([^']*)'", template):
+                words = literal.strip("; :").strip()
+                if len(words) > 4 and words not in ("true", "unknown error"):
+                    yield name, words
+
+
+def test_every_reason_a_role_gives_for_a_normal_start_has_a_troubleshooting_entry():
+    headings = " ".join(troubleshooting_keys())
+    pieces = list(role_reason_pieces())
+    assert ("snapshot_restore/tasks/normal_start.yml", "already running") in pieces, pieces
+    missing = [(name, words) for name, words in pieces if words not in headings and
+               words not in (DOCS / "troubleshooting.md").read_text(encoding="utf-8").split("## Roles and playbooks")[-1]]
+    assert not missing, "troubleshooting.md's Roles and playbooks section does not say: %s" % missing
+
+
 def test_troubleshooting_ends_with_the_roles_section():
     text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
