@@ -81,7 +81,7 @@ def test_operator_scenario_on_this_host_changes_nothing(installed, tmp_path, con
 
     report = tmp_path / "report.json"
     run = molecule(installed, {"INFEROPS_MOLECULE_INVENTORY": str(inventory_file), "INFEROPS_MOLECULE_HOST": "npu-01",
-                    "INFEROPS_MOLECULE_POD": name, "INFEROPS_MOLECULE_REPORT": str(report)})
+                               "INFEROPS_MOLECULE_POD": name, "INFEROPS_MOLECULE_REPORT": str(report)})
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-5000:]
     found = json.loads(report.read_text())
@@ -93,7 +93,7 @@ def test_operator_scenario_on_this_host_changes_nothing(installed, tmp_path, con
     assert pod.info()["snapshot_state"] == "RUNNING"
 
     unknown = molecule(installed, {"INFEROPS_MOLECULE_INVENTORY": str(inventory_file), "INFEROPS_MOLECULE_HOST": "npu-01",
-                        "INFEROPS_MOLECULE_POD": "no-such-pod"})
+                                   "INFEROPS_MOLECULE_POD": "no-such-pod"})
     assert unknown.returncode != 0
     assert "no-such-pod is not a pod of snapshot_instances on npu-01 (its pods: %s)" % name in \
         plain(unknown.stdout + unknown.stderr), plain(unknown.stdout + unknown.stderr)[-3000:]
