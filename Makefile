@@ -18,7 +18,7 @@ help:
 	@echo "make demo        generate -> break -> restore on this machine (simulated NPU)"
 	@echo "make test        the whole test suite (what CI runs)"
 	@echo "make env         install and start dockerd + CRIU and build the base image (root)"
-	@echo "make unit | integration | sanity | lint | versions | molecule | build-collection | ee"
+	@echo "make unit | integration | sanity | lint | docs-lint | versions | molecule | build-collection | ee"
 	@echo "make bench       cold start vs restore, verify and checkpoint speed (root, ~40 min; BENCH_ARGS=--quick: ~2 min)"
 
 # The lists in requirements/ say what is needed where; constraints.txt pins every version.
@@ -80,14 +80,14 @@ test: venv simulator collection image
 	@rm -f $(BUILD)/checks.rc
 	@( nice -n 10 $(MAKE) --no-print-directory checks > $(BUILD)/checks.log 2>&1; echo $$? > $(BUILD)/checks.rc ) & \
 	set -o pipefail; $(BIN)/python -m pytest tests -q -rfEs --durations=30 -n $(PYTEST_WORKERS) --dist loadfile 2>&1 | tee $(BUILD)/pytest.log; pytest_rc=$$?; wait; \
-	echo "==== beside pytest: sanity, lint, ansible-core versions, molecule ($(BUILD)/checks.log) ===="; \
+	echo "==== beside pytest: sanity, lint, ansible-core versions, docs-lint, molecule ($(BUILD)/checks.log) ===="; \
 	cat $(BUILD)/checks.log; checks_rc=$$(cat $(BUILD)/checks.rc 2>/dev/null || echo 1); \
 	echo "==== pytest's summary again ($(BUILD)/pytest.log), so that the end of the output names what failed ===="; \
 	grep -q 'short test summary info' $(BUILD)/pytest.log && sed -n '/short test summary info/,$$p' $(BUILD)/pytest.log \
 	    || tail -n 1 $(BUILD)/pytest.log; \
 	[ "$$checks_rc" = 0 ] || { echo "==== the checks' failed tasks and errors again ($(BUILD)/checks.log) ===="; \
 	    grep -a -E 'fatal: \[|FAILED! =>|failed: \[|^ERROR|ERROR: |Error: ' $(BUILD)/checks.log | cut -c1-1500 | tail -n 20; }; \
-	echo "pytest: exit $$pytest_rc; sanity, lint, versions, molecule: exit $$checks_rc"; \
+	echo "pytest: exit $$pytest_rc; sanity, lint, versions, docs-lint, molecule: exit $$checks_rc"; \
 	[ "$$pytest_rc" = 0 ] && [ "$$checks_rc" = 0 ]
 
 # What make test runs beside pytest, one after another; each runs even when one before it failed (a CI run
@@ -98,8 +98,15 @@ checks: venv simulator collection image
 	bash scripts/sanity.sh || failed="$$failed sanity"; \
 	$(MAKE) --no-print-directory lint || failed="$$failed lint"; \
 	$(MAKE) --no-print-directory versions || failed="$$failed versions"; \
+	$(MAKE) --no-print-directory docs-lint || failed="$$failed docs-lint"; \
 	$(MAKE) --no-print-directory molecule || failed="$$failed molecule"; \
 	if [ -n "$$failed" ]; then echo "checks FAILED:$$failed"; exit 1; fi
+
+# The docs as a docsite renders them: antsibull-docs lint-collection-docs (modules, plugins, roles, docs/docsite/),
+# in its own venv build/antsibull-docs (requirements/docs.txt).
+.PHONY: docs-lint
+docs-lint: venv collection
+	bash scripts/docs-lint.sh
 
 # ansible-lint, production profile (.ansible-lint): nothing installed, the collection from this checkout.
 .PHONY: lint

@@ -145,7 +145,7 @@ options:
     description:
       - What to do when a snapshot is already published at O(snapshot_dir).
       - C(keep) leaves it and reports no change while it belongs to the process as it runs now; when it does not
-        (another image, another model file in a read-only mount, other arguments, another kernel, ... -- the facts a
+        (another image, another model file in one of its mounts, other arguments, another kernel, ... -- the facts a
         restore compares), it is replaced and RV(replaced_because) says why. C(replace) publishes the new one in
         its place (the old one is removed only after the new one is in place); C(fail) fails the task.
     type: str

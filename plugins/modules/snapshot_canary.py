@@ -25,6 +25,7 @@ description:
     seed.
 requirements:
   - jsonschema (Python library) on the target host
+  - the Docker CLI (O(docker_cli)) on the target host, with O(container)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

@@ -33,6 +33,11 @@ description:
   - Also removes the CRIU work directories (C(inferops-dump-*), C(inferops-restore-*) in the temp dir) that a killed
     checkpoint or restore left, once the process that made them is gone and no process uses them any more (an
     orphaned runc or CRIU still writing its log keeps its directory until it ends). RV(work_dirs_removed) lists them.
+requirements:
+  - the Docker CLI (O(docker_cli)) on the target host - it tells the snapshots running containers were restored from
+    or started with, which are never removed, and with O(check_images) the images the host has
+  - jsonschema (Python library) on the target host, with O(known_pods) (each is checked as a snapshot identity)
+  - root, for snapshots the roles wrote (owned by root, 0700)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

@@ -23,6 +23,7 @@ description:
 requirements:
   - jsonschema (Python library) on the target host
   - cryptography (Python library) on the target host, with O(trusted_keys)
+  - the Docker CLI (O(docker_cli)) on the target host, with O(container) or an O(image) given by name
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -137,7 +138,7 @@ authenticated:
 stale_reasons:
   description:
     - Why the published snapshot does not belong to the pod's container as it runs now (another image, a changed
-      file in a read-only mount, other arguments, another kernel, ...; as a restore would compare them). A stale
+      file in one of its mounts, other arguments, another kernel, ...; as a restore would compare them). A stale
       snapshot is not RV(usable); a generation replaces it. Empty when it belongs, or when there is no container.
   returned: always
   type: list

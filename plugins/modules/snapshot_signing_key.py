@@ -21,6 +21,8 @@ description:
   - The roles C(snapshot_generate), C(snapshot_node), C(snapshot_restore) and C(k8s_snapshot) run it, so that snapshots
     are signed and nodes trust only signed ones by default. Where the controller keeps nothing between runs (an AWX
     execution environment) give the key as an AWX credential instead; see docs/security.md.
+requirements:
+  - cryptography (Python library) on the controller
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

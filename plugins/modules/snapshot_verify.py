@@ -20,6 +20,7 @@ description:
     O(fail_on_invalid=true). Bad parameters are a failure. Nothing is ever deleted.
 requirements:
   - jsonschema (Python library) on the target host
+  - the Docker CLI (O(docker_cli)) on the target host, with an O(image) given by name
   - cryptography (Python library) on the target host, with O(trusted_keys)
 author:
   - inferops.snapshot maintainers (@inferops)

@@ -24,6 +24,8 @@ description:
     crashed engine never answers.
   - The result says how long it waited, how many probes it made and what the last one saw, also when
     it fails.
+requirements:
+  - the Docker CLI (O(docker_cli)) on the target host, with O(container)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:

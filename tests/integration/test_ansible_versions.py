@@ -20,7 +20,7 @@ PROMPTS = ["what is an NPU?", "数据"]
 
 def older_versions():
     text = (REPO / "requirements" / "constraints.txt").read_text()
-    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("# older-ansible-core:")]
+    return [line.split(":", 1)[1].split()[0] for line in text.splitlines() if line.startswith("# older-ansible-core:")]
 
 
 @pytest.fixture(scope="session")

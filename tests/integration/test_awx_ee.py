@@ -75,7 +75,7 @@ def test_ansible_builder_creates_a_context_that_holds_everything_the_build_insta
     with tarfile.open(shipped) as tar:
         names = tar.getnames()
         manifest = json.load(tar.extractfile("MANIFEST.json"))
-    assert manifest["collection_info"]["dependencies"] == {"kubernetes.core": ">=3.0.0"}
+    assert manifest["collection_info"]["dependencies"] == {"kubernetes.core": ">=2.4.2"}
     assert manifest["collection_info"]["license"] == ["GPL-3.0-or-later"]
     for needed in ("meta/execution-environment.yml", "requirements/runtime.txt", "bindep.txt"):
         assert needed in names, needed

@@ -368,7 +368,8 @@ def test_a_read_only_store_is_a_clear_error_the_cleanup_does_not_fail_on_and_the
     """With the snapshot store read-only, generation used to fail with "unexpected error in
     snapshot_status: [Errno 30] Read-only file system", its cleanup failed the same way, and the per-pod summary was
     never printed. Now the error names the path and the cause, the cleanup goes on, every engine serves and the
-    summary says what happened to the pod."""
+    summary says what happened to the pod; the role's failure says what it could do -- nothing removed, nothing
+    recorded -- where it used to say the snapshot paths were removed and the status records said failed."""
     c, pod = pod_factory()
     c.run().wait_ready()
     expected = [c.generate(p) for p in PROMPTS]
@@ -379,9 +380,13 @@ def test_a_read_only_store_is_a_clear_error_the_cleanup_does_not_fail_on_and_the
         subprocess.run(["mount", "-o", "remount,bind,ro", str(store)], check=True)
         run = run_playbook(tmp_path / "runs", "generate.yml", inventory(tmp_path, "ro", [pod]),
                            extra_vars=[{"snapshot_generate_fail_on_error": False}])  # the results are dumped
+        failing = run_playbook(tmp_path / "runs", "generate.yml", inventory(tmp_path, "ro", [pod]))
     finally:
         subprocess.run(["umount", str(store)], check=True)
     assert run.rc == 0 and run.facts["npu-host"]["snapshot_generate_outcome"]["status"] == "failed", run
+    said = " ".join(failing.stdout.split())
+    assert failing.rc == 2 and "It removed no path. The failure could not be recorded beside the snapshot of %s " \
+        "(see the reason)." % pod["name"] in said and "were removed" not in said, failing.stdout[-3000:]
     assert "unexpected error" not in run.stdout, run
     entry = run.facts["npu-host"]["snapshot_generate_results"][0]
     assert entry["status"] == "failed" and "cannot write %s" % store in entry["reason"] \
@@ -389,3 +394,15 @@ def test_a_read_only_store_is_a_clear_error_the_cleanup_does_not_fail_on_and_the
     assert "%s: failed" % pod["name"] in run.stdout, "the per-pod summary was not printed"
     assert run.facts["npu-host"]["snapshot_generate_engines"][pod["name"]] == {"engine": "RUNNING", "serving": True}
     assert [c.generate(p) for p in PROMPTS] == expected
+
+
+def test_a_host_only_generation_says_it_never_locked_the_engine(tmp_path, pod_factory):
+    """snapshot_generate_device=false (a CPU engine): the per-pod line used to say "engine left None"."""
+    c, pod = pod_factory()
+    c.run().wait_ready()
+    run = run_playbook(tmp_path / "runs", "generate.yml", inventory(tmp_path, "hostonly", [pod]),
+                       extra_vars=[{"snapshot_generate_device": False}])
+    assert run.rc == 0 and run.facts["npu-host"]["snapshot_generate_outcome"]["status"] == "completed", run
+    assert run.facts["npu-host"]["snapshot_generate_engines"][pod["name"]] == {"engine": None, "serving": True}
+    said = " ".join(run.stdout.split())
+    assert "; host only, the engine was never locked, serving" in said and "None" not in said, run.stdout[-3000:]

@@ -88,6 +88,24 @@ def test_every_module_that_signs_verifies_or_encrypts_lists_cryptography_in_its_
             assert library in requirements, (name, library)
 
 
+# Modules that need nothing on their host but Python: the agent's socket, the files they are given.
+NEEDS_NOTHING = {"npu_snapshot_lock", "snapshot_node_files"}
+
+
+def test_every_module_says_what_it_needs_where():
+    """A module that runs a tool or imports a library names it in requirements: (the Docker CLI, CRIU, a library on the
+    controller); ansible-doc shows the list, fragments merged."""
+    for name in module_names():
+        doc = gen.read_module(str(REPO / "plugins" / "modules" / ("%s.py" % name)))["doc"]
+        requirements = " ".join(doc.get("requirements") or [])
+        assert bool(requirements) != (name in NEEDS_NOTHING), (name, requirements)
+        source = (REPO / "plugins" / "modules" / ("%s.py" % name)).read_text(encoding="utf-8")
+        if "DockerCli(" in source:
+            assert "Docker CLI" in requirements or "Docker" in requirements, (name, requirements)
+        if "signature.key_pair" in source or "snapshot_signing_key" == name:
+            assert "cryptography (Python library) on the controller" in requirements, (name, requirements)
+
+
 def required_libraries(name):
     """What the module's _module.run() checks for on the target (its requires=, default jsonschema)."""
     tree = ast.parse((REPO / "plugins" / "modules" / ("%s.py" % name)).read_text(encoding="utf-8"))
@@ -235,10 +253,48 @@ def test_every_reason_the_code_can_give_has_a_troubleshooting_entry():
     assert not missing, "troubleshooting.md has no entry (### `<kind>: ...`) for: %s" % ", ".join(missing)
 
 
+# The roles' own reasons (YAML, not plugins/): where a role's report says why a pod starts normally or is left alone.
+ROLE_REASONS = {"snapshot_restore/tasks/normal_start.yml": ("_entry_reason", "_snapshot_restore_plan_off_reason"),
+                "snapshot_generate/tasks/main.yml": ("reason",)}
+
+
+def role_reason_pieces():
+    """The literal words of each reason those templates can give ('; already running' -> 'already running')."""
+    for name, keys in ROLE_REASONS.items():
+        text = (REPO / "roles" / name).read_text(encoding="utf-8")
+        for key in keys:
+            template = re.search(r"^\s+%s: >-\n((?:\s{6,}.*\n)+)" % re.escape(key), text, flags=re.M).group(1)
+            for literal in re.findall(r"'([^']*)'", template):
+                words = literal.strip("; :").strip()
+                if len(words) > 4 and words not in ("true", "unknown error"):
+                    yield name, words
+
+
+def test_every_reason_a_role_gives_for_a_normal_start_has_a_troubleshooting_entry():
+    headings = " ".join(troubleshooting_keys())
+    pieces = list(role_reason_pieces())
+    assert ("snapshot_restore/tasks/normal_start.yml", "already running") in pieces, pieces
+    missing = [(name, words) for name, words in pieces if words not in headings and
+               words not in (DOCS / "troubleshooting.md").read_text(encoding="utf-8").split("## Roles and playbooks")[-1]]
+    assert not missing, "troubleshooting.md's Roles and playbooks section does not say: %s" % missing
+
+
 def test_troubleshooting_ends_with_the_roles_section():
     text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
     assert headings[-1] == "Roles and playbooks"
+
+
+def test_no_doc_says_only_read_only_mounts_are_compared():
+    """A restore compares the files of every mount, read-only or read-write (core/store/world.py): the wording of the
+    rule before that ('a changed file in a read-only mount') stayed in the modules', roles' and guides' docs."""
+    old_rule = re.compile(r"(?:file|files) (?:in|of) (?:a )?read-only (?:mount|ones)|read-only ones \(weights")
+    places = [REPO / "README.md", REPO / "plugins" / "module_utils" / "core" / "store" / "world.py"]
+    places += sorted(DOCS.glob("*.md")) + sorted((REPO / "plugins" / "modules").glob("*.py"))
+    places += sorted((REPO / "roles").glob("*/meta/argument_specs.yml")) + sorted((REPO / "roles").glob("*/defaults/main.yml"))
+    said = [(str(path.relative_to(REPO)), match.group(0)) for path in places
+            for match in old_rule.finditer(" ".join(path.read_text(encoding="utf-8").split()))]
+    assert not said, said
 
 
 # --------------------------------------------------------------------- links
@@ -274,6 +330,37 @@ def doc_links():
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if not re.match(r"^[a-z]+://", target):
                 yield path, target
+
+
+def repository_links():
+    """Links to this repository's own files (galaxy.yml's repository, a branch, a path): what a page links where the
+    built collection leaves the target out (docs/benchmarks.md's run folders)."""
+    repository = yaml.safe_load((REPO / "galaxy.yml").read_text())["repository"].rstrip("/")
+    pattern = re.compile(re.escape(repository) + r"/(?:blob|raw|tree)/main/([^)#\s]+)")
+    for path in sorted(DOCS.glob("*.md")) + [REPO / "README.md"]:
+        for target in pattern.findall(path.read_text(encoding="utf-8")):
+            yield path, target
+
+
+def test_links_into_the_repository_name_files_it_has():
+    links = list(repository_links())
+    assert any(path.name == "benchmarks.md" for path, _target in links), "benchmarks.md links its runs this way"
+    missing = [(path.name, target) for path, target in links if not (REPO / target).exists()]
+    assert not missing, missing
+
+
+def test_the_docsite_leads_to_every_guide_by_its_title():
+    """docs/docsite/extra-docs.yml's page (a docsite renders RST only): one link per guide of docs/, its title the
+    guide's own, into the repository (galaxy.yml's); scripts/docs-lint.sh checks the page as antsibull-docs reads it."""
+    index = yaml.safe_load((DOCS / "docsite" / "extra-docs.yml").read_text())
+    assert [entry for section in index["sections"] for entry in section["toctree"]] == ["guides"]
+    page = (DOCS / "docsite" / "rst" / "guides.rst").read_text(encoding="utf-8")
+    repository = yaml.safe_load((REPO / "galaxy.yml").read_text())["repository"].rstrip("/")
+    linked = dict((target, title) for title, target in re.findall(r"`([^`<]+?) <([^>]+)>`__", page))
+    guides = sorted(path for path in DOCS.glob("*.md") if path.name != "index.md")
+    wanted = dict(("%s/blob/main/docs/%s" % (repository, path.name), path.read_text(encoding="utf-8").splitlines()[0][2:])
+                  for path in guides)
+    assert linked == wanted
 
 
 def test_relative_links_resolve():

@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import copy
+import difflib
 import posixpath
 
 from . import layout, schema
@@ -31,6 +32,14 @@ def normalize(config, what="snapshot_config"):
     if not isinstance(config, dict):
         raise ParameterError("%s: expected a mapping in the shape of snapshotConfig (see "
                              "schemas/snapshot-config.schema.json), got %s" % (what, type(config).__name__))
+    keys = sorted(schema.SCHEMAS["snapshot-config"]["properties"])
+    unknown = sorted(set(config) - set(keys), key=str)
+    if unknown:  # said first: a misspelt required key would otherwise read as that key missing
+        raise ParameterError("%s: %s %s not %s of snapshotConfig, whose keys are %s (see "
+                             "schemas/snapshot-config.schema.json)"
+                             % (what, ", ".join(_with_guess(key, keys) for key in unknown),
+                                "is" if len(unknown) == 1 else "are", "a key" if len(unknown) == 1 else "keys",
+                                ", ".join(keys)), field=str(unknown[0]))
     schema.validate("snapshot-config", config, what)
     result = dict(layout.CONFIG_DEFAULTS)
     result.update(copy.deepcopy(config))
@@ -45,6 +54,11 @@ def normalize(config, what="snapshot_config"):
                              "snapshots separate roots" % (what, result["hostSnapshotPath"]))
     result["configured"] = True
     return result
+
+
+def _with_guess(key, keys):
+    close = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.6)
+    return "%r (did you mean %r?)" % (key, close[0]) if close else repr(key)
 
 
 def disabled_reason(normal):

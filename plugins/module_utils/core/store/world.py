@@ -5,8 +5,8 @@
 
 A restored process is the checkpointed one: it does not read its weights, its arguments or its
 config again. So "restored" is only true if the world it comes back into is the one it was taken
-in: the same command line, working dir and user; the same mounts with the same files in the
-read-only ones (weights, configs; an engine reads them at start and may have closed them, or maps
+in: the same command line, working dir and user; the same mounts with the same files in
+them (weights, configs; an engine reads them at start and may have closed them, or maps
 them, and CRIU checks only a mapped file's size); the same devices; the same kernel, CRIU and
 collection. ``capture`` records these facts (the manifest's ``world``), ``compare`` names every
 difference with both values; any difference is a cold start.

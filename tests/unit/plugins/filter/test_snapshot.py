@@ -27,6 +27,12 @@ def test_config_defaults_are_filled_in_and_paths_normalised():
     (dict(CONFIG, hostSnapshotPath="relative"), "at hostSnapshotPath"),
     (dict(CONFIG, timeoutSeconds=0), "at timeoutSeconds"),
     (dict(CONFIG, typo=1), "typo"),
+    # a misspelt required key is named as the unknown one, with the key it may have meant
+    ({"enabled": True, "npuSnapshotPth": "/a", "hostSnapshotPath": "/b"},
+     "snapshot_config: 'npuSnapshotPth' (did you mean 'npuSnapshotPath'?) is not a key of snapshotConfig, whose keys "
+     "are enabled, endpoint, engine, hostSnapshotPath, minSizeBytes, npuSnapshotPath, timeoutSeconds"),
+    ({"enabled": True, "npu": "/a", "hostSnapshotPath": "/b", "timeout": 3},
+     "snapshot_config: 'npu', 'timeout' (did you mean 'timeoutSeconds'?) are not keys of snapshotConfig"),
     (dict(CONFIG, npuSnapshotPath="/data/host"), "separate roots"),
     ("enabled", "expected a mapping"),
 ])
