@@ -30,7 +30,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Makes nothing; reports whether a key would be made.
+    details: Makes nothing; reports whether a key would be made, and stands in for a missing key with one made in memory and never written (its public half, so that a restore in check mode requires signatures as the run will).
   diff_mode:
     support: none
   idempotent:
@@ -72,7 +72,7 @@ private_key:
   type: str
   sample: /home/ops/.inferops/keys/signing.pem
 public_key:
-  description: The public key, PEM (what nodes trust); null in check mode when no key exists yet.
+  description: The public key, PEM (what nodes trust); in check mode when no key exists yet, the public half of a stand-in made in memory, which signs nothing.
   returned: always
   type: str
 public_key_path:
@@ -80,7 +80,7 @@ public_key_path:
   returned: always
   type: str
 key_id:
-  description: The key's id, as C(signature.json) and the verify results name it; null in check mode when no key exists yet.
+  description: The key's id, as C(signature.json) and the verify results name it; in check mode when no key exists yet, the stand-in's.
   returned: always
   type: str
   sample: 3f6c1d2e3a4b4c5d

@@ -178,6 +178,58 @@ def test_generate_check_mode_then_idempotent_second_run(tmp_path, pod_factory):
     assert checked["usable"] and checked["valid"] and checked["status"] == "completed"
 
 
+def keys_dir(tmp_path, name):
+    """A controller key folder of its own: an AWX job's fresh container has no ~/.inferops/keys either."""
+    path = tmp_path / name
+    path.mkdir(mode=0o700)
+    return str(path)
+
+
+def predicted_then_run(tmp_path, playbook, inv):
+    """The playbook in check mode, then for real: (check run, real run)."""
+    return (run_playbook(tmp_path / "runs", playbook, inv, check=True),
+            run_playbook(tmp_path / "runs", playbook, inv))
+
+
+def test_check_mode_fails_where_the_run_fails_on_a_missing_container(tmp_path):
+    """--check predicts the run: a pod whose container is missing fails generate both ways (it used to be a green
+    'would snapshot ... NOT running'), and restore too when no snapshot can recreate the container (it used to be
+    'would start normally')."""
+    missing = "roles-missing-%s" % uuid.uuid4().hex[:6]
+    inv = inventory(tmp_path, "predict", [{"name": missing}])
+    inv["all"]["hosts"]["npu-host"].update(snapshot_generate_keys_dir=keys_dir(tmp_path, "gen-keys"),
+                                           snapshot_restore_keys_dir=keys_dir(tmp_path, "restore-keys"),
+                                           snapshot_restore_method="docker")
+    words = {"generate.yml": "container %s is missing; start it before generating its snapshot" % missing,
+             "restore.yml": "'%s' does not exist and there is no valid snapshot to recreate it from" % missing}
+    for playbook, said in sorted(words.items()):
+        check, real = predicted_then_run(tmp_path, playbook, inv)
+        for run in (check, real):
+            assert run.rc != 0 and said in run.stdout, (playbook, run)
+
+
+def test_check_mode_on_a_fresh_controller_requires_the_signature_the_run_will(tmp_path, pod_factory):
+    """A restore job in a container without the generating controller's key (AWX's fresh job container): its check
+    run used to make no key, require no signature and say 'would restore'; the run makes a key, requires signatures
+    and refuses the snapshot. Both now refuse it alike (signature_untrusted), and nothing of it is run."""
+    c, pod = pod_factory()
+    c.run().wait_ready()
+    inv = inventory(tmp_path, "fresh", [pod])
+    inv["all"]["hosts"]["npu-host"].update(snapshot_generate_keys_dir=keys_dir(tmp_path, "generate-job"),
+                                           snapshot_restore_method="docker")
+    generated = run_playbook(tmp_path / "runs", "generate.yml", inv)
+    assert generated.rc == 0, generated
+    c.remove()
+    reset_device(c.device_dir)
+    inv["all"]["hosts"]["npu-host"]["snapshot_restore_keys_dir"] = keys_dir(tmp_path, "restore-job")
+    try:
+        check, real = predicted_then_run(tmp_path, "restore.yml", inv)
+        for run in (check, real):
+            assert run.rc != 0 and "no valid snapshot to recreate it from (signature_untrusted: " in run.stdout, run
+    finally:
+        docker("rm", "-f", pod["name"], check=False)
+
+
 def test_waits_for_the_warmup_file_and_undoes_the_whole_instance_when_one_pod_fails(tmp_path, pod_factory):
     ready = "/tmp/inferops-warmed-up"
     a, pod_a = pod_factory(readiness=False)

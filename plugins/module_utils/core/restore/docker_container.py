@@ -74,6 +74,10 @@ class DockerContainer(Driver):
         self.create(attempt, dict(self.env))
         return True
 
+    def refuses_cold_start(self, attempt):
+        if not self.container_id:
+            recreate_or_refuse(self.container, attempt)
+
     def write_metadata(self, attempt, restored):
         write_metadata(self.docker, self.container_id, self.metadata_path, self.env, attempt, restored)
 

@@ -120,6 +120,10 @@ class Driver:
         """Start the engine normally (the reason is in ``attempt.reason``)."""
         raise NotImplementedError
 
+    def refuses_cold_start(self, attempt):
+        """Check mode: raise what ``cold_start`` would raise before it starts anything, so that a dry run fails where
+        the run will (a container that cannot be recreated); nothing to refuse by default."""
+
     def complete(self, attempt):
         """The last step of a restore, after the canary: what makes it stick (the node runtime's marker that the
         next ``start`` is done). Raising here is a cold start like any other failure."""

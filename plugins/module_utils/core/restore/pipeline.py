@@ -83,7 +83,8 @@ def _fall_back(driver, attempt, exc, stage):
             attempt.verdict.update(valid=False, reasons=wrong)
             attempt.reason = "; ".join(wrong + [attempt.reason])
     attempt.manifest = attempt.manifest or (attempt.verdict or {}).pop("manifest", None)
-    if attempt.check_mode:
+    if attempt.check_mode:  # what the run would do, nothing done: it fails where the cold start would fail
+        driver.refuses_cold_start(attempt)
         return
     if attempt.started:
         driver.undo(attempt)

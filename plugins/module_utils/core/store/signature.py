@@ -208,8 +208,8 @@ def _check_missing_directory(directory):
 
 def key_pair(directory, create=True):
     """The controller's signing key pair in ``directory`` (layout.SIGNING_KEY_FILE, 0600, and its public half
-    layout.SIGNING_PUBLIC_FILE), made on first use (``create``; without it, what would be made is said and nothing is
-    written): {private_key, public_key_path, public_key (PEM), key_id, created}. The directory must be the user's
+    layout.SIGNING_PUBLIC_FILE), made on first use (``create``; without it, nothing is written and a missing key is
+    stood in for by one made in memory): {private_key, public_key_path, public_key (PEM), key_id, created}. The directory must be the user's
     own and closed to others: made 0700 when missing, refused (never changed) when it exists and is not."""
     _require("signing_key")
     directory = key_directory(directory)
@@ -223,9 +223,11 @@ def key_pair(directory, create=True):
             _check_key_directory(directory)
     created = False
     if not os.path.lexists(private):
-        if not create:
-            return {"private_key": private, "public_key_path": public, "public_key": None, "key_id": None,
-                    "created": True}
+        if not create:  # check mode: the public half of a key made now and never written, as the run's would be --
+            # one nothing is signed by yet, so that a restore in check mode requires signatures as the run's will
+            key = serialization.load_pem_private_key(new_private_pem(), password=None)
+            return {"private_key": private, "public_key_path": public, "public_key": public_pem(key),
+                    "key_id": key_id(key.public_key()), "created": True}
         fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(new_private_pem())

@@ -11,7 +11,7 @@ import pytest
 
 from unit.core.restore.test_cache import IDENTITY, PAGES, fields, make
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import clock, layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import SnapshotError
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import (cache, file_locks, held, pipeline,
                                                                                      stages)
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Attempt, Fallback
@@ -219,6 +219,34 @@ def test_check_mode_verifies_and_checks_only_and_writes_nothing(tmp_path, no_loc
     driver = Broken()
     attempt = run(snap, driver, check_mode=True)
     assert attempt.restored and driver.calls == ["locate", "check"] and status.read(snap) is None
+
+
+class Unrecreatable(Broken):
+    """A container that is gone, whose cold start refuses (docker_container.recreate_or_refuse)."""
+
+    def refuses_cold_start(self, attempt):
+        self.calls.append("refuses_cold_start")
+        raise ParameterError("container: gone, and no valid snapshot to recreate it from")
+
+    def cold_start(self, attempt):
+        self.refuses_cold_start(attempt)
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check"])
+def test_check_mode_fails_where_the_run_fails_its_cold_start(tmp_path, no_locks, check_mode):
+    snap = snapshot(tmp_path)
+    driver = Unrecreatable(fail="check", error=Fallback)
+    with pytest.raises(ParameterError, match="no valid snapshot to recreate it from"):
+        run(snap, driver, check_mode=check_mode)
+    assert driver.calls[-1] == "refuses_cold_start" and "cold_start" not in driver.calls
+
+
+def test_check_mode_predicts_a_cold_start_and_starts_nothing(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+    driver = Broken(fail="check", error=Fallback)
+    attempt = run(snap, driver, check_mode=True)
+    assert attempt.reason == "injected: check broke" and not attempt.restored
+    assert "cold_start" not in driver.calls and status.read(snap) is None
 
 
 class Delegating(Broken):

@@ -235,6 +235,19 @@ def test_a_missing_key_directory_is_made_0700_and_an_existing_private_one_used_a
     assert signature.key_pair(str(own))["created"] and stat.S_IMODE(os.stat(str(own)).st_mode) == 0o700
 
 
+def test_check_mode_stands_in_a_key_nothing_is_signed_by_for_one_it_would_make(tmp_path):
+    """A restore in check mode then requires signatures as the run will, with a key no snapshot is signed by: a fresh
+    controller (an AWX job's new container) predicts the run's signature_untrusted instead of 'would restore'."""
+    own = tmp_path / "own"
+    own.mkdir()
+    os.chmod(str(own), 0o700)
+    predicted = signature.key_pair(str(own), create=False)
+    assert predicted["created"] and predicted["public_key"].startswith("-----BEGIN PUBLIC KEY-----")
+    assert list(signature.load_public_keys([predicted["public_key"]])) == [predicted["key_id"]] and os.listdir(str(own)) == []
+    made = signature.key_pair(str(own))
+    assert made["key_id"] != predicted["key_id"], "the stand-in must be no key the run makes or any snapshot has"
+
+
 def test_check_mode_writes_no_public_half(tmp_path):
     made = signature.key_pair(str(tmp_path / "keys"))
     os.unlink(made["public_key_path"])

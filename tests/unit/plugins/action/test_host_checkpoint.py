@@ -125,7 +125,8 @@ def test_the_controllers_key_pair_is_made_once_private_to_its_user(tmp_path):
     assert oct(os.stat(str(tmp_path / "keys")).st_mode & 0o777) == "0o700"
     again = signature.key_pair(str(tmp_path / "keys"))
     assert not again["created"] and again["key_id"] == made["key_id"] and again["public_key"] == made["public_key"]
-    assert signature.key_pair(str(tmp_path / "none"), create=False)["key_id"] is None
+    predicted = signature.key_pair(str(tmp_path / "none"), create=False)  # check mode: a stand-in, never written
+    assert predicted["created"] and predicted["key_id"] != made["key_id"] and not (tmp_path / "none").exists()
     os.chmod(str(tmp_path / "keys"), 0o755)
     with pytest.raises(ParameterError, match="path: .* must be a directory of this user's"):
         signature.key_pair(str(tmp_path / "keys"))
