@@ -15,8 +15,9 @@ import pytest
 
 from conftest import REPO, ensure_agent_package
 
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import controller, protocol, restored
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.agent import controller, launcher, protocol, restored
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.control import LEASE_MARGIN
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import reseed
 from ansible_collections.inferops.snapshot.plugins.modules import snapshot_restore
 
 SCENARIO = r'''
@@ -212,3 +213,26 @@ def test_the_locks_an_fdinfo_file_lists_are_the_posix_ones():
             "lock:\t4: -> POSIX  ADVISORY  WRITE 300 fe:00:2146951 0 EOF\n")
     assert restored.posix_locks(text) == {("read", 100, 1), ("write", 200, 0)}
 
+
+@pytest.mark.parametrize("state, lease", [(protocol.STATE_BACKED_UP, 7.0 + LEASE_MARGIN), (protocol.STATE_RUNNING, None)])
+def test_the_restore_path_bounds_the_restore_lease_by_its_own_deadline_when_it_reaches_the_agent(tmp_path, state, lease):
+    """The reseed stage's first words to a restored agent (a real socket): the lease ends with the restore's
+    remaining seconds and LEASE_MARGIN, however long the image's setting; an engine that is not locked holds none,
+    and the restore goes on."""
+    agent = launcher.Controller(runtime=None, runtime_error="no ACL runtime in this test", restore_lease=600)
+    agent.state = state
+    agent._take_restore_lease()  # what noticing the restore does
+    socket_dir = tmp_path / "agent"
+    server = launcher.AgentServer(str(socket_dir / ("agent.%d.sock" % os.getpid())), agent)
+    server.start()
+    try:
+        told = reseed.tell(os.getpid(), str(socket_dir), "cd" * 16, 7.0, wait=True)
+        now = agent.describe()["lease"]
+    finally:
+        server.close()
+        agent.close()
+    assert told["told"] is True, told
+    if lease is None:
+        assert now is None
+    else:
+        assert now["seconds"] == lease and now["by"] == "restore" and now["remaining_s"] <= lease, now
