@@ -83,10 +83,12 @@ class Restored:
             self._resumed = {"at": utc(self._wall()), "by": "agent", "reseeded": done, "errors": errors,
                              "hooks": None}
             self._resumed_nonce = None  # the hooks of this restore are still to be called
-        log("this process was restored from a checkpoint: re-seeded %s%s" % (
-            ", ".join(done) or "nothing (no generator loaded)",
-            "; not re-seeded: %s" % errors if errors else ""))
-        self._take_restore_lease()
+            log("this process was restored from a checkpoint: re-seeded %s%s" % (
+                ", ".join(done) or "nothing (no generator loaded)",
+                "; not re-seeded: %s" % errors if errors else ""))
+            # under the same lock: a request that finds the restore noticed (the server's turn noticed it) finds the
+            # restore lease too -- a restore path's renew must extend it, not start a lease of its own
+            self._take_restore_lease()
         return True
 
     def _remember_locks(self):

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -236,3 +238,29 @@ def test_the_restore_path_bounds_the_restore_lease_by_its_own_deadline_when_it_r
         assert now is None
     else:
         assert now["seconds"] == lease and now["by"] == "restore" and now["remaining_s"] <= lease, now
+
+
+def test_a_request_that_finds_the_restore_noticed_finds_the_restore_lease_too():
+    """The server's turn notices the restore while the restore path's first request (its renew) comes in: the renew
+    extends the restore lease, never starts a lease of its own (the watchdog would then not finish the restore)."""
+    incarnation = {"value": ("boot", "1")}
+    agent = controller.Controller(runtime=None, runtime_error="no ACL runtime in this test", restore_lease=60,
+                                  incarnation=lambda: incarnation["value"])
+    agent.state = protocol.STATE_BACKED_UP
+    taking, take = threading.Event(), agent._take_restore_lease
+
+    def slow_take():  # the server's notice, held as it takes the lease
+        taking.set()
+        time.sleep(0.3)
+        take()
+    agent._take_restore_lease = slow_take
+    incarnation["value"] = ("boot", "2")  # restored
+    server_turn = threading.Thread(target=agent.notice_restore)
+    server_turn.start()
+    try:
+        assert taking.wait(10)
+        reply = agent.handle({"op": "renew", "lease": 30})
+    finally:
+        server_turn.join(10)
+        agent.close()
+    assert reply["ok"] and reply["lease"]["by"] == "restore" and reply["lease"]["seconds"] == 30, reply
