@@ -377,6 +377,25 @@ reseed:
   returned: when restored (with O(method=runtime), in RV(runtime_record))
   type: dict
   sample: {told: true, reseeded: [random, ssl], hooks: 1}
+interrupted:
+  description:
+    - An earlier run of this restore (O(method=docker), O(engine=criu)) that was killed after it started the engine from
+      the snapshot and before it recorded an outcome, as this run found it, and what this run did about it. Every such
+      run records itself C(restoring) in the snapshot's status record right before it starts the engine.
+    - C(at), C(runner) (the killed run's process) and C(gone) (why it is over). C(engine) is what the engine's agent
+      said (C(state), the C(lease) it holds, C(abandoned) when its restore lease ran out and it finished the restore
+      itself, C(resumed_by)), or C(container) or C(process) when there was no engine to ask. C(done) is what this run
+      did (stopped the container or killed the process tree, to restore it from the start), C(reason) the killed run's
+      entry, now C(interrupted), as recorded.
+    - A run that is still going is left alone instead (RV(changed) false, and RV(reason) says so).
+  returned: when an earlier run was found interrupted
+  type: dict
+  sample:
+    at: "2026-12-07T10:00:00.000000Z"
+    gone: "its process (pid 4242, python3 ...) is gone"
+    engine: {state: RUNNING, lease: null, resumed_by: lease,
+             abandoned: {lease_by: restore, actions: [resumed, restore, unlock], state: RUNNING}}
+    done: stopped the container and restores it from the start
 metadata_env_keys:
   description: Names (not values) of the variables written to the metadata file.
   returned: success

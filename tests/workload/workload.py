@@ -59,6 +59,10 @@ CONFIG = {
     # of the node, of any user, and every host-networked pod could lock, back up or unlock the engine. The agent's
     # unix socket, which checks who asks (SO_PEERCRED), is the way in; turn this on only in a network of its own.
     "control_http": os.environ.get("WORKLOAD_CONTROL_HTTP") == "1",
+    # a test's way to hold a restore between the restore path's first words to the agent and its device restore:
+    # the first RESTORE_POST hook after a restore touches this file and takes this long
+    "slow_restore_hook": os.environ.get("WORKLOAD_SLOW_RESTORE_HOOK"),
+    "slow_restore_hook_seconds": float(os.environ.get("WORKLOAD_SLOW_RESTORE_HOOK_SECONDS", "0")),
 }
 CHUNK = 4 * 1024 * 1024
 # Ready for traffic; after an engine-triggered device snapshot requests wait until the resume.
@@ -104,6 +108,10 @@ class Engine:
         self.restore_nonce = nonce
         self.sampler.seed(int(nonce, 16))
         log("restored: sampler re-seeded from the restore's nonce")
+        if self.config["slow_restore_hook"] and not os.path.exists(self.config["slow_restore_hook"]):
+            with open(self.config["slow_restore_hook"], "w") as handle:
+                handle.write(nonce)
+            time.sleep(self.config["slow_restore_hook_seconds"])
 
     def _bind_thread(self):
         """ACL contexts are per thread: every serving thread sets the device once."""

@@ -31,6 +31,13 @@ class Controller(Leases, Restored):
     not followed by an unlock (the engine would serve from device memory the backup released); it is
     retried, every LEASE_RETRY_SECONDS.
 
+    The restore lease (see lease.py): a copy restored from a checkpoint of a locked or backed-up engine drops the
+    lease of the process it was checkpointed from and holds one of its own, ``restore_lease`` seconds from the moment
+    it notices the restore (the restore path renews it to its own deadline). When it runs out, no restore path has
+    finished the restore: the controller finishes it -- the RESTORE_POST hooks with a nonce of its own, the POSIX
+    locks of its last look before the checkpoint taken back, restore, unlock -- or, where any of that fails, ends the
+    process with GAVE_UP_EXIT_CODE so that it starts cold.
+
     The restore (see reseed.py): a process restored from a snapshot shares every pseudo-random generator's state
     with every other copy of that snapshot. The restore path says so (``resumed``, with the restore's nonce): the
     controller re-seeds what it can reach in the interpreter and calls the engine's RESTORE_POST hooks with the
@@ -40,7 +47,7 @@ class Controller(Leases, Restored):
     """
 
     def __init__(self, runtime=None, runtime_error=None, clock=time.monotonic, wall=time.time,
-                 incarnation=incarnation):
+                 incarnation=incarnation, restore_lease=protocol.DEFAULT_RESTORE_LEASE, exit=os._exit):
         self.runtime = runtime
         self.runtime_error = runtime_error
         self.state = protocol.STATE_RUNNING
@@ -60,14 +67,22 @@ class Controller(Leases, Restored):
         self._incarnation_seen = incarnation()
         self._resumed = None    # the last restore of this process: when, who said so, what was re-seeded
         self._resumed_nonce = None
+        self.restore_lease = restore_lease  # seconds, or None: a restored copy waits for its restore path forever
+        self._exit = exit
+        self._locks_seen = []   # [(fd, type, start, len)]: the POSIX locks held at the last look while locked
 
     @classmethod
-    def load(cls, library_path=None):
-        """Load libascendcl; a missing library is kept as an error every request reports."""
+    def load(cls, library_path=None, environ=None):
+        """Load libascendcl; a missing library is kept as an error every request reports. The restore lease is the
+        environment's (protocol.RESTORE_LEASE_ENV)."""
+        restore_lease, why = protocol.parse_restore_lease((os.environ if environ is None else environ).get(
+            protocol.RESTORE_LEASE_ENV))
+        if why:
+            log(why)
         try:
-            return cls(runtime=acl.AclRuntime(library_path))
+            return cls(runtime=acl.AclRuntime(library_path), restore_lease=restore_lease)
         except acl.AclLibraryError as exc:
-            return cls(runtime_error=str(exc))
+            return cls(runtime_error=str(exc), restore_lease=restore_lease)
 
     def report(self, **fields):
         """Let the engine publish facts the runtime cannot tell (device memory in use, model, ...)."""
@@ -106,8 +121,14 @@ class Controller(Leases, Restored):
 
     def handle(self, message):
         """Answer one decoded request; never raises."""
-        op = message.get("op") if isinstance(message, dict) else None
         self.notice_restore()
+        try:
+            return self._answer(message)
+        finally:
+            self._remember_locks()
+
+    def _answer(self, message):
+        op = message.get("op") if isinstance(message, dict) else None
         try:
             op, timeout = protocol.parse_request(message)
             lease = protocol.parse_lease(message)

@@ -2,13 +2,16 @@
 # Copyright: inferops.snapshot contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lease of a lock or a backup (protocol.py): granted, renewed, and acted on by a watchdog timer when its holder
-never comes back -- the agent then restores and unlocks the engine itself. A mixin of ``controller.Controller``.
+never comes back -- the agent then restores and unlocks the engine itself. A copy restored from a checkpoint of a
+locked engine holds a lease of its own, the restore lease: when no restore path finishes the restore within it,
+the agent finishes it (or exits, so that the container starts cold). A mixin of ``controller.Controller``.
 PRIVATE to the inferops.snapshot collection."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import threading
 
 from . import protocol
@@ -21,6 +24,8 @@ class Leases:
 
     LEASE_RETRY_SECONDS = 5.0   # after an expiry action that failed
     BUSY_RETRY_SECONDS = 0.5    # while a request or a call that outlived its timeout holds the runtime
+    RESTORE = "restore"         # the ``by`` of a restore lease
+    GAVE_UP_EXIT_CODE = 75      # the process's exit status when a restore lease ends in a cold start (EX_TEMPFAIL)
 
     def _leased(self, op, timeout, lease, device_memory=None):
         """Run ``op``, taking, keeping or dropping the lease as the protocol says (``_serial`` is held)."""
@@ -48,6 +53,23 @@ class Leases:
                            "renewed_at": utc(self._wall()), "by": previous["by"] if previous else by,
                            "incarnation": self._incarnation()}
             self._arm(seconds)
+
+    def _take_restore_lease(self):
+        """A copy restored from a checkpoint of a locked or backed-up engine: the lease of the process it was
+        checkpointed from goes (``_current_lease``), the restore lease comes -- ``restore_lease`` seconds until the
+        restore path renews it to its own deadline (protocol.RESTORE_LEASE_ENV) -- unless it is off."""
+        with self._lease_lock:
+            self._current_lease()
+            if self.state == protocol.STATE_RUNNING or not self.restore_lease or self._lease is not None:
+                return
+            self._grant(self.restore_lease, self.RESTORE)
+        log("restored %s: holding a restore lease of %.1f s; a restore path that has not restored and unlocked the "
+            "device state by then is gone, and the agent finishes the restore itself" % (self.state, self.restore_lease))
+
+    def _restore_pending(self):
+        """Whether this is a restored copy whose restore lease still runs (no restore path has finished it)."""
+        with self._lease_lock:
+            return (self._lease or {}).get("by") == self.RESTORE
 
     def _drop_lease(self):
         with self._lease_lock:
@@ -183,6 +205,11 @@ class Leases:
             log("the lease of %.1f s (taken by %s at %s, last renewed at %s) ran out %.1f s ago with the process %s: "
                 "bringing the engine back" % (lease["seconds"], lease["by"], lease["granted_at"],
                                               lease["renewed_at"], overdue, self.state))
+        restoring = lease["by"] == self.RESTORE
+        if restoring:
+            why = self._finish_restore(record)
+            if why:
+                return self._give_up(record, why)
         steps = {protocol.STATE_BACKED_UP: protocol.OP_RESTORE, protocol.STATE_LOCKED: protocol.OP_UNLOCK}
         while self.state in steps:
             op = steps[self.state]
@@ -193,6 +220,8 @@ class Leases:
 
             reply = self._run(op, protocol.DEFAULT_TIMEOUT, then=done)
             if not reply["ok"]:
+                if restoring and reply["error"]["kind"] != protocol.KIND_TIMEOUT:
+                    return self._give_up(record, "%s failed: %s" % (op, reply["error"]["message"]), op)
                 with self._lease_lock:
                     record["errors"].append({"at": utc(self._wall()), "op": op, "message": reply["error"]["message"]})
                     del record["errors"][:-10]
@@ -204,3 +233,32 @@ class Leases:
                 return
         log("lease watchdog: the engine is %s again after %s" % (self.state, ", ".join(record["actions"]) or "nothing"))
         self._drop_lease()
+
+    def _finish_restore(self, record):
+        """What the restore path does before the device restore and the agent can do itself (``_serial`` is held):
+        the engine's RESTORE_POST hooks, with a nonce of the agent's own where no restore path told one; the POSIX
+        locks the process held at the last look before its checkpoint (``_remember_locks``), taken back. Returns
+        why the restore cannot be finished, or None."""
+        if self._resumed_nonce is None:
+            reply = self._resume(os.urandom(protocol.NONCE_HEX_DIGITS // 2).hex(), by="lease")
+            if not reply["ok"]:
+                return reply["error"]["message"]
+            record["actions"].append(protocol.OP_RESUMED)
+        missing = self._locks_missing()
+        if missing:
+            reply = self._relock(missing)
+            if not reply["ok"]:
+                return "the POSIX file locks of the checkpoint cannot be taken back: %s" % reply["error"]["message"]
+            record["actions"].append(protocol.OP_RELOCK)
+        return None
+
+    def _give_up(self, record, why, op="finish"):
+        """A restore lease that cannot end in a restored engine ends the process: the restore path would have
+        started the engine cold (``reseed_failed``, ``file_locks_failed``, ``device_restore_failed``); its container
+        starts cold by its restart policy, or the next restore does (docs/agent.md)."""
+        with self._lease_lock:
+            record["errors"].append({"at": utc(self._wall()), "op": op, "message": why})
+            record["state"] = "EXITED"
+        log("restore lease: the restore cannot be finished here (%s); exiting with status %d so that the engine "
+            "starts cold" % (why, self.GAVE_UP_EXIT_CODE))
+        self._exit(self.GAVE_UP_EXIT_CODE)

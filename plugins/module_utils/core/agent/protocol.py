@@ -48,6 +48,14 @@ OPERATIONS = (OP_STATE, OP_LOCK, OP_BACKUP, OP_RESTORE, OP_UNLOCK, OP_RENEW, OP_
 LEASE_OPERATIONS = (OP_LOCK, OP_BACKUP, OP_RENEW)
 MAX_LEASE = 86400.0
 
+# The restore lease: a copy restored from a checkpoint of a locked or backed-up engine holds one from the moment its
+# agent notices the restore; when no restore path has finished the device restore by its end (a restore killed
+# mid-way), the agent finishes it itself, or exits so that the container starts cold (docs/agent.md). Its length,
+# until the restore path renews it to the restore's own deadline, is the image's setting (read at the engine's start:
+# a restored copy keeps the environment it was checkpointed with); 0 turns it off.
+RESTORE_LEASE_ENV = "INFEROPS_AGENT_RESTORE_LEASE"
+DEFAULT_RESTORE_LEASE = 135.0  # snapshot_restore's default timeout (120 s) + the restore path's lease margin (15 s)
+
 # Relock (added within version 1): "locks": [{"fd", "type": "read"|"write", "start", "len"}], the POSIX
 # locks the process held at its checkpoint. CRIU restores them, then releases those on a file the process
 # also maps when it closes the descriptor it mapped the file through (a POSIX lock belongs to the process
@@ -197,6 +205,24 @@ def parse_lease(message):
     if not 0 < lease <= MAX_LEASE:
         raise ProtocolError("field 'lease': %r is outside (0, %d] seconds" % (lease, MAX_LEASE))
     return float(lease)
+
+
+def parse_restore_lease(text):
+    """The restore lease of the setting ``text`` (RESTORE_LEASE_ENV): (seconds or None for none, why the text was not
+    taken or None). Unset or empty: the default."""
+    if text is None or not text.strip():
+        return DEFAULT_RESTORE_LEASE, None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds == 0:
+        return None, None
+    if seconds is None or not 0 < seconds <= MAX_LEASE:
+        return DEFAULT_RESTORE_LEASE, ("%s: not 0 (no restore lease) or a number of seconds up to %d; using %.0f s "
+                                       "(its value is not repeated)" % (RESTORE_LEASE_ENV, MAX_LEASE,
+                                                                        DEFAULT_RESTORE_LEASE))
+    return seconds, None
 
 
 def parse_locks(message):

@@ -17,6 +17,38 @@ from . import protocol, reseed
 from .process import log, utc
 
 
+def posix_locks(fdinfo):
+    """{(type, start, len)} of the POSIX locks the text of a ``/proc/<pid>/fdinfo/<fd>`` file lists: those process
+    <pid> holds through that descriptor's open file (``len`` 0: to the end of the file)."""
+    found = set()
+    for line in fdinfo.splitlines():
+        # lock:	1: POSIX  ADVISORY  READ 21191 fe:00:2146951 100 100   (a waiter has "->" after the number)
+        fields = line.split()
+        if len(fields) < 9 or fields[0] != "lock:" or fields[2] != "POSIX":
+            continue
+        start, end = int(fields[7]), fields[8]
+        found.add(("read" if fields[4] == "READ" else "write", start, 0 if end == "EOF" else int(end) - start + 1))
+    return found
+
+
+def own_posix_locks(proc="/proc"):
+    """[(fd, type, start, len)] of the POSIX locks this process holds, sorted."""
+    directory = os.path.join(proc, "self", "fdinfo")
+    held = []
+    try:
+        fds = [int(name) for name in os.listdir(directory) if name.isdigit()]
+    except OSError:
+        return held
+    for fd in fds:
+        try:
+            with open(os.path.join(directory, str(fd))) as handle:
+                text = handle.read()
+        except (IOError, OSError):
+            continue  # closed meanwhile
+        held.extend((fd,) + lock for lock in posix_locks(text))
+    return sorted(held)
+
+
 class Restored:
     """The restore half of the Controller: ``_restore_lock`` guards the hooks and the record of the last restore."""
 
@@ -40,7 +72,8 @@ class Restored:
 
     def notice_restore(self):
         """Re-seed the interpreter's generators once this process finds itself restored (a new incarnation), whoever
-        restored it and before anyone says so; returns whether it did."""
+        restored it and before anyone says so, and take the restore lease (lease.py) when it is locked or backed
+        up; returns whether it did."""
         now = self._incarnation()
         with self._restore_lock:
             if now == self._incarnation_seen:
@@ -49,14 +82,35 @@ class Restored:
             done, errors = reseed.reseed_interpreter()
             self._resumed = {"at": utc(self._wall()), "by": "agent", "reseeded": done, "errors": errors,
                              "hooks": None}
-        log("this process was restored from a checkpoint: re-seeded %s%s" % (
-            ", ".join(done) or "nothing (no generator loaded)",
-            "; not re-seeded: %s" % errors if errors else ""))
+            self._resumed_nonce = None  # the hooks of this restore are still to be called
+            log("this process was restored from a checkpoint: re-seeded %s%s" % (
+                ", ".join(done) or "nothing (no generator loaded)",
+                "; not re-seeded: %s" % errors if errors else ""))
+            # under the same lock: a request that finds the restore noticed (the server's turn noticed it) finds the
+            # restore lease too -- a restore path's renew must extend it, not start a lease of its own
+            self._take_restore_lease()
         return True
 
-    def _resume(self, nonce):
+    def _remember_locks(self):
+        """While LOCKED or BACKED_UP for a snapshot: the POSIX locks this process holds now, the last look before a
+        dump being what a restored copy must hold again (``_locks_missing``). Not in a copy waiting for its restore
+        path: it has lost locks, and the look of the process it was checkpointed from is the one to keep."""
+        if self.state == protocol.STATE_RUNNING or self._restore_pending():
+            return
+        try:
+            self._locks_seen = own_posix_locks()
+        except Exception as exc:  # pylint: disable=broad-except  # a request is answered whatever /proc says
+            log("could not read this process's POSIX file locks: %r" % exc)
+
+    def _locks_missing(self):
+        """Those of the locks seen at the last look before the checkpoint that this process does not hold now."""
+        held = set(own_posix_locks())
+        return [lock for lock in self._locks_seen if lock not in held]
+
+    def _resume(self, nonce, by="restore"):
         """The restore path says this process was restored (protocol.OP_RESUMED): re-seed, then the hooks, once per
-        nonce."""
+        nonce. ``by`` "lease": the agent finishing a restore its restore path left (lease.py), with a nonce of its
+        own."""
         with self._restore_lock:
             self._incarnation_seen = self._incarnation()
             if nonce == self._resumed_nonce:  # the same restore asking again: done already
@@ -71,7 +125,7 @@ class Restored:
                 except Exception as exc:  # pylint: disable=broad-except  # the engine must survive its hook
                     errors["hook %s" % getattr(hook, "__qualname__", repr(hook))] = "%s: %s" % (type(exc).__name__, exc)
             self._resumed_nonce = nonce
-            self._resumed = {"at": utc(self._wall()), "by": "restore", "reseeded": done, "errors": errors,
+            self._resumed = {"at": utc(self._wall()), "by": by, "reseeded": done, "errors": errors,
                              "hooks": len(hooks)}
         log("restored from a snapshot: re-seeded %s, %d RESTORE_POST hook(s) called with the restore's nonce%s" % (
             ", ".join(done) or "nothing (no generator loaded)", len(hooks),

@@ -1193,7 +1193,9 @@ SCHEMAS = json.loads(r'''
       "enum": [
        "restored",
        "cold",
-       "failed"
+       "failed",
+       "restoring",
+       "interrupted"
       ]
      },
      "path": {
@@ -1229,6 +1231,46 @@ SCHEMAS = json.loads(r'''
        "null"
       ]
      },
+     "runner": {
+      "additionalProperties": false,
+      "properties": {
+       "boot_id": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "pid": {
+        "minimum": 1,
+        "type": "integer"
+       },
+       "pidns": {
+        "type": [
+         "string",
+         "null"
+        ]
+       },
+       "start": {
+        "minimum": 0,
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
+       "what": {
+        "type": [
+         "string",
+         "null"
+        ]
+       }
+      },
+      "required": [
+       "pid",
+       "start",
+       "boot_id"
+      ],
+      "type": "object"
+     },
      "source": {
       "oneOf": [
        {
@@ -1238,6 +1280,10 @@ SCHEMAS = json.loads(r'''
         "type": "null"
        }
       ]
+     },
+     "until": {
+      "format": "date-time",
+      "type": "string"
      }
     },
     "required": [

@@ -17,18 +17,21 @@ __metaclass__ = type
 import os
 import subprocess
 
-from ..base.errors import CommandError, ParameterError
+from ..base.clock import wait_for
+from ..base.errors import CommandError, ParameterError, SnapshotTimeout
 from ..clients import commands
 from ..clients.criu_cli import CriuCli
 from ..linux import fs, proc
 from ..store import manifest, metadata, status
 from ..store.criu_images import read_pstree
+from . import interrupted
 from .attempt import Fallback
 from .driver import Driver
 from .stages import CACHE, HELD, RESTORE
 
 ENGINE = "criu"
 PID_FREE_GRACE = 5.0   # a killed process may linger a moment as a zombie
+PID_REAPED_WAIT = 30.0  # a tree killed to be restored again: until its reaper freed its root's pid
 
 
 def pids_in_use(tree, proc_root="/proc"):
@@ -58,7 +61,8 @@ def obstacle(images_dir, proc_root="/proc"):
 def running_from_snapshot(snapshot_dir, proc_root="/proc"):
     """The ``last_restore`` entry of a bare process this collection started from the snapshot, if it still runs."""
     last = (status.read(snapshot_dir) or {}).get("last_restore") or {}
-    if last.get("path") != ENGINE or not last.get("pid") or last.get("pid_start_time") is None:
+    if last.get("path") != ENGINE or not last.get("pid") or last.get("pid_start_time") is None or \
+            last.get("outcome") in (interrupted.RESTORING, interrupted.INTERRUPTED):
         return None
     if not proc.alive(last["pid"], proc_root) or proc.start_time(last["pid"], proc_root) != last["pid_start_time"]:
         return None
@@ -98,6 +102,7 @@ class BareProcess(Driver):
         self.cold_start_log = cold_start_log
         self.criu = criu or CriuCli()
         self.cold_proc = None
+        self.root_pid = None  # the checkpointed tree's root: CRIU restores it with this pid
 
     def check(self, attempt):
         tree, why = obstacle(attempt.images_dir)
@@ -110,6 +115,7 @@ class BareProcess(Driver):
             tree, why = obstacle(attempt.images_dir)
         if why:
             raise Fallback(why)
+        self.root_pid = tree[0][0] if tree else None
 
     def prepare(self, attempt):
         doc = metadata.document(self.env, True, attempt.snapshot_dir, "snapshot_restore", engine=ENGINE,
@@ -118,6 +124,7 @@ class BareProcess(Driver):
         attempt.details["metadata_env_keys"] = metadata.env_keys(doc)
 
     def host_restore(self, attempt):
+        interrupted.started(self, attempt, pid=self.root_pid)  # a run killed after CRIU leaves a record
         pid = self.criu.restore_detached(attempt.images_dir, attempt.remaining(1.0),
                                          name=self.identity["pod"], leave_stopped=attempt.leave_stopped)
         attempt.pid_start_time = proc.start_time(pid)
@@ -142,6 +149,30 @@ class BareProcess(Driver):
         self.cold_proc = start_detached(self.cold_start_argv, env, self.cold_start_log)
         attempt.pid = self.cold_proc.pid
         attempt.pid_start_time = proc.start_time(attempt.pid)
+
+    def take_over(self, found, check_mode):
+        """The process tree a run that is gone restored (``found``: its root pid, restored as checkpointed, started
+        after that run on this boot): what its engine is now; killed, so that this run restores it from the start
+        (its pids are the ones CRIU needs). Returns (what was found, what is done)."""
+        pid, runner = found.entry.get("pid"), found.entry.get("runner") or {}
+        start = proc.start_time(pid) if pid else None
+        if start is None or runner.get("start") is None or start < runner["start"] or \
+                runner.get("boot_id") != proc.boot_id():
+            return {"process": "pid %s runs nothing that run restored" % pid}, "restores the process from the start"
+        if (proc.stat_fields(pid) or ["?"])[0] == "T":  # leave-stopped, and the page images' verdict never came
+            engine = {"process": "pid %d stopped: CRIU left it stopped for a verdict that never came, and it never ran"
+                      % pid}
+        else:
+            engine = interrupted.engine_now(pid, self.socket_dir)
+        if check_mode:
+            return engine, "would kill pid %d and restore the process from the start" % pid
+        proc.stop(pid, start)
+        try:  # CRIU needs the pid itself: free once the killed tree's reaper (init) has reaped it
+            wait_for(lambda: (not proc.exists(pid), "pid %d not reaped yet" % pid), PID_REAPED_WAIT,
+                     what="the end of pid %d" % pid)
+        except SnapshotTimeout:
+            pass  # the restore's check says which pid is taken
+        return engine, "killed pid %d and restores the process from the start" % pid
 
     def exited(self, attempt):
         """Why the started process is gone (for the health wait), or None while it runs."""

@@ -21,6 +21,7 @@ from ..base import layout
 from ..base.errors import CommandError
 from ..linux import fs
 from ..store import device, manifest
+from . import interrupted
 from .attempt import Fallback
 from .containerd_leak import LeakGuard
 from .docker_container import DockerContainer
@@ -94,6 +95,7 @@ class DockerCheckpoint(DockerContainer):
         if targets:  # CRIU's NPU plugin reads this node's numbering of the devices beside the images (Docker's copy)
             fs.write_file_atomic(os.path.join(target, layout.NPU_DEVICES_FILE),
                                  device.targets_text(targets).encode("utf-8"))
+        interrupted.started(self, attempt)  # before the engine comes back: a run killed after it leaves a record
         with LeakGuard(target):
             try:
                 self.docker.start(self.container_id, attempt.remaining(1.0), checkpoint=CHECKPOINT_NAME,
@@ -115,6 +117,25 @@ class DockerCheckpoint(DockerContainer):
         self.create_to_start_cold(attempt)
         self.write_metadata(attempt, restored=False)
         self.start_cold(attempt)
+
+    def interrupted_run(self, snapshot_dir):
+        """The ``restoring`` entry of an earlier run into this container (interrupted.find), or None."""
+        if not self.container_id:
+            return None
+        return interrupted.find(snapshot_dir, self.path, lambda entry: entry.get("container") == self.container_id)
+
+    def take_over(self, found, check_mode):
+        """The container a run that is gone left (``found``): what its engine is now; stopped, so that this run
+        restores it from the start. Returns (what was found, what is done)."""
+        if not self.docker.is_running(self.container_id):
+            state = self.docker.inspect_container(self.container_id).get("State") or {}
+            return ({"container": "%s, exit code %s" % (state.get("Status"), state.get("ExitCode"))},
+                    "restores the container from the start")
+        engine = interrupted.engine_now(self.docker.running_pid(self.container_id), self.socket_dir)
+        if check_mode:
+            return engine, "would stop the container and restore it from the start"
+        self.docker.stop(self.container_id)
+        return engine, "stopped the container and restores it from the start"
 
     def device_targets(self, attempt):
         if self.container_id:

@@ -147,7 +147,8 @@ def record_attempt(driver, attempt):
     outcome = attempt.outcome
     entry = status.restore_entry(driver.path, outcome, attempt.reason,
                                  pid=attempt.pid, pid_start_time=attempt.pid_start_time,
-                                 device_actions=attempt.device_actions, durations=attempt.watch.durations, **fields)
+                                 device_actions=attempt.device_actions, durations=attempt.watch.durations,
+                                 runner=attempt.details.get("runner"), **fields)  # over its restoring entry
     try:
         status.update(attempt.snapshot_dir, restore=entry)
         attempt.details["record"] = entry

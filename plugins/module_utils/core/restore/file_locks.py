@@ -25,7 +25,7 @@ __metaclass__ = type
 
 import os
 
-from ..agent import protocol
+from ..agent import protocol, restored
 from ..base.errors import SnapshotError
 from ..clients.control import AgentSocketClient
 from ..linux import proc
@@ -40,21 +40,11 @@ class LocksLost(SnapshotError):
 
 def held(pid, fd, proc_root="/proc"):
     """The POSIX locks process ``pid`` holds on the file behind its descriptor ``fd``: {(type, start, len)}."""
-    found = set()
     try:
         with open(os.path.join(proc_root, str(pid), "fdinfo", str(fd))) as handle:
-            lines = handle.read().splitlines()
+            return restored.posix_locks(handle.read())
     except (IOError, OSError):
-        return found
-    for line in lines:
-        # lock:	1: POSIX  ADVISORY  READ 21191 fe:00:2146951 100 100   (a waiter has "->" after the number)
-        fields = line.split()
-        if len(fields) < 9 or fields[0] != "lock:" or fields[2] != "POSIX":
-            continue
-        start, end = int(fields[7]), fields[8]
-        length = 0 if end == "EOF" else int(end) - start + 1
-        found.add(("read" if fields[4] == "READ" else "write", start, length))
-    return found
+        return set()
 
 
 def missing(pid, locks, proc_root="/proc"):

@@ -11,7 +11,8 @@ device state is back and the engine unlocked -- tells the restored process's age
 nonce): the agent re-seeds the generators it can reach in the interpreter and calls the engine's RESTORE_POST
 hooks with the nonce (agent/reseed.py, docs/agent.md).
 
-- A process whose snapshot has a device part has an agent: its socket is waited for, as the device stage does.
+- A process whose snapshot has a device part has an agent: its socket is waited for, as the device stage does, and
+  its restore lease is made to end with this restore's deadline plus LEASE_MARGIN (``bound_restore_lease``).
   Otherwise a process without an agent's socket cannot be told; its metadata file has the nonce, the result
   says so (``told: false``) and so do the module's warnings and the runtime's log (``not_told``).
 - An agent older than the operation refuses it as a bad request: the restore goes on, and the result says why the
@@ -27,10 +28,21 @@ __metaclass__ = type
 
 from ..agent import protocol
 from ..base.errors import RuntimeRefusedError
-from ..clients.control import AgentSocketClient
+from ..clients.control import LEASE_MARGIN, AgentSocketClient
 
 AGENT_WAIT = 5.0      # the socket comes back with its process (device.resume_process waits the same way)
 REQUEST_TIMEOUT = 10.0
+
+
+def bound_restore_lease(client, remaining):
+    """The restored engine's restore lease (docs/agent.md) ends with this restore: its ``remaining`` seconds and
+    LEASE_MARGIN, then the agent finishes the restore itself if this run has not (it was killed). An engine that is
+    not locked holds none, and an agent older than the restore lease takes this as a lease of the backup's kind,
+    which its watchdog acts on the same way: either is fine."""
+    try:
+        client.request(protocol.OP_RENEW, REQUEST_TIMEOUT, lease=min(remaining + LEASE_MARGIN, protocol.MAX_LEASE))
+    except RuntimeRefusedError:
+        pass
 
 
 def tell(pid, socket_dir, nonce, timeout, wait=False, gone=None):
@@ -41,6 +53,7 @@ def tell(pid, socket_dir, nonce, timeout, wait=False, gone=None):
     client = AgentSocketClient.for_pid(pid, socket_dir)
     if wait:
         client.wait_listening(min(timeout, AGENT_WAIT), gone=gone)
+        bound_restore_lease(client, timeout)
     elif not client.listening():
         return {"told": False, "why": "the restored process has no agent socket at %s: only its metadata file has the "
                                       "restore's nonce" % client.path}

@@ -21,7 +21,7 @@ from ..clients import engine_http
 from ..clients.docker_cli import DockerCli, env_dict
 from ..linux import fs, paths
 from ..store import fleet
-from . import bare, cache, health, pipeline, reseed, verify
+from . import bare, cache, health, interrupted, pipeline, reseed, verify
 from .attempt import Trust, new_attempt
 from .checkpoint import DockerCheckpoint
 from .handover import Handover, covers, runtime_settings
@@ -197,7 +197,14 @@ def _container(params, snapshot_dir, driver, check_mode, warn, trust):
     base = dict(snapshot_dir=snapshot_dir, container=params["container"])
     if params.get("source_identity") is not None:
         base["source"] = params["source_identity"]
-    if driver.container_id and docker.is_running(driver.container_id):
+    found = driver.interrupted_run(snapshot_dir) if isinstance(driver, DockerCheckpoint) else None
+    if found and not found.gone:
+        return dict(base, changed=False, restored=None, reason=interrupted.in_progress(found), verify=None,
+                    container_id=driver.container_id, created=False, durations={})
+    if found:
+        base["interrupted"] = _take_over(driver, snapshot_dir, found, "container %s" % params["container"], check_mode,
+                                         warn)
+    elif driver.container_id and docker.is_running(driver.container_id):
         return dict(base, changed=False, restored=None, reason="container %s is already running" % params["container"],
                     verify=None, container_id=driver.container_id, created=False, durations={})
     # a hand-over raises no high-water mark: the runtime's own run does, with its settings
@@ -251,6 +258,17 @@ def _result(attempt, base, warn):
     return result
 
 
+def _take_over(driver, snapshot_dir, found, where, check_mode, warn):
+    """A run killed after its host restore left a half-restored engine (interrupted.py): say what it found, and make
+    way for a restore from the start (the driver's ``take_over``); the killed run's entry says so."""
+    engine, done = driver.take_over(found, check_mode)
+    what = "%s: %s; this run %s" % (where, interrupted.summary(engine), done)
+    reason = interrupted.reason(found, what) if check_mode else interrupted.close(snapshot_dir, found, what)
+    warn(reason)
+    return {"at": found.entry.get("at"), "runner": found.entry.get("runner"), "gone": found.gone, "engine": engine,
+            "done": done, "reason": reason}
+
+
 def _wait_serving(params, attempt, gone=None):
     if params["health_url"]:
         with attempt.watch.timed("health"):
@@ -267,6 +285,12 @@ def _bare(params, snapshot_dir, check_mode, warn, trust):
                            % (running["pid"], "restored" if running["outcome"] == "restored" else "started cold",
                               running["at"]))
     driver = bare.BareProcess(params["cold_start"], params["cold_start_log"], **_wishes(params))
+    found = interrupted.find(snapshot_dir, bare.ENGINE)
+    if found and not found.gone:
+        return dict(base, changed=False, restored=None, reason=interrupted.in_progress(found), verify=None,
+                    durations={})
+    if found:
+        base["interrupted"] = _take_over(driver, snapshot_dir, found, "the process tree", check_mode, warn)
     attempt = new_attempt(snapshot_dir, params["timeout"], params, trust, params["device_restore"], check_mode)
     pipeline.run(driver, attempt)
     result = _result(attempt, base, warn)

@@ -6,7 +6,8 @@
 ``.<pod>.status.json`` (schemas/status.schema.json) lives in the snapshot's parent, so it survives
 the snapshot's removal. It says where the generation stands (``status``: generating, completed,
 failed; ``reason``; a short ``history``) and what was restored from the snapshot (``last_restore``
-and ``restores``, one entry per attempt, built by ``restore_entry`` for every path). Modules, the
+and ``restores``, one entry per attempt, built by ``restore_entry`` for every path; an attempt of a module
+records itself ``restoring`` before its host restore and its outcome over that entry at the end). Modules, the
 node's runtime and bare-process restores update it at the same moment, so every update is a
 read-modify-write under the parent directory's flock (no lock file is left behind).
 """
@@ -42,14 +43,17 @@ def locked(snapshot_dir):
 
 
 def restore_entry(path, outcome, reason=None, container=None, name=None, pid=None, pid_start_time=None, policy=None,
-                  device_actions=None, durations=None, identity=None, source=None):
+                  device_actions=None, durations=None, identity=None, source=None, runner=None):
     """One restore attempt, the same shape for every path (docker, runtime, criu). ``identity`` and ``source``
-    only for a clone (fleet.py): the identity it was restored into and the source the request declared."""
+    only for a clone (fleet.py): the identity it was restored into and the source the request declared. ``runner``:
+    the process running the attempt (proc.identity), where it recorded itself ``restoring`` first."""
     entry = {"path": path, "outcome": outcome, "reason": reason, "at": utc_now(), "node": os.uname()[1],
              "container": container, "name": name, "pid": pid, "pid_start_time": pid_start_time, "policy": policy,
              "device_actions": device_actions, "durations": dict(durations or {})}
     if source is not None:
         entry.update(identity=identity, source=source)
+    if runner is not None:
+        entry["runner"] = runner
     return entry
 
 
@@ -67,9 +71,11 @@ def update(snapshot_dir, status=None, reason=None, restore=None, generation_id=N
             record.update(status=status, reason=reason, updated_at=utc_now(), generation_id=generation_id)
             record["history"] = (record.get("history") or [])[-(KEEP_HISTORY - 1):] + [
                 {"status": status, "at": record["updated_at"], "reason": reason, "generation_id": generation_id}]
-        if restore is not None:
+        if restore is not None:  # an attempt's entry replaces the one it wrote before (the same runner)
+            kept = [entry for entry in record.get("restores") or []
+                    if not (restore.get("runner") and entry.get("runner") == restore["runner"])]
             record["last_restore"] = restore
-            record["restores"] = (record.get("restores") or [])[-(KEEP_RESTORES - 1):] + [restore]
+            record["restores"] = kept[-(KEEP_RESTORES - 1):] + [restore]
         schema.validate("status", record, "status record %s" % layout.status_path(snapshot_dir))
         fs.write_file_atomic(layout.status_path(snapshot_dir),
                              (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())

@@ -118,7 +118,8 @@ def test_the_device_state_comes_back_where_the_versions_are_those_of_the_backup(
     agent = Agent({"runtime": 71, "driver": 250})
     attempt = resumed(snapshot(tmp_path, device=ARGS_DEVICE), agent)
     assert attempt.restored and attempt.device_actions == ["restore", "unlock"], attempt.reason
-    assert agent.heard == ["resumed", "state", "restore", "unlock"]
+    # renew: the restore path bounds the copy's restore lease by its own deadline before anything else
+    assert agent.heard == ["renew", "resumed", "state", "restore", "unlock"]
 
 
 def test_the_device_versions_are_checked_against_the_device_part_as_verified_not_as_read_again(tmp_path, no_locks):
@@ -131,4 +132,4 @@ def test_the_device_versions_are_checked_against_the_device_part_as_verified_not
     attempt = resumed(snapshot(tmp_path, device=ARGS_DEVICE), agent, forge=forged)
     assert not attempt.restored and attempt.reason.startswith(
         "device_restore_failed: device_version_mismatch: runtime API 71 at the backup, 72 now"), attempt.reason
-    assert agent.heard == ["resumed", "state"], "the device was not touched"
+    assert agent.heard == ["renew", "resumed", "state"], "the device was not touched"
