@@ -1,5 +1,6 @@
 """Freshness: a snapshot's signed generation only grows per identity, a node refuses one older than it
-has restored (rollback:) and an expired one (expired:), and the counters that keep them are root's alone.
+has restored (rollback:) and an expired one (expired:), and the counters that keep them are root's alone, on a
+path nobody else can change.
 
 Real files, real flocks, real processes racing for the high-water mark."""
 
@@ -106,3 +107,33 @@ def test_the_signers_ledger_gives_every_identity_a_growing_number_also_twice_in_
     assert (first, second, other) == (5000, 5001, 5000)
     lost = freshness.SignerLedger(str(tmp_path / "elsewhere" / layout.SIGNER_LEDGER_FILE))
     assert lost.allocate(IDENTITY, now=6000) == 6000 > second, "a lost ledger still counts above the past"
+
+def test_a_record_whose_path_others_can_change_admits_nothing(tmp_path):
+    """Every directory on the way to the record is checked, not only its own: a parent others can write (not sticky)
+    or a link anywhere on the path and the record cannot be trusted."""
+    base = tmp_path / "var"
+    high = freshness.HighWater(str(base / "lib" / "state" / "generations.json"))
+    assert high.admit(manifest(3)) is None
+    os.chmod(str(base), 0o777)
+    refused = high.admit(manifest(4))
+    assert refused.startswith("generations_unreadable: ") and "%s must be a directory of root's that nobody else " \
+        "can write (it is uid 0, mode 777)" % base in refused, refused
+    os.chmod(str(base), 0o1777)  # sticky, as /tmp: nobody else can replace what is ours
+    assert high.admit(manifest(4)) is None
+    os.chmod(str(base), 0o755)
+    os.rename(str(base / "lib"), str(tmp_path / "lib-real"))
+    os.symlink(str(tmp_path / "lib-real"), str(base / "lib"))
+    refused = high.admit(manifest(5))
+    assert refused.startswith("generations_unreadable: ") and "%s is a symbolic link" % (base / "lib") in refused, \
+        refused
+
+
+def test_a_check_reads_the_mark_and_writes_nothing(tmp_path):
+    high = mark(tmp_path)
+    assert high.admit(manifest(10), record=False) is None
+    assert not os.path.exists(str(tmp_path / "state")), "a check makes nothing"
+    assert high.admit(manifest(10)) is None
+    assert high.admit(manifest(9), record=False).startswith("rollback: the snapshot is generation 9")
+    assert high.admit(manifest(12), record=False) is None
+    assert json.loads(open(high.path).read())["tenant-a/qwen/p0/qwen-0"]["generation"] == 10
+
