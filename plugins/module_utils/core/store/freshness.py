@@ -16,13 +16,18 @@ flock by its one owner (``Counters``):
   per identity. A restore of an older one is refused (``rollback:``); a snapshot without a generation (taken before
   the collection had them) counts as generation 0. Root's alone: the file 0600 in a 0700 directory, and every
   directory on its path root's and not writable by others, walked without following a link.
+
+A node that trusts signing keys also needs the controller's signed statement of the latest generation (statement.py),
+which covers the nodes that never restored the identity. A mark records the time of the statement it was raised under,
+and a statement issued later takes its place: a mark pushed ahead -- by a controller whose clock ran fast, or a
+generation since withdrawn -- holds only until the controller signs the next statement (a generation, or the refresh).
+``Gate`` is the one check of every restore (restore/verify.for_restore).
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import calendar
 import contextlib
 import errno
 import fcntl
@@ -34,8 +39,10 @@ import time
 from ..base import layout
 from ..base.clock import utc_now
 from ..linux import fs, paths, syscalls
+from . import statement
 
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+TIME_FORMAT = statement.TIME_FORMAT   # the manifest's date-time form, and the statement's
+parse_time = statement.parse_time
 
 
 class CounterError(Exception):
@@ -54,11 +61,7 @@ def next_generation(last, now=None):
 
 def expires_at(seconds, now=None):
     """``expires`` for a snapshot valid ``seconds`` from ``now`` (UTC, the manifest's date-time form)."""
-    return time.strftime(TIME_FORMAT, time.gmtime((time.time() if now is None else now) + float(seconds)))
-
-
-def parse_time(text):
-    return calendar.timegm(time.strptime(text, TIME_FORMAT))
+    return statement.format_time((time.time() if now is None else now) + float(seconds))
 
 
 def expired_reason(manifest, now=None):
@@ -189,24 +192,40 @@ def _without_time(entry):
     return dict((key, value) for key, value in (entry or {}).items() if key != "at")
 
 
+def superseded(entry, latest, now=None):
+    """Whether the statement ``latest`` takes the place of the mark ``entry``: issued after the statement the mark was
+    raised under -- or the mark was raised under none (before statements, or without keys), or under one dated beyond
+    this host's clock."""
+    if latest is None:
+        return False
+    issued = (entry or {}).get("issued")
+    now = time.time() if now is None else now
+    return not isinstance(issued, int) or latest["issued"] > issued or issued > now + layout.CLOCK_SKEW
+
+
 class HighWater(Counters):
     """The node's record of the highest generation it has restored per identity (layout.GENERATIONS_FILE)."""
 
-    def admit(self, manifest, record=True):
+    def admit(self, manifest, latest=None, record=True, now=None):
         """None when the snapshot (its verified manifest) is at least as new as every one of its identity this node
         has restored -- and then it is the highest now; else the reason it is refused (rollback:, generations_unreadable:).
         Recorded before the restore runs: a snapshot that verified and then failed to restore was still the newest.
-        ``record``: False for a check, which reads and writes nothing."""
+        ``latest``: the statement (statement.check) this restore is admitted under; a mark raised under an earlier
+        statement gives way to it. ``record``: False for a check, which reads and writes nothing."""
         number = generation(manifest)
 
         def decide(entry):
             highest = (entry or {}).get("generation")
-            if highest is not None and number < highest:
+            if highest is not None and number < highest and not superseded(entry, latest, now):
                 return None, ("rollback: the snapshot is generation %d of %s, and this node has already restored "
                               "generation %d of it; an older snapshot put back in place is refused -- generate a new "
                               "one (the node's record: %s)"
                               % (number, layout.identity_string(manifest["identity"]), highest, self.path))
-            return dict(entry or {}, generation=max(number, highest or 0)), None
+            if latest is None:
+                return dict(entry or {}, generation=max(number, highest or 0)), None
+            if superseded(entry, latest, now):
+                return {"generation": number, "issued": latest["issued"]}, None
+            return dict(entry, generation=max(number, highest), issued=max(latest["issued"], entry["issued"])), None
         try:
             return self.update(manifest["identity"], decide, record)
         except (CounterError, OSError) as exc:
@@ -216,7 +235,8 @@ class HighWater(Counters):
 
 
 class SignerLedger(Counters):
-    """The signer's record of the last generation it signed per identity (the controller's; see the module docstring)."""
+    """The signer's record per identity: the last generation it signed, and the last one it published (``published``:
+    {generation, fingerprint}), which the refresh signs again (statement.latest_known)."""
 
     def allocate(self, identity, now=None):
         """The generation of a snapshot about to be signed for ``identity``, recorded as taken before it is used
@@ -225,3 +245,40 @@ class SignerLedger(Counters):
             number = next_generation((entry or {}).get("generation"), now)
             return dict(entry or {}, generation=number), number
         return self.update(identity, decide)
+
+    def published(self, identity, number, fingerprint):
+        """Record that generation ``number`` (``fingerprint``) of ``identity`` was published, unless a later one was."""
+        def decide(entry):
+            known = (entry or {}).get("published") or {}
+            if isinstance(known.get("generation"), int) and known["generation"] > number:
+                return None, False
+            return dict(entry or {}, generation=max(number, (entry or {}).get("generation") or 0),
+                        published={"generation": number, "fingerprint": fingerprint}), True
+        return self.update(identity, decide)
+
+
+class Gate(object):
+    """The freshness check of one restore, in its verification (restore/verify.for_restore): on a host that trusts
+    signing keys, the controller's statement of the latest generation (statement.py); then the node's mark
+    (``marks``: a HighWater, or None where the caller keeps none). ``record``: raise the mark (not for a check, nor
+    a hand-over: the runtime's own run records it)."""
+
+    def __init__(self, marks=None, record=True, now=None):
+        self.marks, self.record, self.now = marks, record, now
+
+    def admit(self, snapshot_dir, recorded, fingerprint, trusted):
+        """None when the verified snapshot (``recorded``: its manifest; ``fingerprint``) may be restored here as fresh;
+        else the reason (stale:, statement_invalid:, clock_skew:, rollback:, generations_unreadable:). Without trusted
+        keys there is nothing to bind a statement to: the node's mark alone, as before statements."""
+        latest = None
+        if trusted:
+            latest, refused = statement.check(statement.read(snapshot_dir), recorded["identity"], trusted, self.now)
+            if refused:
+                return refused
+            refused = statement.floor_reason(latest, recorded, fingerprint)
+            if refused:  # this node's own word first, where it has restored a newer one itself
+                mine = self.marks.admit(recorded, latest, False, self.now) if self.marks is not None else None
+                return mine if mine and mine.startswith("rollback:") else refused
+        if self.marks is None:
+            return None
+        return self.marks.admit(recorded, latest, self.record, self.now)
