@@ -7,9 +7,11 @@ With ``signing_key`` the key is read here and never sent to the node. The module
 claim (core/generate/checkpointer.py): ``seal`` takes and seals the snapshot into its staging directory and sends its checksum
 list and manifest up; this plugin checks that the manifest is the one listed, of the task's identity, with the
 generation it gave out (from its signer's ledger, ``signing_ledger``) and the expiry it asked for, signs the list's
-exact bytes and sends the signature down; ``publish`` writes it beside them and publishes. Anything wrong in between
-is an ``abort``: the sealed snapshot is removed and the generation recorded failed. No snapshot is ever published
-unsigned when a key is given, and no node can get a signature for an identity the task did not name.
+exact bytes and sends the signature down -- with its statement that this generation is the identity's latest
+(store/statement.py) --; ``publish`` writes both beside them and publishes, and the ledger records the generation as
+published (what the refresh signs again). Anything wrong in between is an ``abort``: the sealed snapshot is removed and
+the generation recorded failed. No snapshot is ever published unsigned when a key is given, and no node can get a
+signature for an identity the task did not name.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,7 +27,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import freshness, manifest, signature
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import freshness, manifest, signature, statement
 
 MODULE = "inferops.snapshot.host_checkpoint"
 
@@ -67,7 +69,7 @@ def signing_problem(args, ledger):
         schema.validate("manifest", args["identity"], "identity", definition="identity")
     except SnapshotError as exc:
         return exc.msg
-    for name in ("max_age", "timeout", "generation_lease"):  # as the module checks them, before the ledger
+    for name in ("max_age", "timeout", "generation_lease", "statement_validity"):  # as the module checks them
         value = args.get(name)
         if value is None:
             continue
@@ -153,6 +155,16 @@ class ActionModule(ActionBase):
             aborted = self._module(later, task_vars, phase="abort", reason=problem)
             return dict(sealed, failed=True, status="failed", cleaned=aborted.get("cleaned"),
                         msg="signing_refused: the controller did not sign the sealed snapshot: %s; it was removed" % problem)
-        document = signature.document(to_sign["checksums"].encode("utf-8"), key)
-        published = self._module(later, task_vars, phase="publish", signature=json.dumps(document, sort_keys=True))
+        checksums = to_sign["checksums"].encode("utf-8")
+        document, fingerprint = signature.document(checksums, key), hashlib.sha256(checksums).hexdigest()
+        latest = statement.make(identity, generation, fingerprint, key,
+                                float(args.get("statement_validity") or layout.LATEST_VALIDITY))
+        published = self._module(later, task_vars, phase="publish", signature=json.dumps(document, sort_keys=True),
+                                 statement=latest.decode("utf-8"))
+        if not published.get("failed"):
+            try:
+                freshness.SignerLedger(os.path.expanduser(ledger)).published(identity, generation, fingerprint)
+            except (freshness.CounterError, OSError) as exc:  # published and stated; the refresh falls back on the store
+                published.setdefault("warnings", []).append("signing_ledger: %s: cannot record generation %d as "
+                                                            "published: %s" % (ledger, generation, exc))
         return merged(sealed, published)

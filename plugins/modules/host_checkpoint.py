@@ -35,6 +35,11 @@ description:
     O(signing_ledger) on the controller; without it one above the published snapshot's), and with O(max_age) an
     C(expires). A node refuses a generation older than one it has restored (C(rollback:)) and an expired snapshot
     (C(expired:)). See docs/security.md.
+  - With O(signing_key) the controller also signs a statement that this generation is now the identity's latest
+    (C(.<pod>.latest.json) beside the snapshot, good for O(statement_validity)), written once the snapshot is published.
+    A node that trusts signing keys restores a snapshot only while such a statement names it or an older generation
+    as the latest - so an older generation put back in the store is refused on every node (C(rollback:)), also on one
+    that never restored the identity. M(inferops.snapshot.snapshot_refresh) signs the statements again, on a schedule.
   - With O(device_backup) the task takes the device part itself, as M(inferops.snapshot.npu_snapshot_backup)
     C(lock=true) would, but only once its own checks have passed and the generation's claim is held; the engine is
     then locked for the backup, the checkpoint and the resume alone, not for the start of a second task.
@@ -229,6 +234,13 @@ options:
       - Seconds the snapshot may be restored for. The manifest (covered by the signature) then carries C(expires), and
         every restore after that time refuses it (C(expired:)) - by the restoring node's clock. Default - no expiry.
     type: float
+  statement_validity:
+    description:
+      - With O(signing_key), seconds the statement of the latest generation is good for unless signed again (by the
+        next generation or M(inferops.snapshot.snapshot_refresh)); after it nodes that trust signing keys start the
+        identity cold (C(stale:)). Read by the action plugin on the controller.
+      - Default - a week (604800). docs/security.md says why.
+    type: float
   controller_signing:
     description:
       - Set by the action plugin when O(signing_key) is given - the phase of the two runs (C(seal), C(publish), C(abort)),
@@ -252,6 +264,9 @@ options:
         type: str
       reason:
         description: Why the controller refused to sign (the abort phase).
+        type: str
+      statement:
+        description: The controller's statement that this generation is the latest (JSON), for the publish phase.
         type: str
 notes:
   - Environment values of the container are stored (0600) in C(host/container.json) to recreate it; they
@@ -440,7 +455,8 @@ ARGUMENT_SPEC = dict(
     max_age=dict(type="float"),
     controller_signing=dict(type="dict", options=dict(
         phase=dict(type="str", required=True, choices=["seal", "publish", "abort"]), generation=dict(type="int"),
-        expires=dict(type="str"), signature=dict(type="str"), reason=dict(type="str"))),
+        expires=dict(type="str"), signature=dict(type="str"), reason=dict(type="str"), statement=dict(type="str"))),
+    statement_validity=dict(type="float"),
     force=dict(type="bool", default=False),
     encryption_key=dict(type="str", no_log=True),
     encryption_workdir=dict(type="path", default=layout.TMPFS),

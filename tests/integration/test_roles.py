@@ -72,6 +72,9 @@ SECRET_HEADER = "Bearer never-in-a-log-%s" % uuid.uuid4().hex[:8]
     ({"snapshot_generate_max_age": -1}, "snapshot_generate_max_age: must be a finite number of seconds 0 or more, "
                                         "got -1; give the seconds a snapshot may be restored for"),
     ({"snapshot_generate_max_age": "nan"}, "snapshot_generate_max_age: must be a finite number"),
+    ({"snapshot_generate_statement_validity": 0}, "snapshot_generate_statement_validity: must be a finite number of "
+                                                  "seconds greater than 0, got 0; give the seconds the statement"),
+    ({"snapshot_generate_statement_validity": "inf"}, "snapshot_generate_statement_validity: must be a finite number"),
     ({"snapshot_generate_stage_dir": "relative/stage"},
      'snapshot_generate_stage_dir: "relative/stage" is not an absolute path; give the node\'s cache'),
     ({"snapshot_generate_keys_dir": "rel/keys"}, 'snapshot_generate_keys_dir: "rel/keys" is not an absolute path'),

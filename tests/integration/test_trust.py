@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import seal
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, seal, statement
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
 PROMPT = "snapshot me"
@@ -90,6 +90,8 @@ def copy_of(s, name, mutate, key=None):
     seal.seal(staging, {k: v for k, v in recorded.items() if k not in ("files", "total_bytes", "schema_version")},
               signing_key=key)
     seal.publish(staging, dst)
+    if key is not None:  # and its statement of the latest generation, as the controller writes one with each
+        statement.write(dst, statement.make(identity(name), recorded["generation"], hashing.fingerprint(dst), key))
     return dst
 
 

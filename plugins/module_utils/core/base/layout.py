@@ -45,6 +45,7 @@ OLD_INFIX = ".old."                   # .<pod>.old.<pid>: the previous snapshot 
 VIEW_PREFIX = ".inferops-view-"       # .inferops-view-XXXX: what one restore reads, hard links to the inodes it verified
 CLAIM_SUFFIX = ".generation.json"     # .<pod>.generation.json: the generation that owns the pod now (claim.py)
 RESTORES_SUFFIX = ".restores.json"    # .<pod>.restores.json: restores in progress and the processes they made (fleet.py)
+LATEST_SUFFIX = ".latest.json"        # .<pod>.latest.json: the controller's signed statement of the latest generation
 
 
 def snapshot_dir(root, identity):
@@ -74,6 +75,10 @@ def claim_path(snapshot_dir_):
 
 def restores_path(snapshot_dir_):
     return _sibling(snapshot_dir_, RESTORES_SUFFIX)
+
+
+def latest_path(snapshot_dir_):
+    return _sibling(snapshot_dir_, LATEST_SUFFIX)
 
 
 def old_dir(snapshot_dir_, pid):
@@ -204,6 +209,14 @@ DEFAULT_RUNC = "/usr/bin/runc"
 # The node's high-water marks: the highest generation it has restored per identity (freshness.py). Root's, 0600 in a
 # 0700 directory, and on disk: it must outlive a reboot (a rollback after a reboot is still a rollback).
 GENERATIONS_FILE = "/var/lib/inferops/state/generations.json"
+# The statement of an identity's latest generation (freshness.py): good for this long unless the controller signs it
+# again -- with each generation and by the scheduled refresh (playbooks/refresh.yml, daily). A week: a daily refresh
+# may miss six runs before restores start cold, and a rollback on a node that never restored the newer generation is
+# possible for at most that long after it (docs/security.md, "Freshness across nodes").
+LATEST_VALIDITY = 7 * 24 * 3600
+# How far a statement may be dated ahead of a node's clock before it is refused (clock_skew:): NTP keeps clocks within
+# milliseconds; five minutes forgives a node that has just booted.
+CLOCK_SKEW = 300
 # The controller's signing key, made on first use by the roles (snapshot_signing_key), and the signer's record of the
 # last generation it signed per identity (freshness.SignerLedger); in the controller user's home unless told otherwise.
 CONTROLLER_KEYS_DIR = "~/.inferops/keys"

@@ -34,8 +34,8 @@ from ..clients.criu_cli import CriuCli, make_work_dir
 from ..clients.docker_cli import DockerCli, env_dict
 from ..clients.runc_cli import RuncCli, check_criu_config
 from ..linux import fs, paths, plaintext
-from ..store import (container_record, device, encryption, fleet, freshness, hashing, manifest, seal, signature, status,
-                     world)
+from ..store import (container_record, device, encryption, fleet, freshness, hashing, manifest, seal, signature,
+                     statement, status, world)
 from ..base.progress import Progress
 from . import claim, leftovers
 
@@ -451,6 +451,8 @@ class Checkpointer:
                                          % (layout.identity_string(document.get("identity") or {}),
                                             layout.identity_string(self.identity)), field="identity")
                 fingerprint = hashing.fingerprint(self.staging_dir)
+                latest = statement.accepted(self.signing.get("statement"), self.identity, document.get("generation"),
+                                            fingerprint)  # the controller's statement that it is the latest now
                 seal.publish(self.staging_dir, self.snapshot_dir)
             self.progress.final("published %d bytes, signed by key %s" % (document["total_bytes"], signed["key_id"]))
         except Exception as exc:
@@ -459,7 +461,11 @@ class Checkpointer:
             raise
         status.update(self.snapshot_dir, "completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                       generation_id=self.generation)
-        claim.release(self.snapshot_dir, self.generation)
+        try:
+            if latest:  # under the claim still: no other generation writes its own meanwhile
+                statement.write(self.snapshot_dir, latest)
+        finally:
+            claim.release(self.snapshot_dir, self.generation)
         self.watch.total()
         return dict(result, changed=True, status="completed", checksum=fingerprint, total_bytes=document["total_bytes"],
                     files=len(document["files"]), signed_by=signed["key_id"], generation=document.get("generation"),

@@ -53,14 +53,15 @@ def new_attempt(requested, timeout, settings, trust, device_restore=True, check_
                 keeps_record=True):
     """The attempt of a restore of ``requested`` on this host, from its ``settings`` (``min_size``, ``workers``,
     ``stage_dir``, ``decrypt_dir``, ``generations_file``) and its ``trust``. ``keeps_record``: this run raises the
-    node's high-water mark (not a hand-over: the runtime's own run does, with its settings)."""
+    node's high-water mark (not a hand-over: the runtime's own run does, with its settings; nor a check)."""
     generations = settings.get("generations_file")
+    fresh = freshness.Gate(freshness.HighWater(generations) if generations else None,
+                           record=keeps_record and not check_mode)
     return Attempt(requested, timeout, device_restore=device_restore, check_mode=check_mode,
                    min_size=settings.get("min_size") or 0, workers=settings.get("workers"), trusted=trust.trusted,
                    checksum=checksum, keys=trust.keys, decrypt_dir=settings.get("decrypt_dir"),
                    stage_dir=settings.get("stage_dir"), require_signature=trust.require_signature,
-                   require_encryption=trust.require_encryption,
-                   generations=freshness.HighWater(generations) if keeps_record and generations else None)
+                   require_encryption=trust.require_encryption, freshness=fresh)
 
 
 class Attempt:
@@ -68,7 +69,7 @@ class Attempt:
 
     def __init__(self, requested, timeout, device_restore=True, check_mode=False, min_size=0, workers=None,
                  trusted=None, checksum=None, keys=None, decrypt_dir=None, stage_dir=None, require_signature=False,
-                 require_encryption=False, generations=None):
+                 require_encryption=False, freshness=None):
         self.requested = requested     # the snapshot asked for; snapshot_dir once it is validated
         self.snapshot_dir = None
         self.watch = Stopwatch()
@@ -83,7 +84,7 @@ class Attempt:
         self.keys = keys or {}         # {key id: key}: what an encrypted snapshot may be decrypted with
         self.require_signature = require_signature    # this host's policy (verify.requirements)
         self.require_encryption = require_encryption
-        self.generations = generations  # freshness.HighWater: the highest generation restored per identity, or None
+        self.freshness = freshness     # freshness.Gate: the latest generation's statement and the node's mark, or None
         self.decrypt_dir = decrypt_dir or DECRYPT_DIR
         self.plain = None              # plaintext.PrivateDir: an encrypted snapshot's plaintext, while restored
         self.leave_stopped = False     # the host restore leaves the tasks stopped, for release() after the verdict

@@ -45,9 +45,8 @@ def _verify(driver, attempt):
     attempt.verdict = verify.for_restore(attempt.snapshot_dir, driver.engine, expect, attempt.min_size,
                                          attempt.workers, trusted=attempt.trusted, world_now=driver.world_now,
                                          plan=attempt.plan, require_signature=attempt.require_signature,
-                                         require_encryption=attempt.require_encryption)
+                                         require_encryption=attempt.require_encryption, fresh=attempt.freshness)
     deferred = _take_verdict(attempt, cache_miss)
-    _admit(attempt)  # no older generation than this node has restored (freshness.py)
     if attempt.held:  # what the restore reads: the inodes just verified (links), or their verified copy
         try:
             attempt.held.make_view()
@@ -117,17 +116,6 @@ def _take_verdict(attempt, cache_miss):
         raise Fallback(verify.reason(verdict))
     attempt.manifest = verdict.pop("manifest")
     return deferred
-
-
-def _admit(attempt):
-    """A snapshot older than one of its identity this node has restored is refused (rollback:); this one is the highest
-    now. Not for a check (nor where the caller keeps no record: a run that hands over to the node's runtime, whose own
-    run keeps it with the runtime's settings)."""
-    if attempt.generations is None or attempt.check_mode:
-        return
-    refused = attempt.generations.admit(attempt.manifest)
-    if refused:
-        raise Fallback(refused)
 
 
 def _check_key(attempt):

@@ -95,7 +95,7 @@ def engine_reason(recorded, engine):
 
 
 def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, progress=None, trusted=None, world_now=None,
-                plan=manifest.FULL, require_signature=False, require_encryption=False):
+                plan=manifest.FULL, require_signature=False, require_encryption=False, fresh=None):
     """{valid, reasons, authenticated, bytes, files, checksums, throughput_mb_s, reader, manifest, documents, deferred};
     never raises for a bad snapshot. The one verdict of every restore path, ``snapshot_verify`` and ``snapshot_info``.
     ``engine``: docker or criu, the engine that would restore it (None: any). ``trusted``: the public keys a
@@ -107,7 +107,8 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, progress
     (manifest.verify). ``documents``: the small files (manifest.DOCUMENTS) as read and hashed -- what a restore acts
     on instead of reading them again; ``deferred``: what ``manifest.verify_deferred`` must still pass.
     ``require_signature`` / ``require_encryption``: this host's policy (``requirements``); an expired snapshot is
-    refused whatever the policy.
+    refused whatever the policy. ``fresh`` (freshness.Gate): last, once everything else holds -- the controller's
+    statement of the latest generation where keys are trusted, and the node's mark (raised unless it is a check).
     """
     valid, reasons, details = manifest.verify(snapshot_dir, min_size, expect, workers, progress=progress,
                                               trusted=trusted, plan=plan)
@@ -125,6 +126,10 @@ def for_restore(snapshot_dir, engine, expect, min_size=0, workers=None, progress
     if valid and not reasons and world_now is not None:
         process, runc_version = world_now(recorded)
         reasons.extend(world.compare(recorded.get("world"), process, expect.get("criu_version"), runc_version))
+    if valid and not reasons and fresh is not None:
+        refused = fresh.admit(snapshot_dir, recorded, details["fingerprint"], trusted)
+        if refused:
+            reasons.append(refused)
     hashing = details["hashing"] or {}
     return {"valid": not reasons, "reasons": reasons, "authenticated": details["authenticated"],
             "key_id": details["key_id"], "fingerprint": details["fingerprint"],

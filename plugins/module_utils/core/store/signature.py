@@ -275,6 +275,23 @@ def document(checksums, private_key):
             "signature": base64.b64encode(private_key.sign(CONTEXT + checksums)).decode()}
 
 
+def sign_detached(private_key, data):
+    """The base64 Ed25519 signature of ``data`` by ``private_key`` (a statement of the latest generation's)."""
+    return base64.b64encode(private_key.sign(data)).decode()
+
+
+def verify_detached(public_key, signed, data):
+    """Whether ``signed`` (base64, in the one form sign_detached writes) is ``public_key``'s signature of ``data``."""
+    try:
+        raw = base64.b64decode(signed, validate=True)
+        if base64.b64encode(raw).decode() != signed:
+            return False
+        public_key.verify(raw, data)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
 def sign(directory, private_key):
     """Write signature.json beside checksum.sha256 in ``directory`` (a staging directory)."""
     with open(os.path.join(directory, layout.CHECKSUMS), "rb") as handle:

@@ -3,16 +3,19 @@ trusted key may sign and an encryption key decrypt, and the refusals, before any
 
 Real Ed25519 and AES keys, real sealing and verification; the only fake is an attempt's fields."""
 
+import shutil
 import types
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import stages, task, verify
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Fallback
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline, stages, task, verify
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.attempt import Fallback, Trust, new_attempt
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (encryption, hashing, manifest, seal,
-                                                                                   signature)
+                                                                                   signature, statement)
+
+from unit.core.restore.test_cache import Fake
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 
@@ -127,3 +130,60 @@ def test_an_encryption_key_decrypts_only_the_identities_it_is_given_for():
                                            "for tenant-b/*, not for tenant-a/qwen/p0/qwen-0" % encryption.key_id(key))
     attempt.keys = encryption.load_keys([{"key": key.hex(), "identities": ["tenant-a/qwen"]}])
     assert stages._check_key(attempt) is None
+
+
+# -- freshness: the controller's statement of the latest generation, checked in the verification of every path ---
+
+def generation_of(root, key, number):
+    """Generation ``number`` of the pod, signed by ``key``, published in the store below ``root`` (replacing one)."""
+    final = root / "store" / "tenant-a" / "qwen" / "p0" / "qwen-0"
+    staging = final.parent / ".qwen-0.partial"
+    (staging / "host" / "criu").mkdir(parents=True)
+    (staging / "host" / "criu" / "pages-1.img").write_bytes(b"x" * 20000 + str(number).encode())
+    (staging / "host" / "criu" / "inventory.img").write_bytes(b"inv")
+    seal.seal(str(staging), fields(generation=number), signing_key=key)
+    aside = root / ("generation-%d" % number)
+    if final.exists():
+        shutil.rmtree(str(final))
+    seal.publish(str(staging), str(final))
+    shutil.copytree(str(final), str(aside))  # what a writer of the store keeps of it
+    return str(final), str(aside)
+
+
+class Restorable(Fake):
+    """Restores nothing, says which snapshot it would have: the verification is the real one."""
+
+    def __init__(self):
+        super(Restorable, self).__init__()
+        self.identity = IDENTITY
+
+
+def restore_on(node, snap, trusted_key_file, check_mode=False):
+    """A restore of ``snap`` on a node whose state root is ``node``, as the module and the runtime build it."""
+    settings = {"generations_file": str(node / "state" / "generations.json"), "trusted_keys": [trusted_key_file]}
+    attempt = new_attempt(snap, 30, settings, Trust.load(settings), device_restore=False, check_mode=check_mode)
+    return pipeline.run(Restorable(), attempt)
+
+
+def test_an_older_generation_put_back_is_refused_on_a_node_that_never_restored_it_check_mode_too(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    public = tmp_path / "controller.pub"
+    public.write_text(signature.public_pem(key))
+    first, first_aside = generation_of(tmp_path, key, 100)
+    second, _aside = generation_of(tmp_path, key, 200)
+    unstated = restore_on(tmp_path / "node-a", second, str(public))
+    assert not unstated.restored and unstated.reason.startswith("stale: there is no statement of the latest "
+                                                                "generation of tenant-a/qwen/p0/qwen-0"), unstated.reason
+    statement.write(second, statement.make(IDENTITY, 200, hashing.fingerprint(second), key))
+    assert restore_on(tmp_path / "node-a", second, str(public)).restored, "node A restores the latest"
+    shutil.rmtree(second)
+    shutil.copytree(first_aside, second)  # the older generation put back in the shared store
+    for check_mode in (True, False):
+        attempt = restore_on(tmp_path / "node-b", second, str(public), check_mode=check_mode)
+        assert not attempt.restored and attempt.reason.startswith(
+            "rollback: the snapshot is generation 100 of tenant-a/qwen/p0/qwen-0, and the controller's statement of "), \
+            (check_mode, attempt.reason)
+    assert not (tmp_path / "node-b" / "state").exists(), "node B recorded nothing"
+    assert restore_on(tmp_path / "node-a", second, str(public)).reason.startswith(
+        "rollback: the snapshot is generation 100 of tenant-a/qwen/p0/qwen-0, and this node has already restored "
+        "generation 200")

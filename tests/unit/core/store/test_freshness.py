@@ -1,16 +1,19 @@
 """Freshness: a snapshot's signed generation only grows per identity, a node refuses one older than it
-has restored (rollback:) and an expired one (expired:), and the counters that keep them are root's alone.
+has restored (rollback:) or than the controller's statement names as the latest (every node, one that never restored
+it included), and an expired one (expired:, stale:); a mark from a skewed clock gives way to the next statement; the
+counters that keep them are root's alone, on a path nobody else can change.
 
-Real files, real flocks, real processes racing for the high-water mark."""
+Real files, real flocks, real Ed25519 keys, real processes racing for the high-water mark."""
 
 import json
 import multiprocessing
 import os
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import freshness
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import freshness, signature, statement
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 
@@ -106,3 +109,119 @@ def test_the_signers_ledger_gives_every_identity_a_growing_number_also_twice_in_
     assert (first, second, other) == (5000, 5001, 5000)
     lost = freshness.SignerLedger(str(tmp_path / "elsewhere" / layout.SIGNER_LEDGER_FILE))
     assert lost.allocate(IDENTITY, now=6000) == 6000 > second, "a lost ledger still counts above the past"
+
+
+def test_a_record_whose_path_others_can_change_admits_nothing(tmp_path):
+    """Every directory on the way to the record is checked, not only its own: a parent others can write (not sticky)
+    or a link anywhere on the path and the record cannot be trusted."""
+    base = tmp_path / "var"
+    high = freshness.HighWater(str(base / "lib" / "state" / "generations.json"))
+    assert high.admit(manifest(3)) is None
+    os.chmod(str(base), 0o777)
+    refused = high.admit(manifest(4))
+    assert refused.startswith("generations_unreadable: ") and "%s must be a directory of root's that nobody else " \
+        "can write (it is uid 0, mode 777)" % base in refused, refused
+    os.chmod(str(base), 0o1777)  # sticky, as /tmp: nobody else can replace what is ours
+    assert high.admit(manifest(4)) is None
+    os.chmod(str(base), 0o755)
+    os.rename(str(base / "lib"), str(tmp_path / "lib-real"))
+    os.symlink(str(tmp_path / "lib-real"), str(base / "lib"))
+    refused = high.admit(manifest(5))
+    assert refused.startswith("generations_unreadable: ") and "%s is a symbolic link" % (base / "lib") in refused, \
+        refused
+
+
+def test_a_check_reads_the_mark_and_writes_nothing(tmp_path):
+    high = mark(tmp_path)
+    assert high.admit(manifest(10), record=False) is None
+    assert not os.path.exists(str(tmp_path / "state")), "a check makes nothing"
+    assert high.admit(manifest(10)) is None
+    assert high.admit(manifest(9), record=False).startswith("rollback: the snapshot is generation 9")
+    assert high.admit(manifest(12), record=False) is None
+    assert json.loads(open(high.path).read())["tenant-a/qwen/p0/qwen-0"]["generation"] == 10
+
+
+# -- the controller's statement and the node's mark ------------------------------------------------------------
+
+KEY = Ed25519PrivateKey.generate()
+TRUSTED = signature.load_public_keys([signature.public_pem(KEY)])
+NOW = statement.parse_time("2026-12-07T16:00:00Z")
+
+
+def published(store, number, issued, fingerprint=None):
+    """Generation ``number`` of the pod published in the shared ``store``, with the controller's statement issued at
+    ``issued``: (snapshot dir, its verified manifest, its fingerprint)."""
+    snap = str(store / "tenant-a" / "qwen" / "p0" / "qwen-0")
+    os.makedirs(os.path.dirname(snap), exist_ok=True)
+    fingerprint = fingerprint or ("%064x" % number)
+    statement.write(snap, statement.make(IDENTITY, number, fingerprint, KEY, now=issued))
+    return snap, manifest(number), fingerprint
+
+
+def test_an_older_generation_put_back_after_node_a_restored_the_newer_is_refused_on_node_b(tmp_path):
+    store = tmp_path / "shared"
+    node_a = freshness.Gate(freshness.HighWater(str(tmp_path / "a" / "generations.json")), now=NOW + 60)
+    node_b = freshness.Gate(freshness.HighWater(str(tmp_path / "b" / "generations.json")), now=NOW + 60)
+    snap, first, first_print = published(store, 100, NOW - 3600)
+    old_statement = statement.read(snap)
+    snap, second, second_print = published(store, 200, NOW)
+    assert node_a.admit(snap, second, second_print, TRUSTED) is None
+    with open(layout.latest_path(snap), "wb") as handle:  # the store put back as it was: snapshot and statement
+        handle.write(old_statement)
+    refused = node_a.admit(snap, first, first_print, TRUSTED)
+    assert refused.startswith("rollback: the snapshot is generation 100 of tenant-a/qwen/p0/qwen-0, and this node has "
+                              "already restored generation 200"), "the older statement cannot lift node A's mark"
+    statement.write(snap, statement.make(IDENTITY, 200, second_print, KEY, now=NOW))
+    refused = node_b.admit(snap, first, first_print, TRUSTED)
+    assert refused.startswith("rollback: the snapshot is generation 100 of tenant-a/qwen/p0/qwen-0, and the "
+                              "controller's statement of 2026-12-07T16:00:00Z names generation 200"), refused
+    assert not os.path.exists(str(tmp_path / "b" / "generations.json")), "nothing recorded for a refused snapshot"
+    without_keys = freshness.Gate(freshness.HighWater(str(tmp_path / "c" / "generations.json")), now=NOW + 60)
+    assert without_keys.admit(snap, first, first_print, {}) is None, "no trusted key: the node's mark alone, as before"
+
+
+def test_a_replayed_statement_holds_only_until_it_expires(tmp_path):
+    store = tmp_path / "shared"
+    snap, first, first_print = published(store, 100, NOW)
+    node = freshness.Gate(freshness.HighWater(str(tmp_path / "n" / "generations.json")), now=NOW + 6 * 24 * 3600)
+    assert node.admit(snap, first, first_print, TRUSTED) is None
+    node.now = NOW + 7 * 24 * 3600
+    assert node.admit(snap, first, first_print, TRUSTED).startswith("stale: the statement of the latest generation")
+
+
+def test_a_mark_pushed_ahead_by_a_fast_clock_gives_way_to_the_next_statement(tmp_path):
+    """A controller ten years fast signed generation G+10y and this node, its clock as fast, restored it. Clocks set
+    right, the controller's next statement (its ledger lost: generation now) is issued later than the mark's and takes
+    its place; an older statement does not."""
+    store = tmp_path / "shared"
+    ahead = 10 * 365 * 24 * 3600
+    snap, skewed, skewed_print = published(store, NOW + ahead, NOW + ahead)
+    node = freshness.Gate(freshness.HighWater(str(tmp_path / "n" / "generations.json")), now=NOW + ahead)
+    assert node.admit(snap, skewed, skewed_print, TRUSTED) is None
+    node.now = NOW + 60   # the clocks set right
+    _snap, fixed, fixed_print = published(store, NOW, NOW)
+    assert node.admit(snap, fixed, fixed_print, TRUSTED) is None, "the mark from the future gave way"
+    record = json.loads(open(node.marks.path).read())["tenant-a/qwen/p0/qwen-0"]
+    assert record["generation"] == NOW and record["issued"] == NOW
+    _snap, earlier, earlier_print = published(store, NOW - 10, NOW - 10)
+    refused = node.admit(snap, earlier, earlier_print, TRUSTED)
+    assert refused.startswith("rollback: the snapshot is generation %d of tenant-a/qwen/p0/qwen-0, and this node has "
+                              "already restored generation %d" % (NOW - 10, NOW)), refused
+
+
+def test_a_mark_recorded_before_statements_gives_way_to_the_first_one(tmp_path):
+    high = freshness.HighWater(str(tmp_path / "n" / "generations.json"))
+    assert high.admit(manifest(5000)) is None   # restored before statements: a mark with no statement's time
+    snap, older, older_print = published(tmp_path / "shared", 4000, NOW)
+    assert freshness.Gate(high, now=NOW).admit(snap, older, older_print, TRUSTED) is None
+    assert json.loads(open(high.path).read())["tenant-a/qwen/p0/qwen-0"]["generation"] == 4000
+
+
+def test_the_signers_ledger_keeps_what_it_published_beside_what_it_gave_out(tmp_path):
+    ledger = freshness.SignerLedger(str(tmp_path / "keys" / layout.SIGNER_LEDGER_FILE))
+    number = ledger.allocate(IDENTITY, now=5000)
+    assert ledger.published(IDENTITY, number, "f" * 64) is True
+    assert ledger.allocate(IDENTITY, now=5000) == 5001, "publishing took no number back"
+    entry = ledger.read()["tenant-a/qwen/p0/qwen-0"]
+    assert entry["published"] == {"generation": 5000, "fingerprint": "f" * 64} and entry["generation"] == 5001
+    assert ledger.published(IDENTITY, 4000, "e" * 64) is False, "an older publish never replaces a newer one"

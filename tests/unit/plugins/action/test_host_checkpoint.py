@@ -15,8 +15,8 @@ from ansible_collections.inferops.snapshot.plugins.action import host_checkpoint
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim, task
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (hashing, manifest, seal, signature,
-                                                                                   status)
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import (freshness, hashing, manifest, seal,
+                                                                                   signature, statement, status)
 
 IDENTITY = {"namespace": "tenant-a", "service": "qwen", "instance": "p0", "pod": "qwen-0"}
 GENERATION_ID = "gen-under-test"
@@ -183,3 +183,52 @@ def test_valid_options_take_a_generation_and_run_the_seal_phase(tmp_path):
     assert result == {"failed": True, "msg": "the module ran"}
     assert runs[0]["controller_signing"]["phase"] == "seal" and runs[0]["controller_signing"]["expires"]
     assert os.path.exists(str(tmp_path / "keys" / "generations.json"))
+
+
+def test_the_statement_of_the_latest_generation_is_written_once_the_snapshot_is_published(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    for base, generation, published in ((tmp_path / "wrong", 1700000001, False), (tmp_path / "right", 1700000000, True)):
+        snap, staging = sealed(base)
+        checksums = to_sign(staging)["checksums"].encode()
+        latest = statement.make(IDENTITY, generation, hashlib.sha256(checksums).hexdigest(), key)
+        options = params(snap, phase="publish", signature=json.dumps(signature.document(checksums, key)),
+                         statement=latest.decode())
+        if not published:
+            with pytest.raises(ParameterError, match="controller_signing: the statement names generation 1700000001"):
+                task.host_checkpoint(options)
+            assert not os.path.exists(snap) and statement.read(snap) is None, "nothing published, nothing stated"
+            continue
+        assert task.host_checkpoint(options)["status"] == "completed"
+        trusted = signature.load_public_keys([signature.public_pem(key)])
+        document, refused = statement.check(statement.read(snap), IDENTITY, trusted)
+        assert refused is None and document["generation"] == 1700000000
+        assert document["fingerprint"] == hashing.fingerprint(snap)
+
+
+def test_the_plugin_sends_the_statement_down_with_the_signature_and_records_the_generation_published(tmp_path):
+    """The seal phase stood in for (no CRIU here), the publish phase the real one."""
+    snap = str(tmp_path / "store" / "tenant-a" / "qwen" / "p0" / "qwen-0")
+    _result, _runs = plugin_run(tmp_path)  # the key file, made once
+    key_file = str(tmp_path / "keys" / "sign.pem")
+    runs = []
+
+    def execute(module_name, module_args, task_vars):
+        runs.append(module_args)
+        signing = module_args["controller_signing"]
+        if signing["phase"] == "seal":
+            _snap, staging = sealed(tmp_path, generation=signing["generation"])
+            return {"status": "sealed", "changed": True, "generation_id": GENERATION_ID, "to_sign": to_sign(staging)}
+        return task.host_checkpoint(dict(params(snap), controller_signing=signing))
+    plugin = action.ActionModule.__new__(action.ActionModule)
+    plugin._task = _Task()
+    plugin._execute_module = execute
+    ledger = action.ledger_beside(key_file)
+    result = plugin._run({"container": "c", "snapshot_dir": snap, "identity": IDENTITY, "statement_validity": 600},
+                         key_file, ledger, {})
+    assert result["status"] == "completed" and "warnings" not in result, result
+    key = signature.load_private_key(key_file)
+    document, refused = statement.check(statement.read(snap), IDENTITY, signature.load_public_keys([key_file]))
+    assert refused is None and document["generation"] == result["generation"]
+    assert document["until"] - document["issued"] == 600 and document["key_id"] == signature.key_id(key.public_key())
+    recorded = freshness.SignerLedger(ledger).read()["tenant-a/qwen/p0/qwen-0"]["published"]
+    assert recorded == {"generation": result["generation"], "fingerprint": hashing.fingerprint(snap)}
