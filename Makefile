@@ -72,35 +72,44 @@ build-collection: venv
 
 # The README's test command: everything CI runs. pytest mostly waits (warmups, leases, engines starting:
 # a load of about 1 on 2 cores), so it runs on PYTEST_WORKERS workers (pytest-xdist, one test file per
-# worker at a time), and the other checks run beside it, at a lower priority, into build/checks.log, which is printed once both are done; either failing fails the target. pytest's failure
-# summary is printed again last (its full output, with the 30 slowest steps, is in build/pytest.log), and so are the
-# checks' failed tasks (a molecule scenario's fatal line is hundreds of lines above its recap): a CI log's tail should
-# name what failed.
+# worker at a time), and the checks that touch nothing of the node's (sanity, lint, versions, docs-lint) run beside
+# it, at a lower priority, into build/checks.log. The molecule scenarios run after pytest, into build/molecule.log:
+# they register the restore-on-create runtime in dockerd's daemon.json, which pytest's tests rewrite under a lock of
+# their own (tests/conftest.py node_wide), and beside them one CI run's restore scenario failed. Any part failing
+# fails the target. pytest's failure summary is printed again last (its full output, with the 30 slowest steps, is in
+# build/pytest.log), and so are the checks' and scenarios' failed tasks (a scenario's fatal line is hundreds of lines
+# above its recap): a CI log's tail should name what failed.
 test: venv simulator collection image
 	@rm -f $(BUILD)/checks.rc
-	@( nice -n 10 $(MAKE) --no-print-directory checks > $(BUILD)/checks.log 2>&1; echo $$? > $(BUILD)/checks.rc ) & \
+	@( nice -n 10 $(MAKE) --no-print-directory checks-beside > $(BUILD)/checks.log 2>&1; echo $$? > $(BUILD)/checks.rc ) & \
 	set -o pipefail; $(BIN)/python -m pytest tests -q -rfEs --durations=30 -n $(PYTEST_WORKERS) --dist loadfile 2>&1 | tee $(BUILD)/pytest.log; pytest_rc=$$?; wait; \
-	echo "==== beside pytest: sanity, lint, ansible-core versions, docs-lint, molecule ($(BUILD)/checks.log) ===="; \
+	echo "==== beside pytest: sanity, lint, ansible-core versions, docs-lint ($(BUILD)/checks.log) ===="; \
 	cat $(BUILD)/checks.log; checks_rc=$$(cat $(BUILD)/checks.rc 2>/dev/null || echo 1); \
+	echo "==== after pytest: the molecule scenarios ($(BUILD)/molecule.log) ===="; \
+	$(MAKE) --no-print-directory molecule 2>&1 | tee $(BUILD)/molecule.log; molecule_rc=$$?; \
 	echo "==== pytest's summary again ($(BUILD)/pytest.log), so that the end of the output names what failed ===="; \
 	grep -q 'short test summary info' $(BUILD)/pytest.log && sed -n '/short test summary info/,$$p' $(BUILD)/pytest.log \
 	    || tail -n 1 $(BUILD)/pytest.log; \
-	[ "$$checks_rc" = 0 ] || { echo "==== the checks' failed tasks and errors again ($(BUILD)/checks.log) ===="; \
-	    grep -a -E 'fatal: \[|FAILED! =>|failed: \[|^ERROR|ERROR: |Error: ' $(BUILD)/checks.log | cut -c1-1500 | tail -n 20; }; \
-	echo "pytest: exit $$pytest_rc; sanity, lint, versions, docs-lint, molecule: exit $$checks_rc"; \
-	[ "$$pytest_rc" = 0 ] && [ "$$checks_rc" = 0 ]
+	[ "$$checks_rc" = 0 ] && [ "$$molecule_rc" = 0 ] || { echo "==== the checks' and scenarios' failed tasks and errors again ===="; \
+	    cat $(BUILD)/checks.log $(BUILD)/molecule.log | grep -a -E 'fatal: \[|FAILED! =>|failed: \[|^ERROR|ERROR: |Error: ' \
+	    | cut -c1-1500 | tail -n 20; }; \
+	echo "pytest: exit $$pytest_rc; sanity, lint, versions, docs-lint: exit $$checks_rc; molecule: exit $$molecule_rc"; \
+	[ "$$pytest_rc" = 0 ] && [ "$$checks_rc" = 0 ] && [ "$$molecule_rc" = 0 ]
 
 # What make test runs beside pytest, one after another; each runs even when one before it failed (a CI run
-# should show every failure, not the first), and the target fails naming those that did.
-.PHONY: checks
-checks: venv simulator collection image
+# should show every failure, not the first), and the target fails naming those that did. `make checks` adds the
+# molecule scenarios, which make test runs after pytest.
+.PHONY: checks-beside checks
+checks-beside: venv simulator collection image
 	@failed=""; \
 	bash scripts/sanity.sh || failed="$$failed sanity"; \
 	$(MAKE) --no-print-directory lint || failed="$$failed lint"; \
 	$(MAKE) --no-print-directory versions || failed="$$failed versions"; \
 	$(MAKE) --no-print-directory docs-lint || failed="$$failed docs-lint"; \
-	$(MAKE) --no-print-directory molecule || failed="$$failed molecule"; \
 	if [ -n "$$failed" ]; then echo "checks FAILED:$$failed"; exit 1; fi
+
+checks: checks-beside
+	$(MAKE) --no-print-directory molecule
 
 # The docs as a docsite renders them: antsibull-docs lint-collection-docs (modules, plugins, roles, docs/docsite/),
 # in its own venv build/antsibull-docs (requirements/docs.txt).
