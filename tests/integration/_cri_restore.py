@@ -119,6 +119,9 @@ def take_snapshot(status_, pod, snapshot_dir, identity, npu_root):
         unlocked = run_module("npu_snapshot_lock", {"pid": pid, "state": "unlocked"})
     assert unlocked.get("actions") == ["restore", "unlock"], unlocked
     process = world.oci_facts(spec)
+    # recorded as docker_facts records a process (the manifest's form): the user as "uid:gid", which a restore
+    # compares with the new OCI config's numeric uid and gid
+    process["user"] = "%s:%s" % (process.pop("uid"), process.pop("gid"))
     excluded = world.excluded_mounts(process["mounts"], env_dict(spec["process"]["env"]))
     excluded.update((m["destination"], "written per pod by the kubelet or containerd") for m in process["mounts"]
                     if m["destination"] in PER_POD)
