@@ -338,12 +338,16 @@ ensure_network() {
 start_daemon() {
     mkdir -p "$RUN" "$LOGDIR"
     rm -f "$SOCK" "$SOCK.ttrpc"
+    # the log's length before this daemon writes to it (its redirection is opened in the background: a first start
+    # found no log yet); the lines after it are this start's
+    local since
+    touch "$DAEMON_LOG"
+    since=$(wc -l <"$DAEMON_LOG")
     # HTTP(S)_PROXY: a pull the registry hosts above do not cover goes nowhere either.
     env -i PATH="$DAEMON_PATH" HOME=/root LANG=C.UTF-8 \
         HTTP_PROXY="$NO_REGISTRY" HTTPS_PROXY="$NO_REGISTRY" NO_PROXY="" \
         setsid containerd --config "$CONFIG" >>"$DAEMON_LOG" 2>&1 </dev/null 9>&- &
-    local pid=$! since
-    since=$(wc -l <"$DAEMON_LOG")
+    local pid=$!
     echo "$pid" >"$PIDFILE"
     local t=$SECONDS failed
     while ((SECONDS - t < START_WAIT_S)); do

@@ -99,7 +99,8 @@ def test_stage_and_canary_show_what_they_write():
 def test_every_module_that_writes_files_or_containers_supports_diff_mode():
     through_diff = {"host_checkpoint", "snapshot_restore", "snapshot_cleanup", "snapshot_stage", "snapshot_canary",
                     "snapshot_node_files"}
-    own_diff = {"snapshot_status", "npu_snapshot_backup", "npu_snapshot_lock", "k8s_snapshot_pods", "k8s_snapshot_status"}
+    own_diff = {"snapshot_status", "npu_snapshot_backup", "npu_snapshot_lock", "k8s_snapshot_pods", "k8s_snapshot_status",
+                "snapshot_node_containerd"}
     for path in sorted((REPO / "plugins" / "modules").glob("*.py")):
         support = gen.read_module(str(path))["doc"]["attributes"]["diff_mode"]["support"]
         assert support == ("full" if path.stem in through_diff | own_diff else "none"), path.stem

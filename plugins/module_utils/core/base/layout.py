@@ -248,6 +248,8 @@ RUNTIME_DEFAULTS = {                              # the node runtime's runtime.j
     "decrypt_dir": TMPFS,                         # where its plaintext lives while CRIU reads it
     "stage_dir": None,                            # the node's cache of verified snapshots (restore/cache.py); None: off
     "lazy_pages": False,                          # memory through a criu lazy-pages daemon (restore/on_create.py)
+    "containerd_socket": None,                    # a CRI node's containerd: what it records of a pod (node/runtime.py)
+    "ctr": "ctr",                                 # ... asked through its client
 }
 
 # The simulated NPU (tests/simulator): its device memory lives in files below this directory, which a container

@@ -14,12 +14,14 @@ __metaclass__ = type
 
 import os
 import signal
+import time
 
 from ..base.clock import wait_for
 
 DEAD_STATES = ("Z", "X", "x")
 MEMINFO = "/proc/meminfo"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+ACCEPTCON = 0x10000   # __SO_ACCEPTCON in /proc/net/unix's flags: a listening socket
 
 
 def available_memory(meminfo=None):
@@ -157,6 +159,44 @@ def cmdline(pid, proc="/proc"):
             return [part.decode("utf-8", "replace") for part in handle.read().split(b"\0")[:-1]]
     except (IOError, OSError):
         return []
+
+
+def started_at(pid, proc="/proc"):
+    """When ``pid`` started, in seconds since the epoch, to a clock tick (its start ticks on the boot-time clock the
+    kernel counts them on; /proc/stat's btime is whole seconds); None when it is gone."""
+    ticks = start_time(pid, proc)
+    if ticks is None:
+        return None
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + float(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def unix_listeners(path, proc="/proc"):
+    """The pids holding a listening unix socket bound at ``path`` (this network namespace's /proc/net/unix), sorted."""
+    wanted = set([os.path.normpath(path), os.path.realpath(path)])
+    inodes = set()
+    try:
+        with open(os.path.join(proc, "net", "unix")) as handle:
+            next(handle, None)
+            for line in handle:
+                fields = line.split()  # Num RefCount Protocol Flags Type St Inode [Path]
+                if len(fields) >= 8 and int(fields[3], 16) & ACCEPTCON and fields[7] in wanted:
+                    inodes.add("socket:[%s]" % fields[6])
+    except (IOError, OSError, ValueError):
+        return []
+    found = set()
+    for name in os.listdir(proc) if inodes else []:
+        if not name.isdigit():
+            continue
+        fd_dir = os.path.join(proc, name, "fd")
+        try:
+            for fd in os.listdir(fd_dir):
+                if os.readlink(os.path.join(fd_dir, fd)) in inodes:
+                    found.add(int(name))
+                    break
+        except (IOError, OSError):
+            continue
+    return sorted(found)
 
 
 def boot_id(path=BOOT_ID):

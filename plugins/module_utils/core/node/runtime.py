@@ -37,6 +37,7 @@ import traceback
 
 from ..base import layout
 from ..base.errors import SnapshotError
+from ..clients.containerd_cli import ContainerdCli, ContainerdError, cri_metadata
 from ..clients.docker_cli import env_dict
 from ..clients.runc_cli import RuncCli, split_argv
 from ..linux import fs
@@ -188,6 +189,42 @@ def requester(spec, labels=None):
         problems.append("requester: the container's annotations name namespaces %s; refusing to guess its tenant"
                         % " and ".join(sorted(set(item["namespace"] for item in found))))
     return (found[0] if found else None), problems
+
+
+def sandbox(spec):
+    """Whether the container runtime says this is a pod sandbox (the pause container), which never asks for a restore:
+    its OCI config carries the pod's annotations that the runtime handler lets through, the restore request too."""
+    annotations = spec.get("annotations") or {}
+    return any(annotations.get(kind) == "sandbox" for _runtime, _ns, _pod, _container, kind in layout.CRI_REQUESTER_KEYS)
+
+
+def cri_record(config, container_id, spec, cli=None):
+    """What containerd's CRI plugin records of a container it created ({} for any other): the image it runs (the CRI's
+    ``image_ref``, the image id) and the ``org.inferops.*`` annotations of its pod that its runtime handler did not
+    let through to the OCI config (``dropped``); ``error`` when containerd cannot be asked -- then the image cannot be
+    checked, and a restore must not go on unchecked."""
+    annotations = spec.get("annotations") or {}
+    runtime_name, namespace, pod, container, kind = layout.CRI_REQUESTER_KEYS[0]
+    if annotations.get(kind) != "container":
+        return {}
+    name = "%s/%s/%s" % (annotations.get(namespace), annotations.get(pod), annotations.get(container))
+    record = {"by": runtime_name, "name": name, "image_id": None, "networks": []}
+    if _unset(config.get("containerd_socket")):
+        return dict(record, error="the node's runtime settings name no containerd socket to ask (the snapshot_node "
+                                  "role with snapshot_node_containerd=true sets it)")
+    cli = cli or ContainerdCli(config["containerd_socket"], ctr=config.get("ctr") or "ctr")
+    try:
+        meta = cri_metadata(cli.container(container_id)) or {}
+        if not meta.get("ImageRef"):
+            return dict(record, error="containerd's record of container %s names no image" % container_id[:12])
+        pod_meta = (cri_metadata(cli.container(meta["SandboxID"]), sandbox=True) if meta.get("SandboxID") else None) or {}
+    except ContainerdError as exc:
+        return dict(record, error=exc.msg)
+    asked = ((pod_meta.get("Config") or {}).get("annotations")) or {}
+    record.update(image_id=meta["ImageRef"], handler=pod_meta.get("RuntimeHandler"),
+                  dropped=sorted(key for key in asked if key.startswith(layout.RESTORE_ANNOTATION_PREFIX)
+                                 and key not in annotations))
+    return record
 
 
 def restore_request(spec, config):
@@ -387,12 +424,20 @@ class Runtime:
         create = parse_create(self.args)
         bundle = create["bundle"] or os.getcwd()
         spec = fs.read_json(os.path.join(bundle, "config.json"))
-        if spec is None:
+        if spec is None or sandbox(spec):
             return self.exec_runc()
         request = restore_request(spec, self.config)
         if request is None or not create["id"]:
             return self.exec_runc()
         record, record_refused = docker_record(self.config, create["id"], spec)
+        if not record and record_refused is None:  # no dockerd record: containerd's CRI plugin may have one
+            record = cri_record(self.config, create["id"], spec)
+        if record.get("dropped"):  # the pod asked for more than reached the runtime: never restore without it
+            request["problems"].append(
+                "the pod's annotations %s did not reach the runtime: its runtime handler %s lets them through to the "
+                "container's OCI config only with pod_annotations [\"%s*\"] (the snapshot_node role's handler has it)"
+                % (", ".join(record["dropped"]), record.get("handler") or "(the node's default)",
+                   layout.RESTORE_ANNOTATION_PREFIX))
         if request["requester"] is None:  # cri-dockerd: the kubelet's labels on the container say who asks
             request["requester"], refused = requester(spec, record.get("labels"))
             request["problems"].extend(problem for problem in refused if problem not in request["problems"])

@@ -155,13 +155,23 @@ class OnCreate(Driver):
                                % (what, namespace, who["by"], who["pod"], who["namespace"]))
 
     def image_id(self, attempt):
+        if self.docker.get("by"):  # what the container runtime says it runs: a pod's annotation cannot override it
+            return self.docker.get("image_id")
         return self.request["image_id"] or self.docker.get("image_id")
 
     def expectations(self, attempt):
-        """The pod's own identity, or for a clone exactly the declared source of the same service."""
+        """The pod's own identity, or for a clone exactly the declared source of the same service; on a CRI node the
+        image containerd runs, which must be known (and agree with the one the pod names, if it names one)."""
         refused = fleet.clone_reason(self.identity, self.source)
         if refused:
             raise Fallback(refused)
+        if self.docker.get("error"):
+            raise Fallback("image_unknown: cannot ask %s which image container %s runs, so the snapshot's image cannot "
+                           "be checked: %s" % (self.docker["by"], self.container_id[:12], self.docker["error"]))
+        asked, runs = self.request["image_id"], self.docker.get("image_id")
+        if self.docker.get("by") and asked and asked != runs:
+            raise Fallback("image_mismatch: the pod names image %s (restore-image-id), %s runs %s"
+                           % (asked, self.docker["by"], runs))
         return verify.expectations(self.identity, self.image_id(attempt), self.criu_version, self.runtime_version,
                                    source=self.source)
 

@@ -4,6 +4,7 @@ The only stand-ins are at the process boundary: a fake runc and a fake python (s
 their argv), and os.execv replaced by a recorder where the runtime would replace itself."""
 
 import ast
+import base64
 import json
 import os
 import stat
@@ -412,6 +413,7 @@ def test_on_a_node_with_tenants_a_request_nobody_can_place_in_a_namespace_restor
         "requester_unknown: neither the OCI config's annotations (containerd, CRI-O) nor dockerd's record of container "
         "%s" % CID[:12]), record
     assert record["verify"]["valid"] is None, "refused before a byte of the snapshot was read"
+    fake_ctr(fake_node, {CID: cri_container(IMAGE), SANDBOX: cri_sandbox({})})  # containerd's CRI made it
     assert create_asking(fake_node, annotations=CONTAINERD)["reason"].startswith("missing:"), "placed: it goes on"
     fake_node["config"]["tenants"] = False  # a node the operator says has none
     assert create_asking(fake_node)["reason"].startswith("missing:")
@@ -514,7 +516,42 @@ def test_settings_as_the_role_writes_them_are_used():
     assert CONFIG["unusable"] is None and CONFIG["tenants"] is True
 
 
+IMAGE = "sha256:" + "e" * 64
+SANDBOX = "cd" * 32
+
+
+def fake_ctr(node, records):
+    """containerd's client on the node's settings: ``ctr ... containers info ID`` prints records[ID] (ctr's form: each
+    extension the base64 of its JSON), any other id is not found, as ctr says it. dockerd has no record of CID:
+    containerd's CRI plugin made it."""
+    shutil.rmtree(str(node["tmp"] / "docker" / "containers" / CID), ignore_errors=True)
+    folder = node["tmp"] / "ctr-records"
+    folder.mkdir(exist_ok=True)
+    for container_id, record in records.items():
+        record = dict(record, Extensions=dict((name, {"type_url": "x", "value": base64.b64encode(
+            json.dumps(value).encode()).decode()}) for name, value in record.get("Extensions", {}).items()))
+        (folder / (container_id + ".json")).write_text(json.dumps(record))
+    ctr = node["tmp"] / "ctr"
+    ctr.write_text('#!/bin/sh\nfor last; do :; done\nif [ -f "%s/$last.json" ]; then cat "%s/$last.json"; else '
+                   'echo "ctr: container \\"$last\\" in namespace \\"k8s.io\\": not found" >&2; exit 1; fi\n'
+                   % (folder, folder))
+    ctr.chmod(0o755)
+    node["config"].update(containerd_socket=str(node["tmp"] / "containerd.sock"), ctr=str(ctr))
+    return ctr
+
+
+def cri_container(image_ref, sandbox_id=SANDBOX):
+    return {"Image": "docker.io/inferops/workload:latest", "Extensions": {"io.cri-containerd.container.metadata": {
+        "Version": "v1", "Metadata": {"ID": CID, "SandboxID": sandbox_id, "ImageRef": image_ref}}}}
+
+
+def cri_sandbox(annotations, handler="inferops-restore"):
+    return {"Extensions": {"io.cri-containerd.sandbox.metadata": {"Version": "v1", "Metadata": {
+        "RuntimeHandler": handler, "Config": {"metadata": {"name": "pod-b"}, "annotations": annotations}}}}}
+
+
 def test_without_an_identity_the_path_below_the_root_is_the_identity_checked(fake_node):
+    fake_ctr(fake_node, {CID: cri_container(IMAGE), SANDBOX: cri_sandbox({})})
     snap = fake_node["roots"] / "tenant-b" / "svc" / "p0" / "pod-b"
     b = bundle(fake_node, {"INFEROPS_RESTORE_FROM": str(snap)}, annotations=CONTAINERD)
     run(fake_node, CONTAINERD_GLOBALS + ["create", "--bundle", b, CID])
@@ -529,6 +566,87 @@ def test_cold_metadata_is_not_written_under_a_mount(fake_node):
     run(fake_node, ["create", "--bundle", b, CID])
     assert not (Path(b) / "rootfs" / "run").exists()
     assert any(r["event"] == "metadata" and "/run" in r["action"] for r in log_records(fake_node))
+
+
+# -- on a containerd CRI node: the sandbox, the image containerd runs, the annotations that reached the runtime ----
+
+def create(node, env=None, annotations=None):
+    """A create of CID by containerd's CRI plugin (dockerd has no record of it)."""
+    shutil.rmtree(str(node["tmp"] / "docker" / "containers" / CID), ignore_errors=True)
+    b = bundle(node, env, annotations=annotations)
+    argv = CONTAINERD_GLOBALS + ["create", "--bundle", b, "--pid-file", b + "/init.pid", CID]
+    return argv, run(node, argv)
+
+
+def snapshot(node):
+    return str(node["roots"] / "tenant-b" / "svc" / "p0" / "pod-b")
+
+
+def test_a_pod_sandbox_is_handed_to_runc_and_never_an_attempt(fake_node):
+    """The handler lets the pod's annotations through to the sandbox's OCI config as well: the pause container carries
+    the restore request, and used to be a cold attempt (a record in the snapshot's history, a metadata file) of its
+    own before the pod's container was restored."""
+    annotations = dict(CONTAINERD, **{"io.kubernetes.cri.container-type": "sandbox",
+                                      "org.inferops.restore-from": snapshot(fake_node)})
+    argv, outcome = create(fake_node, annotations=annotations)
+    assert outcome == ("exec", [fake_node["runc"]] + argv)
+    assert log_records(fake_node) == []
+
+
+def test_the_image_checked_is_the_one_containerd_says_the_container_runs(fake_node):
+    fake_ctr(fake_node, {CID: cri_container(IMAGE), SANDBOX: cri_sandbox({})})
+    _argv, outcome = create(fake_node, {"INFEROPS_RESTORE_FROM": snapshot(fake_node)}, CONTAINERD)
+    record = log_records(fake_node)[-1]
+    assert outcome[0] == "exec" and record["reason"].startswith("missing:"), record
+    assert record["verify"]["image_checked"] is True and record["name"] == "tenant-b/pod-b/engine"
+
+
+def test_a_pod_cannot_name_another_image_than_the_one_it_runs(fake_node):
+    fake_ctr(fake_node, {CID: cri_container(IMAGE), SANDBOX: cri_sandbox({})})
+    other = "sha256:" + "f" * 64
+    create(fake_node, {"INFEROPS_RESTORE_FROM": snapshot(fake_node)},
+           dict(CONTAINERD, **{"org.inferops.restore-image-id": other}))
+    record = log_records(fake_node)[-1]
+    assert record["outcome"] == "cold" and record["reason"] == (
+        "image_mismatch: the pod names image %s (restore-image-id), containerd runs %s" % (other, IMAGE)), record
+
+
+@pytest.mark.parametrize("records, configured, cause", [
+    ({}, False, "the node's runtime settings name no containerd socket to ask"),
+    ({}, True, 'container \\"%s\\" in namespace \\"k8s.io\\": not found' % CID),
+    ({CID: cri_container(None)}, True, "containerd's record of container %s names no image" % CID[:12]),
+])
+def test_a_restore_whose_image_containerd_cannot_name_starts_cold(fake_node, records, configured, cause):
+    if configured:
+        fake_ctr(fake_node, records)
+    create(fake_node, {"INFEROPS_RESTORE_FROM": snapshot(fake_node)}, CONTAINERD)
+    record = log_records(fake_node)[-1]
+    assert record["outcome"] == "cold" and record["reason"].startswith(
+        "image_unknown: cannot ask containerd which image container %s runs" % CID[:12]), record
+    assert cause.replace('\\"', '"') in record["reason"], record
+
+
+def test_pod_annotations_the_handler_did_not_let_through_are_a_cold_start_naming_them(fake_node):
+    """The pod asked for a fingerprint check (org.inferops.restore-checksum) that its runtime handler dropped: restoring
+    without it would skip the check the pod asked for."""
+    asked = {"org.inferops.restore-from": snapshot(fake_node), "org.inferops.restore-checksum": "a" * 64,
+             "team": "b"}
+    fake_ctr(fake_node, {CID: cri_container(IMAGE), SANDBOX: cri_sandbox(asked, handler="narrow")})
+    create(fake_node, {"INFEROPS_RESTORE_FROM": snapshot(fake_node)},
+           dict(CONTAINERD, **{"org.inferops.restore-from": snapshot(fake_node)}))
+    record = log_records(fake_node)[-1]
+    assert record["outcome"] == "cold" and record["reason"].startswith(
+        "bad_request: the pod's annotations org.inferops.restore-checksum did not reach the runtime: its runtime "
+        "handler narrow lets them through"), record
+    assert "team" not in record["reason"] and "a" * 64 not in record["reason"]
+
+
+def test_only_a_container_of_containerd_s_cri_has_a_cri_record():
+    config = rr.load_config(None)
+    assert rr.cri_record(config, CID, {"annotations": {}}) == {}
+    sandbox = dict(CONTAINERD, **{"io.kubernetes.cri.container-type": "sandbox"})
+    assert rr.cri_record(config, CID, {"annotations": sandbox}) == {}
+    assert rr.sandbox({"annotations": sandbox}) and not rr.sandbox({"annotations": CONTAINERD})
 
 
 # -- the role ships the core as one folder, which imports nothing outside itself ------------------------
