@@ -754,6 +754,7 @@ SCHEMAS = json.loads(r'''
      "name": {
       "enum": [
        "docker",
+       "containerd",
        "criu"
       ]
      },

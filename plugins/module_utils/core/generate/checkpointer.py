@@ -5,7 +5,7 @@
 
 What ``host_checkpoint`` does: check the host and the target (CRIU, the daemon, the device part of
 the staging directory), checkpoint the target into the staging directory through its engine's driver (driver.py: a
-Docker container, a bare process), seal it (seal.py) and publish it by one rename,
+Docker container, a container of a pod on containerd, a bare process), seal it (seal.py) and publish it by one rename,
 within one deadline. Any failure removes what this run wrote and records ``failed`` with the reason.
 
 Signed on the controller (``controller_signing``, set by plugins/action/host_checkpoint.py): the node never holds a
@@ -36,12 +36,13 @@ from ..store import device, encryption, fleet, freshness, hashing, manifest, sea
 from ..base.progress import Progress
 from . import claim, leftovers
 from .bare_process import BareProcess
+from .cri_container import CriContainer
 from .docker_container import DockerContainer
 
 
 SEAL, PUBLISH, ABORT = "seal", "publish", "abort"   # the phases of controller_signing (module docstring)
 SEALED = "sealed"   # the seal phase's status: sealed in staging, waiting for the controller's signature
-DRIVERS = dict((driver.engine, driver) for driver in (DockerContainer, BareProcess))
+DRIVERS = dict((driver.engine, driver) for driver in (DockerContainer, CriContainer, BareProcess))
 
 
 class Checkpointer:

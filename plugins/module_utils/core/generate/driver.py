@@ -7,7 +7,8 @@ Checkpointer. PRIVATE to the inferops.snapshot collection.
 As restore/driver.py does for the restore paths, the Checkpointer (checkpointer.py) holds every guarantee once -- the
 claim, the lease, the device part, the seal, the signature, the publish, the failure record -- and a driver supplies
 what its engine does its own way: how the target is found and checked, how it is dumped, the world it runs in, the
-image it runs. Two drivers: a Docker container (docker_container.py) and a bare process tree (bare_process.py).
+image it runs. Three drivers: a Docker container (docker_container.py), a container of a Kubernetes pod on containerd
+(cri_container.py), a bare process tree (bare_process.py).
 """
 
 from __future__ import absolute_import, division, print_function

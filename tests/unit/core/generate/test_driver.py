@@ -5,6 +5,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import commands
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.bare_process import BareProcess
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.checkpointer import DRIVERS
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.cri_container import CriContainer
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.docker_container import DockerContainer
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate.driver import Driver
 from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoint
@@ -12,7 +13,7 @@ from ansible_collections.inferops.snapshot.plugins.modules import host_checkpoin
 
 def test_every_engine_of_the_module_has_a_driver_whose_engine_the_manifest_names():
     engines = host_checkpoint.ARGUMENT_SPEC["engine"]["choices"]
-    assert DRIVERS == {"docker": DockerContainer, "criu": BareProcess}
+    assert DRIVERS == {"docker": DockerContainer, "containerd": CriContainer, "criu": BareProcess}
     assert sorted(DRIVERS) == sorted(engines)
     assert sorted(schemas.SCHEMAS["manifest"]["properties"]["engine"]["properties"]["name"]["enum"]) == sorted(engines)
     for engine, driver in DRIVERS.items():
