@@ -12,9 +12,14 @@ engine=containerd through ansible.
   nothing and leave the engine RUNNING, each refused naming the option;
 - CRIU killed in the middle of the dump: the task fails, the status record says failed, nothing of the snapshot is
   left, the container is not left frozen, and npu_snapshot_lock (container: containerd://<id>) resumes the engine,
-  which answers as before.
+  which answers as before;
+- the k8s_snapshot role's generate entry point (playbooks/k8s_generate.yml) against the API emulator, with node-a
+  in its inventory: the bare pod is recreated with its snapshot settings, its engine takes its device snapshot, the
+  host snapshot is taken through containerd, the pod is annotated completed with the checksum and the service's
+  record ConfigMap says so; the engine serves after.
 """
 
+import hashlib
 import json
 import os
 import signal
@@ -28,7 +33,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from _cri_kubelet import CriKubelet, declare_resources, oci_config, workload_pod
-from _k8s_helpers import Api, ApiServer
+from _k8s_helpers import Api, ApiServer, run_playbook, write_inventory, write_kubeconfig
 from conftest import aclsim_ctl, docker, run_module
 from test_trust import pem
 
@@ -292,4 +297,45 @@ def test_criu_killed_mid_dump_fails_cleanly_and_the_engine_serves_again(cluster)
     resumed = run_module("npu_snapshot_lock", {"container": pod.container_ref, "state": "unlocked",
                                                "containerd_address": cluster["node"]["socket"]})
     assert resumed["state"] == "RUNNING" and resumed["actions"] == ["restore", "unlock"], resumed
+    assert pod.answers() == expected
+
+
+def test_the_k8s_snapshot_roles_generation_snapshots_a_pod_on_a_containerd_node(cluster):
+    pod, base = new_pod(cluster, "rolesvc-p0-0", service="rolesvc", instance="p0")
+    npu_root, host_root = base / "npu-snapshots", base / "host-snapshots"  # the pod mounts its NPU snapshot root
+    host_root.mkdir(mode=0o700)
+    pod.create()
+    expected = pod.answers()
+    inventory = write_inventory(base / "inventory.json", NODE, write_kubeconfig(base / "kubeconfig",
+                                                                                cluster["server"].url))
+    config = {"enabled": True, "npuSnapshotPath": str(npu_root), "hostSnapshotPath": str(host_root)}
+    variables = {"k8s_snapshot_namespace": NAMESPACE, "k8s_snapshot_service": "rolesvc", "k8s_snapshot_config": config,
+                 "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_containerd_address": cluster["node"]["socket"]}
+    api = cluster["api"]
+    # a canary cannot reach an engine on containerd: the generation fails saying so, before any snapshot is taken
+    rc, output = run_playbook("k8s_generate.yml", inventory, dict(variables, k8s_snapshot_canary={
+        "url": "http://127.0.0.1:8000/v1/generate?prompt=hi"}), timeout=600)
+    assert rc != 0 and "the canary reaches an engine in Docker only" in output, output[-4000:]
+    assert api.annotations(pod.name)["snapshot.inferops.org/status"] == "failed"
+    assert not os.path.lexists(str(host_root / NAMESPACE / "rolesvc" / "p0" / pod.name))
+    pod.wait_ready()
+    assert pod.engine_state() == "RUNNING"
+    rc, output = run_playbook("k8s_generate.yml", inventory, variables, timeout=600)
+    assert rc == 0, output[-4000:]
+    host_path = host_root / NAMESPACE / "rolesvc" / "p0" / pod.name
+    ann = api.annotations(pod.name)
+    assert ann["snapshot.inferops.org/status"] == "completed", ann
+    assert ann["snapshot.inferops.org/node"] == NODE and "snapshot.inferops.org/reason" not in ann, ann
+    assert api.env(pod.name)["VLLM_NPU_SNAPSHOT_PATH"] == str(npu_root / NAMESPACE / "rolesvc" / "p0" / pod.name)
+    recorded = manifest.load_manifest(str(host_path))
+    assert recorded["engine"]["name"] == "containerd", recorded["engine"]
+    assert recorded["image"]["id"] == pod.status["containerStatuses"][0]["imageID"]
+    assert recorded["identity"] == identity(pod.name, service="rolesvc")
+    assert ann["snapshot.inferops.org/checksum"] == hashlib.sha256((host_path / "checksum.sha256").read_bytes()).hexdigest()
+    record = {key: json.loads(value) for key, value in api.configmap("inferops-snapshot-rolesvc")["data"].items()}
+    assert sorted(record) == [pod.name] and record[pod.name]["status"] == "completed", record
+    assert record[pod.name]["node"] == NODE and record[pod.name]["checksum"] == ann["snapshot.inferops.org/checksum"]
+    # the recreated pod's engine serves again, with the answers of before
+    pod.wait_ready()
+    assert pod.engine_state() == "RUNNING"
     assert pod.answers() == expected
