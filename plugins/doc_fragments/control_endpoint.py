@@ -21,6 +21,8 @@ options:
     description:
       - Name or id of a running Docker container whose main process runs the engine under the
         inferops agent launcher.
+      - Or a Kubernetes pod's container on a containerd node as the pod's C(status.containerStatuses[].containerID)
+        names it, C(containerd://<id>), found through containerd on O(containerd_address).
     type: str
   endpoint:
     description:
@@ -52,4 +54,9 @@ options:
       - Docker CLI executable used to resolve O(container).
     type: str
     default: docker
+  containerd_address:
+    description:
+      - The socket of the node's containerd, for a O(container) given as C(containerd://<id>).
+    type: path
+    default: /run/containerd/containerd.sock
 """

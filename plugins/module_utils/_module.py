@@ -21,6 +21,7 @@ from ansible.module_utils.common.validation import check_type_dict
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import clock, layout, schema
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base.errors import ParameterError, SnapshotError
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import commands, control
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.containerd_cli import ContainerdCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import fs
 
@@ -36,6 +37,7 @@ CONTROL_TARGET_ARGS = dict(
     # Above the real runtime's own 60 s lock wait, so a slow lock reports 507905, not a timeout.
     timeout=dict(type="float", default=90.0),
     docker_cli=dict(type="str", default="docker"),
+    containerd_address=dict(type="path", default=layout.CONTAINERD_ADDRESS),
 )
 CONTROL_TARGET_OPTIONS = dict(mutually_exclusive=[("pid", "container", "endpoint")],
                               required_one_of=[("pid", "container", "endpoint")])
@@ -109,6 +111,15 @@ def sizes(params):
         raise ParameterError("workers: must be at least 1, got %d" % params["workers"], field="workers")
 
 
+def container_pid(params):
+    """Host pid of the main process of the container a task names: a pod's container on containerd as the kubelet
+    reports it (``containerd://<id>``, found on ``containerd_address``), else a Docker container by name or id."""
+    if params["container"].strip().startswith(layout.CRI_CONTAINER_ID_PREFIX):
+        return ContainerdCli(params.get("containerd_address") or layout.CONTAINERD_ADDRESS).running_pid(
+            params["container"])
+    return DockerCli(params.get("docker_cli") or "docker").running_pid(params["container"])
+
+
 def control_client(module):
     """The endpoint client for the target the task names (pid, container or endpoint)."""
     params = module.params
@@ -121,7 +132,7 @@ def control_client(module):
     if params.get("container") is not None:
         if not params["container"].strip():
             raise ParameterError("container: empty; give the name or id of the running container", field="container")
-        pid = DockerCli(params.get("docker_cli") or "docker").running_pid(params["container"])
+        pid = container_pid(params)
     return control.AgentSocketClient(control.agent_socket_for_pid(pid, params["agent_socket_dir"]))
 
 

@@ -12,8 +12,8 @@ module: host_checkpoint
 short_description: Take the host (CRIU) snapshot of an inference container or process and publish the snapshot
 version_added: 0.1.0
 description:
-  - Checkpoints the processes of a Docker container (O(engine=docker)) or of a bare process tree
-    (O(engine=criu)) with CRIU into the snapshot's staging directory, next to the device part that
+  - Checkpoints the processes of a Docker container (O(engine=docker)), of a Kubernetes pod's container on containerd
+    (O(engine=containerd)) or of a bare process tree (O(engine=criu)) with CRIU into the snapshot's staging directory, next to the device part that
     M(inferops.snapshot.npu_snapshot_backup) recorded there, then writes C(manifest.json) (valid against
     the collection's manifest schema) and C(checksum.sha256) (C(sha256sum -c) compatible) and publishes
     the whole snapshot at O(snapshot_dir) with one atomic rename.
@@ -47,6 +47,7 @@ requirements:
   - jsonschema (Python library) on the target host
   - cryptography (Python library) on the target host with O(encryption_key), and on the controller with O(signing_key)
   - CRIU >= 4.2 on PATH, C(criu check) passing; root
+  - With O(engine=containerd), C(ctr) (containerd's CLI, in containerd's package) and runc on PATH
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -69,13 +70,25 @@ attributes:
         no change.
 options:
   engine:
-    description: C(docker) checkpoints a container; C(criu) a bare process tree.
+    description:
+      - C(docker) checkpoints a Docker container; C(criu) a bare process tree.
+      - C(containerd) checkpoints a container of a Kubernetes pod on a containerd node (the CRI plugin's, namespace
+        C(k8s.io)) - found in containerd's records through C(ctr) on O(containerd_address) and dumped by runc on the
+        root of the pod's runtime handler, leave-running (containerd 1.6 has no CRI checkpoint call; see
+        docs/kubernetes.md). The manifest records the image containerd runs it from (the CRI's C(image_ref)) and the
+        OCI config runc runs it with.
     type: str
-    choices: [docker, criu]
+    choices: [docker, containerd, criu]
     default: docker
   container:
-    description: Name or id of the running container (O(engine=docker)).
+    description:
+      - Name or id of the running container (O(engine=docker)); with O(engine=containerd) the id of the pod's
+        container, as its C(status.containerStatuses[].containerID) has it (C(containerd://<id>) or the id alone).
     type: str
+  containerd_address:
+    description: With O(engine=containerd), the socket of the node's containerd (the one that serves the CRI).
+    type: path
+    default: /run/containerd/containerd.sock
   pid:
     description: Host pid of the root of the process tree (O(engine=criu)).
     type: int
@@ -126,9 +139,10 @@ options:
         out (only its presence and mode are compared; the manifest's C(world.excluded) lists what was left out, and
         why). A path the container does not mount excludes nothing (the roles give one list to every pod). A file
         that changes while the snapshot is taken fails the generation, naming it and this option.
-      - Left out without it - volumes the kubelet or dockerd write per pod (downward API, projected, secrets,
-        emptyDir, dockerd's hosts files) and the collection's own mounts (the simulated NPU's device files, the NPU
-        snapshot path, the agent's socket dir, the metadata file's dir).
+      - Left out without it - volumes the kubelet, dockerd or containerd write per pod (downward API, projected,
+        secrets, emptyDir, dockerd's hosts files, the kubelet's C(/etc/hosts) and termination log, containerd's
+        C(/etc/hostname), C(/etc/resolv.conf) and C(/dev/shm) of the pod) and the collection's own mounts (the
+        simulated NPU's device files, the NPU snapshot path, the agent's socket dir, the metadata file's dir).
     type: list
     elements: str
     default: []
@@ -175,7 +189,9 @@ options:
     type: path
     default: /run/inferops-snapshot
   runc_root:
-    description: State directory of the runc instance Docker uses.
+    description:
+      - State directory of the runc instance Docker uses. With O(engine=containerd) the container's runtime handler in
+        containerd names it (its C(Root), C(/run/containerd/runc) by default, plus C(/k8s.io)) and this is not used.
     type: path
     default: /var/run/docker/runtime-runc/moby
   docker_cli:
@@ -338,7 +354,7 @@ files:
   type: int
   sample: 31
 versions:
-  description: Versions of the pieces involved (docker, criu, runc, acl runtime).
+  description: Versions of the pieces involved (docker or containerd, criu, runc, acl runtime).
   returned: success
   type: dict
   sample: {docker: 20.10.24, criu: 4.2.1, runc: 1.1.5, runtime: 9.1.0}
@@ -430,8 +446,9 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate im
 ARGUMENT_SPEC = dict(
     generation_id=_module.GENERATION_ARGS["generation_id"],
     generation_lease=_module.GENERATION_ARGS["generation_lease"],
-    engine=dict(type="str", default="docker", choices=["docker", "criu"]),
+    engine=dict(type="str", default="docker", choices=["docker", "containerd", "criu"]),
     container=dict(type="str"),
+    containerd_address=dict(type="path", default=layout.CONTAINERD_ADDRESS),
     pid=dict(type="int"),
     snapshot_dir=dict(type="path", required=True),
     identity=dict(type="dict", required=True, options=_module.IDENTITY_OPTIONS),

@@ -144,7 +144,7 @@ ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     binary=dict(type="path", required=True),
     config=dict(type="path", default=cri_handler.DEFAULT_CONFIG),
-    socket=dict(type="path", default="/run/containerd/containerd.sock"),
+    socket=dict(type="path", default=layout.CONTAINERD_ADDRESS),
     dropin=dict(type="path", default="/etc/containerd/conf.d/inferops-restore.toml"),
     state_dir=dict(type="path", default="/run/containerd"),
     runc_root=dict(type="path"),

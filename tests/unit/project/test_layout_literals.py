@@ -41,6 +41,7 @@ SPELLED = {
     ("roles/snapshot_generate/defaults/main.yml", "DEFAULT_AGENT_SOCKET_DIR"),
     ("roles/snapshot_generate/defaults/main.yml", "DOCKER_RUNC_ROOT"),
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_AGENT_SOCKET_DIR"),
+    ("roles/snapshot_node/defaults/main.yml", "CONTAINERD_ADDRESS"),
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_METADATA_FILE"),
     ("roles/snapshot_node/defaults/main.yml", "DEFAULT_SNAPSHOT_ROOT"),
     ("roles/snapshot_node/defaults/main.yml", "RUNC_CRIU_CONFIG"),

@@ -203,6 +203,10 @@ CRIU_LOG_DIR = "/var/log/inferops-snapshot/criu"   # logs of failed CRIU runs (c
 # Its CRIU logs live there (criu-dump.log, work/restore.log) and go with the task (clients/docker_cli.py keeps them).
 CONTAINERD_TASK_ROOTS = ("/var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby",
                          "/run/containerd/io.containerd.runtime.v2.task/moby")
+# A Kubernetes node's containerd (clients/containerd_cli.py): its socket serves containerd's API and the CRI, and a
+# pod's status names a container of its CRI plugin by this prefix and the container's id.
+CONTAINERD_ADDRESS = "/run/containerd/containerd.sock"
+CRI_CONTAINER_ID_PREFIX = "containerd://"
 # SHA-256 of the files a snapshot's world records, per file identity (digests.py): node-local, root's, 0700
 DIGEST_CACHE_DIR = "/var/cache/inferops-snapshot/digests"
 DEFAULT_RUNC = "/usr/bin/runc"

@@ -636,6 +636,12 @@ SCHEMAS = json.loads(r'''
         },
         "type": "array"
        },
+       "gid": {
+        "type": [
+         "integer",
+         "null"
+        ]
+       },
        "mounts": {
         "items": {
          "additionalProperties": false,
@@ -661,6 +667,12 @@ SCHEMAS = json.loads(r'''
          "type": "object"
         },
         "type": "array"
+       },
+       "uid": {
+        "type": [
+         "integer",
+         "null"
+        ]
        },
        "user": {
         "type": "string"
@@ -742,6 +754,7 @@ SCHEMAS = json.loads(r'''
      "name": {
       "enum": [
        "docker",
+       "containerd",
        "criu"
       ]
      },

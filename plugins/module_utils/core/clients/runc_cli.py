@@ -214,13 +214,18 @@ class RuncCli:
         """Run runc quietly with the caller's stdio unless redirected; returns its exit status (127: not run)."""
         return self.runner.call(self.argv(*args), **popen)
 
-    def status(self, container_id):
-        """runc's status of the container (running, paused, stopped, ...), or None when runc does not know it."""
+    def state(self, container_id):
+        """runc's state of the container ({id, pid, status, bundle, ...}), or None when runc does not know it."""
         rc, out, _err = self.runner.run(self.argv("state", container_id), check=False, timeout=30)
         try:
-            return json.loads(out).get("status") if rc == 0 else None
+            state = json.loads(out) if rc == 0 else None
         except ValueError:
             return None
+        return state if isinstance(state, dict) else None
+
+    def status(self, container_id):
+        """runc's status of the container (running, paused, stopped, ...), or None when runc does not know it."""
+        return (self.state(container_id) or {}).get("status")
 
     def resume(self, container_id):
         """Thaw a container whose cgroup is frozen (a CRIU dump killed half-way leaves it so)."""

@@ -4,8 +4,8 @@
 """The host part of a generation: checkpoint, seal, publish, status. PRIVATE to inferops.snapshot.
 
 What ``host_checkpoint`` does: check the host and the target (CRIU, the daemon, the device part of
-the staging directory), checkpoint the container (runc, the fast path; or ``docker checkpoint``) or
-the bare process (CRIU) into the staging directory, seal it (seal.py) and publish it by one rename,
+the staging directory), checkpoint the target into the staging directory through its engine's driver (driver.py: a
+Docker container, a container of a pod on containerd, a bare process), seal it (seal.py) and publish it by one rename,
 within one deadline. Any failure removes what this run wrote and records ``failed`` with the reason.
 
 Signed on the controller (``controller_signing``, set by plugins/action/host_checkpoint.py): the node never holds a
@@ -31,17 +31,18 @@ from ..base.clock import Deadline, Stopwatch, utc_now
 from ..base.errors import ParameterError, RuntimeRefusedError, SnapshotError, SnapshotTimeout
 from ..clients.control import AgentSocketClient, LeaseKeeper, bounded_lease, lease_seconds
 from ..clients.criu_cli import CriuCli, make_work_dir
-from ..clients.docker_cli import DockerCli, env_dict
-from ..clients.runc_cli import RuncCli, check_criu_config
 from ..linux import fs, paths, plaintext
-from ..store import (container_record, device, encryption, fleet, freshness, hashing, manifest, seal, signature,
-                     statement, status, world)
+from ..store import device, encryption, fleet, freshness, hashing, manifest, seal, signature, statement, status, world
 from ..base.progress import Progress
 from . import claim, leftovers
+from .bare_process import BareProcess
+from .cri_container import CriContainer
+from .docker_container import DockerContainer
 
 
 SEAL, PUBLISH, ABORT = "seal", "publish", "abort"   # the phases of controller_signing (module docstring)
 SEALED = "sealed"   # the seal phase's status: sealed in staging, waiting for the controller's signature
+DRIVERS = dict((driver.engine, driver) for driver in (DockerContainer, CriContainer, BareProcess))
 
 
 class Checkpointer:
@@ -55,8 +56,8 @@ class Checkpointer:
         self.identity = paths.check_identity(params["identity"], self.snapshot_dir)
         self.progress = Progress("host_checkpoint %s" % self.snapshot_dir, log, watch=self.watch)
         self.versions = {}
-        self.info = None
-        self.pid = None
+        self.criu = CriuCli()
+        self._driver = None
         self.device_part = None
         self.signing = params.get("controller_signing") or {}   # the controller's signer's phase (module docstring)
         self.generation_number = None   # the manifest's generation (freshness.py)
@@ -75,9 +76,13 @@ class Checkpointer:
         self.claim_lease = params.get("generation_lease") or claim.DEFAULT_LEASE
         self.work = None  # the work dir runc or CRIU gets (noted in the claim: a run that takes it over removes it)
         self.step = "host snapshot"  # what a failure is reported as (the roles name the step that failed)
-        self.docker = DockerCli(params["docker_cli"])
-        self.criu = CriuCli()
-        self.runc = RuncCli(global_args=["--root", params["runc_root"]])
+
+    @property
+    def driver(self):
+        """The driver of the task's engine (driver.py), made on first use: the publish and abort phases need none."""
+        if self._driver is None:
+            self._driver = DRIVERS[self.params["engine"]](self.params, self.criu)
+        return self._driver
 
     def remaining(self, stage):
         if self.keeper:
@@ -89,25 +94,7 @@ class Checkpointer:
     def preflight(self):
         params = self.params
         self.versions["criu"] = self.criu.require()
-        if params["engine"] == "docker":
-            if not params["container"]:
-                raise ParameterError("container: required with engine=docker")
-            self.versions["docker"], experimental = self.docker.server_info()
-            if params["method"] == "docker" and not experimental:
-                raise ParameterError("method=docker needs the Docker daemon in experimental mode: set "
-                                     "\"experimental\": true in /etc/docker/daemon.json and restart dockerd, "
-                                     "or use method=runc")
-            if params["method"] == "runc":
-                check_criu_config()
-            self.info = self.docker.inspect_container(params["container"])
-            self.pid = self.docker.running_pid(params["container"])
-            self.versions["runc"] = self.runc.version()
-        else:
-            if not params["pid"]:
-                raise ParameterError("pid: required with engine=criu")
-            self.pid = params["pid"]
-            if not os.path.exists("/proc/%d" % self.pid):
-                raise ParameterError("pid: process %d does not exist" % self.pid)
+        self.driver.preflight(self.versions)
         self.freshness()
         if params.get("encryption_key"):
             self.encryption_key = encryption.load_key(params["encryption_key"], "encryption_key", self.snapshot_dir)
@@ -124,7 +111,7 @@ class Checkpointer:
                 raise ParameterError("device_backup: needs require_device_part=true (the backup is the device part)",
                                      field="device_backup")
             self.backup_lease = lease_seconds(params.get("lease"))
-            self.agent = AgentSocketClient.for_pid(self.pid, params["agent_socket_dir"])
+            self.agent = AgentSocketClient.for_pid(self.driver.pid, params["agent_socket_dir"])
             self.agent.request(protocol.OP_STATE, 30)  # reachable before the claim is taken
             return
         self._read_device_part()
@@ -171,7 +158,7 @@ class Checkpointer:
                 "no device part at %s: back up the NPU state first with inferops.snapshot.npu_snapshot_backup "
                 "(same snapshot_dir), or set require_device_part=false for a process without an NPU"
                 % device.device_part_path(self.staging_dir))
-        self.agent = AgentSocketClient.for_pid(self.pid, self.params["agent_socket_dir"])
+        self.agent = AgentSocketClient.for_pid(self.driver.pid, self.params["agent_socket_dir"])
         reply = self.agent.request(protocol.OP_STATE, 30)
         self.lease = (reply.get("lease") or {}).get("seconds")
         if reply["state"] != protocol.STATE_BACKED_UP:
@@ -195,7 +182,7 @@ class Checkpointer:
             image_dir = os.path.join(self.plain_dir, layout.IMAGES_DIR)
             fs.ensure_dir(os.path.dirname(image_dir))
         seconds = self.remaining("the checkpoint")
-        if params["engine"] == "criu" or params["method"] == "runc":
+        if self.driver.work_dir:
             fs.ensure_dir(image_dir)  # docker checkpoint create makes its own
             self.work = make_work_dir("dump")
             self.note_work()
@@ -207,7 +194,7 @@ class Checkpointer:
         capture.start()
         try:
             with self.watch.timed("dump"):  # the runc / docker / CRIU call alone, inside "checkpoint"
-                self._dump(image_dir, seconds)
+                self.driver.dump(image_dir, params["leave_running"], seconds, self.work)
         except Exception:
             if self.follower:
                 self.follower.abort()
@@ -217,17 +204,6 @@ class Checkpointer:
             capture.join()
         if "error" in self.world:
             raise ParameterError("the world of the process could not be recorded: %s" % self.world["error"])
-
-    def _dump(self, image_dir, seconds):
-        params = self.params
-        if params["engine"] == "docker":
-            if params["method"] == "runc":
-                self.runc.checkpoint(self.info["Id"], image_dir, params["leave_running"], seconds, work=self.work)
-            else:
-                self.docker.checkpoint_create(self.info["Id"], os.path.dirname(image_dir),
-                                              os.path.basename(image_dir), params["leave_running"], seconds)
-        else:
-            self.criu.dump(self.pid, image_dir, params["leave_running"], seconds, work=self.work)
 
     def resume_engine(self):
         """Serve again as soon as both parts are taken: the device part (the backup, in the engine's host memory
@@ -251,7 +227,7 @@ class Checkpointer:
 
     def note_work(self):
         """Name in the claim what a kill from here on would leave (leftovers.clean_after removes it)."""
-        work = {"dirs": [self.work], "container_id": (self.info or {}).get("Id"), "runc_root": self.params["runc_root"]}
+        work = {"dirs": [self.work], "container_id": self.driver.container_id, "runc_root": self.driver.runc_root}
         claim.take(self.snapshot_dir, self.generation, self.claim_lease, work=work)
 
     def digest_world(self):
@@ -291,29 +267,18 @@ class Checkpointer:
 
     def _capture_world(self):
         try:
-            if self.params["engine"] == "docker":
-                process = world.docker_facts(self.info)
-                excluded = world.excluded_mounts(process["mounts"], env_dict((self.info.get("Config") or {}).get("Env")),
-                                                 self.params.get("engine_state_mounts") or ())
-                self.world["facts"] = world.capture(process, self.versions.get("criu"), self.versions.get("runc"),
-                                                    excluded=excluded)
-            else:
-                self.world["facts"] = world.capture(world.process_facts(self.pid), self.versions.get("criu"),
-                                                    pid=self.pid)
+            self.world["facts"] = self.driver.facts(self.versions)
         except (OSError, world.WorldError) as exc:
             self.world["error"] = str(exc)
 
     def fields(self):
-        image = None
-        if self.info is not None:
-            image = {"id": self.info["Image"], "name": (self.info.get("Config") or {}).get("Image")}
         part = self.device_part or {}
         fields = {
             "identity": self.identity,
             "generation": self.generation_number,
             "created_at": utc_now(),
-            "image": image,
-            "engine": {"name": self.params["engine"], "version": self.versions.get("docker"),
+            "image": self.driver.image(),
+            "engine": {"name": self.driver.engine, "version": self.driver.version(self.versions),
                        "criu_version": self.versions.get("criu"), "oci_runtime_version": self.versions.get("runc")},
             "runtime": part.get("runtime") or {"name": device.RUNTIME_NAME, "version": None},
             "devices": part.get("devices") or [],
@@ -354,15 +319,13 @@ class Checkpointer:
             if self.lease:  # renewed until the snapshot is published; never while CRIU dumps the process
                 self.keeper = LeaseKeeper(self.agent, self.lease, log=self.progress.note,
                                           remaining=self.deadline.remaining).start()
-            self.progress.note("checkpoint of %s started" % (params["container"] or "pid %s" % params["pid"]),
-                               force=True)
+            self.progress.note("checkpoint of %s started" % self.driver.describe(), force=True)
             with self.watch.timed("checkpoint"), (self.keeper.quiet() if self.keeper else contextlib.nullcontext()):
                 self.checkpoint()
             result["resumed"] = self.resume_engine()
             if self.follower:  # the images to the disk while their hashing catches up (not beside CRIU's writes)
                 self.follower.flush()
-            if params["engine"] == "docker":  # after the resume: nothing the engine waits for
-                container_record.write_container_record(self.plain_dir or self.staging_dir, self.info)
+            self.driver.write_record(self.plain_dir or self.staging_dir)  # after the resume: nothing the engine waits for
             self.digest_world()
             result["world_digests"] = self.world["digests"]
             if self.encryption_key is not None:
@@ -486,14 +449,14 @@ class Checkpointer:
     def hold_devices(self):
         """The engine that was snapshotted runs on its devices from this snapshot's state: enter it in the record of
         restores (fleet.py), so that a clone is never restored onto the device of the process it was taken from."""
-        if self.info is None:
+        keys, pid = self.driver.device_keys(), self.driver.pid
+        if keys is None:
             return
         try:
-            entry = fleet.begin(self.snapshot_dir, fleet.docker_device_keys(self.info), 0, identity=self.identity,
-                                pid=self.pid)
-            fleet.running(self.snapshot_dir, entry, self.pid)
+            entry = fleet.begin(self.snapshot_dir, keys, 0, identity=self.identity, pid=pid)
+            fleet.running(self.snapshot_dir, entry, pid)
         except fleet.Busy as exc:
-            if (exc.holder or {}).get("pid") != self.pid:  # another live process holds it: say so, keep the snapshot
+            if (exc.holder or {}).get("pid") != pid:  # another live process holds it: say so, keep the snapshot
                 self.progress.note("the record of restores says: %s" % exc.reason, force=True)
         except (IOError, OSError) as exc:  # informative: the snapshot is completed either way
             self.progress.note("cannot enter the engine in the record of restores: %s" % exc, force=True)

@@ -15,7 +15,7 @@ import os
 
 from ..base.clock import check_seconds
 from ..base.errors import ParameterError
-from ..store import manifest, status, world
+from ..store import manifest, status
 from .checkpointer import ABORT, PUBLISH, Checkpointer
 
 
@@ -66,7 +66,4 @@ def stale_reasons(job):
         recorded = manifest.load_manifest(job.snapshot_dir)
     except (IOError, OSError, ValueError) as exc:
         return ["unreadable: %s: %s" % (manifest.MANIFEST, exc)]
-    if job.params["engine"] == "docker":
-        return world.stale(recorded, job.docker.inspect_container(job.params["container"]), job.criu.version(),
-                           job.runc.version())
-    return world.stale(recorded, None, job.criu.version())
+    return job.driver.stale(recorded)

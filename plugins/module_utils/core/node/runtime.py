@@ -214,10 +214,10 @@ def cri_record(config, container_id, spec, cli=None):
                                   "role with snapshot_node_containerd=true sets it)")
     cli = cli or ContainerdCli(config["containerd_socket"], ctr=config.get("ctr") or "ctr")
     try:
-        meta = cri_metadata(cli.container(container_id)) or {}
+        meta = cri_metadata(cli.container_record(container_id)) or {}
         if not meta.get("ImageRef"):
             return dict(record, error="containerd's record of container %s names no image" % container_id[:12])
-        pod_meta = (cri_metadata(cli.container(meta["SandboxID"]), sandbox=True) if meta.get("SandboxID") else None) or {}
+        pod_meta = (cri_metadata(cli.container_record(meta["SandboxID"]), sandbox=True) if meta.get("SandboxID") else None) or {}
     except ContainerdError as exc:
         return dict(record, error=exc.msg)
     asked = ((pod_meta.get("Config") or {}).get("annotations")) or {}

@@ -29,7 +29,11 @@ image_reason = world.image_reason  # the one image check of every path
 NOT_STALE = ("checksum_mismatch", "manifest_mismatch", "identity_mismatch", "engine_mismatch")
 
 ENGINE_HINTS = {"docker": "a Docker container: restore it with engine=docker",
+                "containerd": "a container of a pod on containerd: restore it into a container (the node's runtime, or engine=docker)",
                 "criu": "a bare process: restore it with engine=criu"}
+# Engines whose snapshots are one kind: runc's checkpoint of an OCI container, which any container path restores (the
+# world compared before it says whether the new container fits).
+CONTAINER_ENGINES = {"docker", "containerd"}
 
 
 def expectations(identity=None, image_id=None, criu_version="auto", runtime_version=None, criu=None, source=None):
@@ -88,7 +92,7 @@ def trust_reasons(recorded, authenticated, trusted, require_signature, require_e
 def engine_reason(recorded, engine):
     """Why a verified snapshot cannot be restored by ``engine`` (None when it can, is unknown, or not asked)."""
     taken = ((recorded or {}).get("engine") or {}).get("name")
-    if not taken or not engine or taken == engine:
+    if not taken or not engine or taken == engine or (taken in CONTAINER_ENGINES and engine in CONTAINER_ENGINES):
         return None
     return "engine_mismatch: snapshot was taken with engine %s (%s), not %s" % (
         taken, ENGINE_HINTS.get(taken, "another engine"), engine)

@@ -20,6 +20,7 @@ import re
 import struct
 
 from ..base import layout
+from ..base.protowire import fields as _pb_fields, varint as _varint
 
 # criu/include/magic.h
 IMG_COMMON_MAGIC = 0x54564319
@@ -37,45 +38,11 @@ FD_TYPE_INETSK = 4          # fdinfo.proto fd_types
 AF_INET, AF_INET6 = 2, 10
 
 
-# -- protobuf's wire format, as much as CRIU's entries need ----------------------------------------------
-
-def _varint(data, pos):
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint at byte %d" % pos)
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
+# -- protobuf's wire format, as much as CRIU's entries need (read by base/protowire.py) ----------------------
 
 def _signed(value):
     """A protobuf int32/int64 read as a varint: negative values are two's complement on 64 bits."""
     return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _pb_fields(message):
-    """(field number, wire type, value) of a protobuf message."""
-    pos = 0
-    while pos < len(message):
-        key, pos = _varint(message, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(message, pos)
-        elif wire == 2:
-            length, pos = _varint(message, pos)
-            value, pos = message[pos:pos + length], pos + length
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, pos = message[pos:pos + size], pos + size
-        else:
-            raise ValueError("unsupported protobuf wire type %d" % wire)
-        if pos > len(message):
-            raise ValueError("truncated protobuf field %d" % number)
-        yield number, wire, value
 
 
 def _pb_varint(value):

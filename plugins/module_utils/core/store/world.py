@@ -23,8 +23,9 @@ new pod's volumes live under its own pod directory, and a clone on another node 
 weights from another path. What the process sees must match: read-only or read-write, and the files in
 every mount -- an engine that reads its weights from a read-write volume is common. Left out (recorded in
 ``excluded`` with the reason, and only their presence and mode compared): volumes the kubelet or dockerd write
-per pod or container (downward API, projected, secrets, emptyDir, dockerd's hosts files: they say who the pod
-is, not what the engine loaded); the collection's own mounts in the container (the simulated NPU's device
+per pod or container (downward API, projected, secrets, emptyDir, dockerd's hosts files, the kubelet's /etc/hosts and
+termination log, containerd's per-sandbox hostname, resolv.conf and /dev/shm: they say who the pod is, not what the
+engine loaded); the collection's own mounts in the container (the simulated NPU's device
 files, the NPU snapshot path, the agent's socket dir, the metadata file's dir); and the mounts the operator
 declares as engine state (``engine_state_mounts``: caches, logs -- written by the engine, not read as weights).
 """
@@ -35,6 +36,7 @@ __metaclass__ = type
 
 import os
 import platform
+import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,7 +51,10 @@ SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")
 # inputs (the kubelet's volume plugin directories, dockerd's hostname/hosts/resolv.conf).
 VOLATILE_SOURCE_PARTS = ("/volumes/kubernetes.io~downward-api/", "/volumes/kubernetes.io~projected/",
                          "/volumes/kubernetes.io~secret/", "/volumes/kubernetes.io~empty-dir/",
-                         layout.DOCKER_ROOT + "/containers/")
+                         layout.DOCKER_ROOT + "/containers/",
+                         "/io.containerd.grpc.v1.cri/sandboxes/")   # containerd's hostname, resolv.conf, shm of a pod
+# The kubelet's own files of a pod (below <kubelet root>/pods/<uid>/): its /etc/hosts and each container's termination log.
+KUBELET_POD_FILES = re.compile(r"/pods/[^/]+/(etc-hosts|containers/[^/]+/[^/]+)$")
 # The collection's own paths in a container, by the variable that moves them (and where they are without it): a
 # mount holding one is written by the snapshot machinery itself, never read by the engine as an input.
 OWN_PATHS = ((layout.ENV_SIM_DEVICE_DIR, None), (layout.ENV_NPU_SNAPSHOT_PATH, None),
@@ -172,7 +177,8 @@ def open_files(pid):
 
 def volatile(source):
     """Whether a mount's host source is written per pod or per container (see VOLATILE_SOURCE_PARTS)."""
-    return any(part in (source or "") + "/" for part in VOLATILE_SOURCE_PARTS)
+    return any(part in (source or "") + "/" for part in VOLATILE_SOURCE_PARTS) or \
+        bool(KUBELET_POD_FILES.search(source or ""))
 
 
 def _holds(destination, path):
@@ -253,6 +259,27 @@ def add_digests(facts, workers=None):
             "cached_files": sum(1 for _size, cached in done if cached)}
 
 
+def _user_reason(was, now):
+    """Why the process would run as another user than the recorded one (None when the same): Docker's User, an OCI
+    config's uid/gid, or one against the other."""
+    if "user" in was:
+        same = _user_matches(was["user"], now)
+    elif "uid" in was:
+        same = _user_matches(now["user"], was) if "user" in now and "uid" not in now else \
+            (was.get("uid"), was.get("gid")) == (now.get("uid"), now.get("gid"))
+    else:
+        return None
+    if same:
+        return None
+    return "user_mismatch: user %s in the snapshot, %s now" % (_user_text(was), _user_text(now))
+
+
+def _user_text(facts):
+    if "user" in facts:
+        return repr(facts["user"])
+    return "'%s:%s'" % (facts.get("uid"), facts.get("gid"))
+
+
 def _user_matches(recorded_user, current):
     """A Docker User ('' is root, 'uid' or 'uid:gid') against an OCI spec's numeric uid/gid."""
     if "uid" not in current or current.get("uid") is None:
@@ -283,9 +310,9 @@ def compare(recorded, current_process, criu_version=None, runc_version=None):
         if was.get("cwd", "/") != current_process.get("cwd", "/"):
             reasons.append("cwd_mismatch: working dir %r in the snapshot, %r now"
                            % (was.get("cwd"), current_process.get("cwd")))
-        if "user" in was and not _user_matches(was["user"], current_process):
-            reasons.append("user_mismatch: user %r in the snapshot, %r now" % (
-                was["user"], current_process.get("user", "%s:%s" % (current_process.get("uid"), current_process.get("gid")))))
+        user = _user_reason(was, current_process)
+        if user:
+            reasons.append(user)
         if (was.get("devices") or []) != (current_process.get("devices") or []):
             reasons.append("devices_mismatch: devices %s in the snapshot, %s now"
                            % (was.get("devices"), current_process.get("devices")))

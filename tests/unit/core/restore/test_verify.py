@@ -187,3 +187,14 @@ def test_an_older_generation_put_back_is_refused_on_a_node_that_never_restored_i
     assert restore_on(tmp_path / "node-a", second, str(public)).reason.startswith(
         "rollback: the snapshot is generation 100 of tenant-a/qwen/p0/qwen-0, and this node has already restored "
         "generation 200")
+
+
+def test_a_containers_snapshot_is_one_kind_whether_docker_or_containerd_took_it():
+    """runc checkpoints an OCI container the same way under dockerd and under containerd's CRI: either container path
+    restores it (the world comparison says whether the new container fits); a bare process is another kind."""
+    for taken, engine in (("containerd", "docker"), ("docker", "containerd"), ("containerd", "containerd")):
+        assert verify.engine_reason({"engine": {"name": taken}}, engine) is None, (taken, engine)
+    reason = verify.engine_reason({"engine": {"name": "containerd"}}, "criu")
+    assert reason.startswith("engine_mismatch: snapshot was taken with engine containerd (a container of a pod on "
+                             "containerd: restore it into a container"), reason
+    assert verify.engine_reason({"engine": {"name": "criu"}}, "containerd").startswith("engine_mismatch:")

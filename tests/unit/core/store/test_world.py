@@ -273,3 +273,58 @@ def test_a_bare_process_records_what_it_reads_not_what_it_writes(tmp_path):
 
 def test_the_collection_version_is_galaxys():
     assert layout.COLLECTION_VERSION == yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+
+
+def cri_spec(models, base, pod_uid, sandbox, uid=0):
+    """A container's OCI config as containerd's CRI plugin writes it for a pod: the kubelet's /etc/hosts and
+    termination log (below its pod directory), containerd's hostname, resolv.conf and /dev/shm of the sandbox."""
+    kubelet = base / "kubelet" / "pods" / pod_uid
+    sandbox_dir = base / "state" / "io.containerd.grpc.v1.cri" / "sandboxes" / sandbox
+    files = {"/etc/hosts": kubelet / "etc-hosts", "/dev/termination-log": kubelet / "containers" / "engine" / "5e3a",
+             "/etc/hostname": sandbox_dir / "hostname", "/etc/resolv.conf": sandbox_dir / "resolv.conf"}
+    for destination, path in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("%s of pod %s\n" % (destination, pod_uid))
+    (sandbox_dir / "shm").mkdir(exist_ok=True)
+    (sandbox_dir / "shm" / "engine.lock").write_text(pod_uid)
+    current = spec(models)
+    current["process"]["user"] = {"uid": uid, "gid": uid}
+    current["mounts"] = [m for m in current["mounts"] if m["destination"] == "/models"]
+    current["mounts"] += [{"destination": d, "type": "bind", "source": str(p), "options": ["rbind", "rprivate", "rw"]}
+                          for d, p in sorted(files.items())]
+    current["mounts"].append({"destination": "/dev/shm", "type": "bind", "source": str(sandbox_dir / "shm"),
+                              "options": ["rbind", "ro"]})
+    return current
+
+
+def test_a_pods_own_files_on_containerd_are_left_out_and_its_user_is_compared(models, tmp_path):
+    """What the kubelet and containerd write per pod (its /etc/hosts, termination log, hostname, resolv.conf, /dev/shm)
+    says who the pod is: left out, so that the pod recreated with another uid and sandbox matches. The OCI config's
+    uid/gid is recorded (the manifest's schema takes them) and compared, with an OCI config and with Docker's User."""
+    process = world.oci_facts(cri_spec(models, tmp_path, "uid-a", "sandbox-a"))
+    recorded = world.capture(process, "4.2.1", "1.1.5", excluded=world.excluded_mounts(process["mounts"]))
+    world.add_digests(recorded)
+    assert schema.errors("manifest", recorded, definition="world") == []
+    assert sorted(recorded["excluded"]) == ["/dev/shm", "/dev/termination-log", "/etc/hostname", "/etc/hosts",
+                                            "/etc/resolv.conf"], recorded["excluded"]
+    assert list(recorded["files"]) == ["/models"] and (recorded["process"]["uid"], recorded["process"]["gid"]) == (0, 0)
+    assert world.compare(recorded, world.oci_facts(cri_spec(models, tmp_path, "uid-b", "sandbox-b")), "4.2.1",
+                         "1.1.5") == []
+    assert world.compare(recorded, world.oci_facts(cri_spec(models, tmp_path, "uid-c", "sandbox-c", uid=1000)),
+                         "4.2.1", "1.1.5") == ["user_mismatch: user '0:0' in the snapshot, '1000:1000' now"]
+    # the same snapshot restored into a Docker container: its User against the recorded uid/gid ('' is root)
+    oci_only = dict(recorded, process=dict(recorded["process"], mounts=[
+        m for m in recorded["process"]["mounts"] if m["destination"] == "/models"]))
+    for user, reasons in (("", []), ("0:0", []), ("1000", ["user_mismatch: user '0:0' in the snapshot, '1000' now"])):
+        info = docker_info(models)
+        info["Config"]["User"] = user
+        assert world.compare(oci_only, world.docker_facts(info), "4.2.1", "1.1.5") == reasons, user
+
+
+def test_a_kubelet_like_path_outside_a_pod_directory_is_no_per_pod_file():
+    assert world.volatile("/var/lib/kubelet/pods/0d3f/etc-hosts")
+    assert world.volatile("/var/lib/kubelet/pods/0d3f/containers/engine/5e3a")
+    assert world.volatile("/run/containerd/io.containerd.grpc.v1.cri/sandboxes/ab12/shm")
+    assert not world.volatile("/srv/models/etc-hosts")
+    assert not world.volatile("/srv/pods/a/containers/engine")  # a directory of the operator's, not a log file
+    assert not world.volatile("/srv/models")
