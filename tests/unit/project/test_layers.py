@@ -36,7 +36,6 @@ COVERED_ELSEWHERE = {
     "linux/mounts.py": ["tests/unit/core/restore/test_pipeline_memory.py", "tests/unit/core/node/test_runtime.py"],
     "linux/netns.py": ["tests/integration/test_npu_device_files.py", "tests/integration/test_restore_on_create.py"],
     "linux/proc.py": ["tests/unit/core/restore/test_bare.py", "tests/unit/core/restore/test_pipeline_memory.py"],
-    "linux/syscalls.py": ["tests/unit/core/store/test_seal_publish.py", "tests/unit/core/clients/test_control.py"],
     "restore/attempt.py": ["tests/unit/core/restore/test_pipeline.py"],
     "restore/checkpoint.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_restore_docker_path.py"],
     "restore/handover.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_restore_on_create.py"],
