@@ -41,7 +41,6 @@ COVERED_ELSEWHERE = {
     "restore/handover.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_restore_on_create.py"],
     "restore/health.py": ["tests/integration/test_wait_serving.py"],
     "restore/node_state.py": ["tests/integration/test_restore_on_create.py", "tests/integration/test_lazy_pages.py"],
-    "restore/on_create.py": ["tests/unit/core/restore/test_driver.py", "tests/integration/test_restore_on_create.py"],
     "restore/page_check.py": ["tests/unit/core/restore/test_pipeline_decryption.py"],
     "restore/reseed.py": ["tests/unit/core/agent/test_reseed.py"],
     "restore/stages.py": ["tests/unit/core/restore/test_pipeline.py", "tests/unit/core/restore/test_driver.py"],

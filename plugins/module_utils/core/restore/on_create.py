@@ -35,6 +35,7 @@ from .stages import CACHE, HELD, RESTORE
 # What of the verdict the runtime's log line keeps.
 VERIFY_SUMMARY = ("valid", "bytes", "files", "throughput_mb_s", "overlapped", "hashed_bytes", "checksums", "staged",
                   "staged_miss", "authenticated_by_decryption")
+REMAPPED = "remapped-images"  # the folder of the images for the pod's new address
 # A failure path only (see failure_cause): at most this much later a cold start, for a reason that names its cause.
 LAZY_EXIT_GRACE = 1.0
 
@@ -276,8 +277,9 @@ class OnCreate(Driver):
 
     def remapped_images(self, attempt, state):
         """The images to restore: ``attempt.images_dir``, or -- when the process's inet sockets were bound to its old
-        pod address and the pod has a new one -- a private directory of links to them with CRIU's files.img
-        rewritten to the new address (criu_images.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it)."""
+        pod address and the pod has a new one -- a folder of the same images with CRIU's files.img rewritten to the
+        new address (criu_images.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it): in the held view
+        (links to the verified inodes, watched like the rest: held.Held.images_with), else a private copy."""
         address = self.new_address()
         source = attempt.images_dir
         if not address:
@@ -294,24 +296,17 @@ class OnCreate(Driver):
             raise Fallback("host_images_unreadable: %s" % exc)
         if data_new is data:
             return source
-        # beside the held view when there is one (its mount: links, no copy), removed with it
-        target = os.path.join(attempt.held.view if attempt.held is not None else state, "remapped-images")
-        shutil.rmtree(target, ignore_errors=True)
-        os.mkdir(target, 0o700)
-        # The other images as they were verified -- the held inodes (hard links where the mount allows, else copies read
-        # through the held descriptors), or the private copy -- never links: CRIU opens some images from inside the
-        # container's namespaces, where no path of the host's resolves.
-        if attempt.held is not None:
-            rel = os.path.relpath(os.path.join(target, criu_images.FILES_IMAGE), attempt.held.view)
-            attempt.held.place(layout.IMAGES_DIR, target)
-            attempt.held.forget_in_view(rel)
-            attempt.held.write_into_view(rel, data_new)
+        # Never symbolic links: CRIU opens some images from inside the container's namespaces, where no path of the
+        # host's resolves.
+        if attempt.held is not None and not attempt.plain:
             try:
-                attempt.held.seal_view()  # the view holds this restore's own files alone again, and is watched
+                target = attempt.held.images_with(REMAPPED, criu_images.FILES_IMAGE, data_new)
             except held.HoldError as exc:
                 raise Fallback(exc.reason)
         else:
-            shutil.copytree(source, target, dirs_exist_ok=True)
+            target = os.path.join(state, REMAPPED)
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(source, target)
             os.unlink(os.path.join(target, criu_images.FILES_IMAGE))
             fs.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}

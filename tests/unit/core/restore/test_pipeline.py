@@ -368,13 +368,29 @@ def test_where_no_lease_can_be_taken_the_restore_reads_a_copy_made_by_the_read_t
         def swap_now(self, attempt):
             with open(os.path.join(attempt.snapshot_dir, PAGES), "r+b") as handle:  # in place: no lease to break
                 handle.write(b"forged")
-            assert attempt.held.mode == "copied" and attempt.images_dir.startswith(shm)
+            assert attempt.held.mode == "copied" and os.path.realpath(attempt.images_dir).startswith(shm)
 
     driver = Swapping()
     attempt = run(snap, driver, decrypt_dir=shm)
     assert attempt.restored and driver.restored_bytes == original, attempt.reason
     files = sum(len(names) for _dir, _sub, names in os.walk(snap))
-    assert attempt.verdict["held"] == {"mode": "copied", "files": files, "linked": False,
+    assert attempt.verdict["held"] == {"mode": "copied", "files": files, "linked": False, "watched": False,
                                        "why_copied": attempt.verdict["held"]["why_copied"]}
     assert attempt.verdict["held"]["why_copied"].endswith(": Invalid argument")
     assert os.listdir(shm) == [], "the copy is gone with the restore"
+
+
+def test_a_rename_into_the_view_after_its_seal_is_a_cold_start_before_the_tasks_run(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+
+    class Renaming(ReadsPages):
+        def swap_now(self, attempt):  # a writer of the store renames its own core image into the sealed view
+            view = attempt.held.view_path
+            swap(os.path.join(view, PAGES), open(os.path.join(view, PAGES), "rb").read())
+
+    driver = Renaming()
+    attempt = run(snap, driver)
+    assert not attempt.restored, "the same bytes, another inode: still not what was verified"
+    assert attempt.reason.startswith("swapped: the view's folder host/criu (pages-1.img.new created") and \
+        "; pages-1.img renamed in) was written to while the restore read it" in attempt.reason, attempt.reason
+    assert "release" not in driver.calls and driver.calls[-2:] == ["undo", "cold_start"]
