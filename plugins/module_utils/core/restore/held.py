@@ -12,17 +12,19 @@ holds those descriptors until the restored process has everything it will ever r
 - **leased** (a local filesystem): each descriptor takes a read lease (``F_SETLEASE F_RDLCK``, root's
   CAP_LEASE). The kernel refuses the lease while anyone has the file open for writing, and breaks it when
   anyone opens or truncates it for writing later -- that writer is held off for the lease-break time (45 s by
-  default), no longer: ``broken()`` says so. The verification hashes through the descriptors; CRIU reads the very
-  same inodes through ``view``: a private directory (0700) beside the snapshot of hard links to the held inodes
-  (linkat AT_EMPTY_PATH) -- or, where no link can be made (another mount, a read-only store), copies read through
-  the held descriptors. No reader gets that directory by its path in the store, which a writer of the store could
+  default), no longer: ``broken()`` says so, and a path that leases leaves the restored tasks stopped until it
+  has asked (stages.py). The verification hashes through the descriptors; CRIU reads the very same inodes
+  through ``view``: a private directory (0700) beside the snapshot of hard links to the held inodes (linkat
+  AT_EMPTY_PATH) -- or, where no link can be made (another mount, a read-only store), copies read through the
+  held descriptors. No reader gets that directory by its path in the store, which a writer of the store could
   exchange for a forged tree: every one gets ``/proc/<this pid>/fd/<N>`` of a folder this restore holds open
   (runc opens ``--image-path`` and hands CRIU the descriptor; CRIU opens ``-D`` once and reads every image
   relative to it). A rename breaks no lease, and the view's folders sit in the store, where a writer with root's
   rights could rename a file of its own into them: each folder is watched (inotify) from before anything is put
   in it, the view is checked to hold exactly the held inodes when it is sealed, and any change of its entries
   after that is named by ``broken()`` -- on every kernel and filesystem, timestamps or not.
-- **copied** (no lease possible: NFS and other network filesystems, or a file already open for writing): the
+- **copied** (no lease possible -- NFS and other network filesystems, a file already open for writing -- or a path
+  whose restored tasks may run before everything is read: ``docker start --checkpoint``, a lazy restore): the
   verification copies each file into a private directory on tmpfs as it hashes it, reading the store once;
   CRIU reads that copy.
 

@@ -30,12 +30,13 @@ from ..store.container_record import parse_container_record
 from . import held, reseed, verify
 from .attempt import Fallback
 from .driver import Driver
-from .stages import CACHE, HELD, RESTORE
+from .stages import CACHE, COPY, HELD, RESTORE
 
 # What of the verdict the runtime's log line keeps.
 VERIFY_SUMMARY = ("valid", "bytes", "files", "throughput_mb_s", "overlapped", "hashed_bytes", "checksums", "staged",
-                  "staged_miss", "authenticated_by_decryption")
+                  "staged_miss", "authenticated_by_decryption", "held")
 REMAPPED = "remapped-images"  # the folder of the images for the pod's new address
+LAZY_COPY_BECAUSE = "a lazy restore's pages stream in from the images after the restored tasks resume"
 # A failure path only (see failure_cause): at most this much later a cold start, for a reason that names its cause.
 LAZY_EXIT_GRACE = 1.0
 
@@ -76,7 +77,7 @@ class OnCreate(Driver):
     stages = RESTORE
     # runc's CRIU configuration file leaves the tasks stopped until the page images' verdict (runc_cli.StoppedRestore)
     verification = manifest.OVERLAPPED
-    images_from = (CACHE, HELD)
+    images_from = (CACHE, HELD)  # a lazy restore: (CACHE, COPY), its pages streaming in after the tasks resume
 
     def __init__(self, node, spec, bundle, create, request, docker, criu_version):
         super(OnCreate, self).__init__(identity=request["identity"], criu_version=criu_version,
@@ -92,6 +93,8 @@ class OnCreate(Driver):
         self.source = request.get("source")   # a clone: the identity of the snapshot's own pod (fleet.py)
         self.entry = None               # this restore in the snapshot's record of restores (fleet.py)
         self.lazy = None                # the criu lazy-pages daemon of a lazy restore (clients/criu.LazyPages)
+        if node.config.get("lazy_pages"):  # nothing could ask the leases once the tasks run: a private copy
+            self.images_from, self.copy_because = (CACHE, COPY), LAZY_COPY_BECAUSE
 
     @property
     def rootfs(self):
