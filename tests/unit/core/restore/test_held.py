@@ -80,7 +80,7 @@ def test_where_leases_fail_the_verifying_read_makes_the_copy_the_restore_reads(s
     h = held.Held.open(snap, str(tmp_path / "shm"))
     try:
         assert h.mode == "copied" and h.why_copied == PAGES + ": Invalid argument"
-        hashes, _stats = hashing.hash_tree(snap, sorted(h.fds), files=h)[0], None
+        hashes = hashing.hash_tree(snap, sorted(h.fds), files=h)[0]
         with open(os.path.join(snap, PAGES), "r+b") as handle:  # rewritten in place after it was read
             handle.write(b"forged")
         copy = open(os.path.join(h.view, PAGES), "rb").read()
