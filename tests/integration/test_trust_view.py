@@ -8,8 +8,10 @@ check stage, right after the seal) it renames a forged tree's prepared folder to
 ``<instance>`` with the forged tree (renameat2 RENAME_EXCHANGE). The forged images are a real snapshot of another
 engine of the same image, on the same port and device: what it restores answers with another ``started_at``. When the
 view reached runc as a path (``--image-path <instance>/.inferops-view-*/host/criu``), the audit's exchange won 140 of
-200 tries (the forged process restored, reported as authenticated); this test's attacker, which acts on the record of
-restores, was not measured against that code. Now every reader gets the
+200 tries (the forged process restored, reported as authenticated). This test's attacker, which acts on the record of
+restores, does not reproduce that win against the path-based code: run there for 5 tries it got its trigger once, and
+that restore started cold (``checksum_mismatch: host/criu/files.img is no longer the file that was verified``); the
+other 4 restores gave it no trigger within 120 s. Now every reader gets the
 folder the restore holds (``/proc/<pid>/fd/<N>``): in every try the genuine engine is restored (or, refused, started
 cold with ``swapped:``), never the forged one.
 
