@@ -17,9 +17,11 @@ description:
     start) and the result says RV(restored=false) with the RV(reason).
   - With a valid snapshot it takes the recreated container O(container) (created, not started) or, when no
     container of that name exists, creates it from the configuration recorded in the snapshot; places the
-    CRIU images where Docker starts from them (hard links, no copy), starts it from the checkpoint, then
-    restores and unlocks the device state through the control endpoint inside the process, and waits for
-    O(health_url).
+    CRIU images where Docker starts from them, starts it from the checkpoint, then restores and unlocks the
+    device state through the control endpoint inside the process, and waits for O(health_url). Docker resumes
+    the restored process itself, before anything could check that nobody wrote the store meanwhile, so the
+    verification copies the snapshot's files to a private directory in C(/dev/shm) as it hashes them, and
+    Docker gets those bytes (the result's RV(verify) says C(held.mode=copied) and why).
   - Before the process starts it writes a metadata file (O(metadata_path)) with the recreated container's
     environment into the container, because a restored process keeps the environment of the process that
     was checkpointed.
@@ -228,7 +230,7 @@ options:
         reads the copy and skips hashing the content; the snapshot's checksum list, signature, manifest, identity
         and world are still checked. Any other copy is dropped and the snapshot verified in full.
       - Used by O(engine=criu). O(method=runtime) uses the node runtime's own cache (C(snapshot_node_stage_dir));
-        O(method=docker) never uses one, since Docker hard-links the images, which changes the copy.
+        O(method=docker) never uses one, since it restores from the private copy its own verification makes.
     type: path
   runtime_name:
     description: Name of the restore-on-create runtime in dockerd (the role's C(snapshot_node_runtime_name)), for O(method=runtime).
@@ -329,6 +331,10 @@ verify:
     - C(checksums) is C(verified) when the module hashed every file, C(sizes only) with O(method=runtime) outside
       check mode, where the restore-on-create runtime hashes every file right before it restores (a checksum
       mismatch then shows as the runtime's cold start, in RV(reason) and RV(runtime_record)).
+    - C(held) says how the restore read the files it verified (C(mode)) - C(leased), the very files it hashed, held
+      open and leased, CRIU getting them through a folder of hard links the restore holds and watches; or C(copied),
+      a private copy made by the read that hashed them (C(why_copied) - no lease on that filesystem, or a path whose
+      restored process may run before anything could check the leases, like O(method=docker)).
   returned: always
   type: dict
 container_id:
@@ -350,7 +356,7 @@ device_actions:
   type: list
   elements: str
 placement:
-  description: How the images were placed for Docker (C(hardlink) or C(copy)); C(runtime) with O(method=runtime).
+  description: How the images were placed for Docker (C(copy) of the verified copy); C(runtime) with O(method=runtime).
   returned: when restored
   type: str
 runtime_record:

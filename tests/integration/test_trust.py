@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import CHECKPOINT_NAME
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import hashing, seal, statement
 from conftest import WorkloadContainer, docker, free_port, reset_device, run_module
 
@@ -173,51 +174,60 @@ def test_a_restored_engine_that_answers_otherwise_is_started_cold(signed):
         docker("rm", "-f", name, check=False)
 
 
-def test_a_page_image_overwritten_after_verification_is_never_restored(signed):
-    """The attack of 3: a writer of the store overwrites bytes of a page image after the verification
-    and before Docker's copy. It waits until the restore holds the file (a non-blocking open for writing fails
-    with EWOULDBLOCK while a lease is held: that attempt breaks it), then writes; the kernel holds the write off
-    until the restore lets go. Either the restore saw the lease broken and started cold (``swapped:``), or -- if
-    a probe came in between opening and leasing -- it restored from the copy its verifying read made: never
-    from the attacker's bytes."""
+def test_a_page_image_written_during_a_docker_restore_never_runs_for_the_restore_reads_its_private_copy(signed):
+    """``docker start --checkpoint`` resumes the restored tasks itself: nothing can ask afterwards whether a lease broke,
+    and a lease holds a writer off only for lease-break-time (45 s) -- then the write lands in the inode Docker's
+    checkpoint directory had hard-linked, and a large restore may already run it. So this path verifies a private
+    copy, made by the read that hashes it (stages.COPY). The writer waits until Docker's checkpoint directory holds the
+    images -- after the verification, before ``docker start`` reads them --, then opens the store's page image for
+    writing, which no lease holds off now, and writes. The restore still runs the verified bytes (the engine answers as
+    it did, its canary too), and its result says ``copied`` and why. Before, the writer was held off, the restore saw
+    the broken lease only after docker start had resumed the tasks, and started cold."""
     s = signed
     name = s["pod"] + "-w"
-    target = os.path.join(s["snap"], "host", "criu",
-                          sorted(f for f in os.listdir(os.path.join(s["snap"], "host", "criu")) if f.startswith("pages-"))[0])
+    images = os.path.join(s["snap"], "host", "criu")
+    target = os.path.join(images, sorted(f for f in os.listdir(images) if f.startswith("pages-"))[0])
     original = open(target, "rb").read()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, target])
+    s["container"].remove()  # the snapshotted engine holds the device and the port (gone already after the tests above)
     reset_device(s["device_dir"])
+    # the very image of the snapshot: the shared tag may move meanwhile (another session rebuilding the workload image)
+    image = json.loads(open(os.path.join(s["snap"], layout.MANIFEST)).read())["image"]["id"]
+    c = WorkloadContainer(name, image, s["device_dir"], s["container"].port).create()
+    placed = os.path.join(docker("info", "--format", "{{.DockerRootDir}}"), "containers",
+                          docker("inspect", "--format", "{{.Id}}", name), "checkpoints", CHECKPOINT_NAME,
+                          os.path.basename(target))
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, target, placed], stdout=subprocess.PIPE, text=True)
     try:
         result = restore(s, s["snap"], name)
-        if result["restored"]:  # a probe was open for writing when the file was leased: no lease, a copy
-            assert result["verify"]["held"]["mode"] == "copied", result["verify"]
-        else:
-            assert writer.wait(timeout=120) == 0, "the writer got its turn once the restore let go"
-            assert result["reason"].startswith("swapped: host/criu/pages-"), result["reason"]
-            assert result["verify"]["held"]["mode"] == "leased"
-        c = WorkloadContainer(name, s["image"], s["device_dir"], s["container"].port)
-        assert c.generate(PROMPT) == s["expected"], "the engine serves the genuine state (or started cold)"
+        out, _err = writer.communicate(timeout=120)
+        assert writer.returncode == 0 and out.strip() == "wrote", (writer.returncode, out)
+        assert open(target, "rb").read() != original, "the write landed in the store during the restore"
+        assert result["restored"] is True and result["reason"] is None, result
+        held = result["verify"]["held"]
+        assert held["mode"] == "copied" and held["why_copied"].startswith("docker start --checkpoint resumes"), held
+        assert result["placement"] == "copy" and "canary" in result["durations"], result
+        assert c.generate(PROMPT) == s["expected"], "the engine serves the genuine state"
     finally:
-        writer.kill()
+        if writer.poll() is None:
+            writer.kill()
         docker("rm", "-f", name, check=False)
         with open(target, "wb") as handle:  # the snapshot as it was, for the other tests
             handle.write(original)
 
 
-# The attacker: probes for a lease without blocking, and writes only into a file a restore holds.
+# The writer of the store: once Docker's checkpoint directory has the page image, it writes into the store's.
 WRITER = """
-import errno, os, sys, time
-while True:
-    try:
-        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno != errno.EWOULDBLOCK:
-            raise
-        break
-    os.close(fd)
-    time.sleep(0.005)
-fd = os.open(sys.argv[1], os.O_WRONLY)  # held off until the restore lets go of its lease
+import os, sys, time
+pages, placed = sys.argv[1:3]
+deadline = time.monotonic() + 120
+while not os.path.exists(placed):
+    if time.monotonic() > deadline:
+        sys.exit("Docker's checkpoint directory never got %s" % placed)
+    time.sleep(0.001)
+fd = os.open(pages, os.O_WRONLY)
 os.pwrite(fd, b"attacker's code" * 64, 8192)
+os.close(fd)
+print("wrote", flush=True)
 """
 
 

@@ -69,11 +69,21 @@ class PrivateDir(object):
             fs.remove_tree(self.path)
             raise
 
-    def remove(self):
+    def remove(self, expect=None):
+        """Remove the directory; with ``expect`` ((st_dev, st_ino) of the directory its owner made and emptied through
+        descriptors), only where its path still leads to it: one that someone moved is left where it went."""
         if self.path is None:
             return
         try:
-            fs.remove_tree(self.path)
+            if expect is None:
+                fs.remove_tree(self.path)
+            else:
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == tuple(expect):
+                    os.rmdir(self.path)
+        except OSError:
+            if expect is None:
+                raise
         finally:
             os.close(self._fd)
             self.path = None

@@ -154,4 +154,8 @@ class Attempt:
 
     @property
     def images_dir(self):
+        """The CRIU images' folder: of the plaintext, the cached copy, or -- through the descriptor the restore holds
+        (held.Held.images_dir) -- of the files verified."""
+        if self.held is not None and not self.plain and not self.cached:
+            return self.held.images_dir
         return layout.images_dir(self.content_dir)

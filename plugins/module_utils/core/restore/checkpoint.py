@@ -5,9 +5,10 @@
 
 The container is the recreated one (created, not started) or, when there is none, one created from
 the snapshot's container record. Docker restores only from ``<data root>/containers/<id>/checkpoints``
-(moby#37344), so the verified images are hard-linked there. Slower than the node runtime for big
-states (containerd uploads the checkpoint into its content store, docs/benchmarks.md), but needs
-nothing installed on the node.
+(moby#37344), so the verified images are put there -- copied from the private copy the verification made as
+it read them (docker start resumes the tasks before anything could ask whether the store was written meanwhile).
+Slower than the node runtime for big states (containerd uploads the checkpoint into its content store,
+docs/benchmarks.md), but needs nothing installed on the node.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,7 +26,7 @@ from . import interrupted
 from .attempt import Fallback
 from .containerd_leak import LeakGuard
 from .docker_container import DockerContainer
-from .stages import HELD, RESTORE
+from .stages import COPY, RESTORE
 
 CHECKPOINT_NAME = "inferops-restore"
 
@@ -60,7 +61,11 @@ class DockerCheckpoint(DockerContainer):
     engine = "docker"
     stages = RESTORE
     verification = manifest.FULL  # docker start cannot leave the tasks stopped: nothing is hashed after it
-    images_from = (HELD,)  # place_checkpoint hard-links the images: that would change a cached copy's ctime
+    # nor asked after it: a lease only holds a writer off for a while, so the images docker reads are a private copy
+    # (not the cache: place_checkpoint copies or links from what the verification held)
+    images_from = (COPY,)
+    copy_because = ("docker start --checkpoint resumes the restored tasks itself: nothing can check between CRIU's "
+                    "read and their run that the store was left alone")
 
     def __init__(self, docker, container, cold_because=None, **wishes):
         super(DockerCheckpoint, self).__init__(docker, container, **wishes)

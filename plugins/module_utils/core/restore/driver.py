@@ -38,10 +38,13 @@ class Driver:
     # What a path does, declared: the stages it runs (stages.py), what its verification checks of each file
     # (manifest.Plan; DEFER only where host_restore honours attempt.leave_stopped and release() lets the tasks run),
     # and what its host_restore reads the images from (stages.CACHE: the node's verified copy, when there is one;
-    # stages.HELD: the files as verified, held open; neither: this run restores no image itself).
+    # stages.HELD: the files as verified, held open and leased -- where the plan defers the page images, i.e. the
+    # tasks wait for the check --; stages.COPY: a private copy made by the verifying read, for a path whose tasks may
+    # run before the images are read to the end, ``copy_because`` saying why; none: this run restores no image itself).
     stages = RESTORE
     verification = manifest.FULL
     images_from = (CACHE, HELD)
+    copy_because = None
 
     def __init__(self, identity=None, env=None, metadata_path=None, agent_socket_dir=None, criu_version="auto",
                  runtime_version=None):

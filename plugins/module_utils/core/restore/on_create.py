@@ -30,11 +30,13 @@ from ..store.container_record import parse_container_record
 from . import held, reseed, verify
 from .attempt import Fallback
 from .driver import Driver
-from .stages import CACHE, HELD, RESTORE
+from .stages import CACHE, COPY, HELD, RESTORE
 
 # What of the verdict the runtime's log line keeps.
 VERIFY_SUMMARY = ("valid", "bytes", "files", "throughput_mb_s", "overlapped", "hashed_bytes", "checksums", "staged",
-                  "staged_miss", "authenticated_by_decryption")
+                  "staged_miss", "authenticated_by_decryption", "held")
+REMAPPED = "remapped-images"  # the folder of the images for the pod's new address
+LAZY_COPY_BECAUSE = "a lazy restore's pages stream in from the images after the restored tasks resume"
 # A failure path only (see failure_cause): at most this much later a cold start, for a reason that names its cause.
 LAZY_EXIT_GRACE = 1.0
 
@@ -75,7 +77,7 @@ class OnCreate(Driver):
     stages = RESTORE
     # runc's CRIU configuration file leaves the tasks stopped until the page images' verdict (runc_cli.StoppedRestore)
     verification = manifest.OVERLAPPED
-    images_from = (CACHE, HELD)
+    images_from = (CACHE, HELD)  # a lazy restore: (CACHE, COPY), its pages streaming in after the tasks resume
 
     def __init__(self, node, spec, bundle, create, request, docker, criu_version):
         super(OnCreate, self).__init__(identity=request["identity"], criu_version=criu_version,
@@ -91,6 +93,8 @@ class OnCreate(Driver):
         self.source = request.get("source")   # a clone: the identity of the snapshot's own pod (fleet.py)
         self.entry = None               # this restore in the snapshot's record of restores (fleet.py)
         self.lazy = None                # the criu lazy-pages daemon of a lazy restore (clients/criu.LazyPages)
+        if node.config.get("lazy_pages"):  # nothing could ask the leases once the tasks run: a private copy
+            self.images_from, self.copy_because = (CACHE, COPY), LAZY_COPY_BECAUSE
 
     @property
     def rootfs(self):
@@ -286,8 +290,9 @@ class OnCreate(Driver):
 
     def remapped_images(self, attempt, state):
         """The images to restore: ``attempt.images_dir``, or -- when the process's inet sockets were bound to its old
-        pod address and the pod has a new one -- a private directory of links to them with CRIU's files.img
-        rewritten to the new address (criu_images.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it)."""
+        pod address and the pod has a new one -- a folder of the same images with CRIU's files.img rewritten to the
+        new address (criu_images.remap_inet_addresses: upstream CRIU 4.2.1 has no option for it): in the held view
+        (links to the verified inodes, watched like the rest: held.Held.images_with), else a private copy."""
         address = self.new_address()
         source = attempt.images_dir
         if not address:
@@ -304,24 +309,17 @@ class OnCreate(Driver):
             raise Fallback("host_images_unreadable: %s" % exc)
         if data_new is data:
             return source
-        # beside the held view when there is one (its mount: links, no copy), removed with it
-        target = os.path.join(attempt.held.view if attempt.held is not None else state, "remapped-images")
-        shutil.rmtree(target, ignore_errors=True)
-        os.mkdir(target, 0o700)
-        # The other images as they were verified -- the held inodes (hard links where the mount allows, else copies read
-        # through the held descriptors), or the private copy -- never links: CRIU opens some images from inside the
-        # container's namespaces, where no path of the host's resolves.
-        if attempt.held is not None:
-            rel = os.path.relpath(os.path.join(target, criu_images.FILES_IMAGE), attempt.held.view)
-            attempt.held.place(layout.IMAGES_DIR, target)
-            attempt.held.forget_in_view(rel)
-            attempt.held.write_into_view(rel, data_new)
+        # Never symbolic links: CRIU opens some images from inside the container's namespaces, where no path of the
+        # host's resolves.
+        if attempt.held is not None and not attempt.plain:
             try:
-                attempt.held.seal_view()  # the view holds this restore's own files alone again, and is watched
+                target = attempt.held.images_with(REMAPPED, criu_images.FILES_IMAGE, data_new)
             except held.HoldError as exc:
                 raise Fallback(exc.reason)
         else:
-            shutil.copytree(source, target, dirs_exist_ok=True)
+            target = os.path.join(state, REMAPPED)
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(source, target)
             os.unlink(os.path.join(target, criu_images.FILES_IMAGE))
             fs.write_file_atomic(os.path.join(target, criu_images.FILES_IMAGE), data_new)
         attempt.details["address"] = {"from": old, "to": address}

@@ -23,7 +23,10 @@ from .attempt import Fallback
 from .page_check import PageCheck, leave_to_decryption
 
 CACHE = "cache"  # a driver's images_from: the node's verified copy of the snapshot, when one is still as verified
-HELD = "held"    # the snapshot's files as the verification read them, held open for the restore (held.Held)
+HELD = "held"    # the snapshot's files as the verification read them, held open (leased) for the restore (held.Held)
+# a private copy made by the read that verifies it (held.Held copied), for a path whose restored tasks may run before
+# everything is read and checked (the driver's copy_because says why): nothing written to the store reaches it
+COPY = "copy"
 
 
 class Stage(collections.namedtuple("Stage", "name run when")):
@@ -53,6 +56,9 @@ def _verify(driver, attempt):
         except held.HoldError as exc:
             raise Fallback(exc.reason)
         attempt.verdict["held"] = attempt.held.summary()
+        # a lease only holds a writer off for a while: where the path can, the tasks run only after verify_pages has
+        # asked held.broken() (a driver that holds without leaving its tasks stopped is refused by its unit test)
+        attempt.leave_stopped = attempt.held.mode == held.LEASED and driver.verification.page_images == manifest.DEFER
     _check_key(attempt)  # a host without the key says so, not that it lacks the room to decrypt
     _check_memory(attempt)  # before anything is decrypted or restored
     deferred = leave_to_decryption(attempt, deferred)
@@ -64,7 +70,8 @@ def _verify(driver, attempt):
 def verification_plan(driver, attempt):
     """The driver's verification plan (manifest.Plan) as this restore can follow it: a cached copy was hashed when it
     was cached (nothing can have changed it since: sizes only); a check restores nothing (every byte, now); the page
-    images are hashed while CRIU reads them only when both read the same leased inodes."""
+    images are hashed while CRIU reads them only when both read the same leased inodes (a copy is made by the read
+    that hashes it, before CRIU reads it: a lazy restore, the Docker path)."""
     if attempt.cached:
         return manifest.SIZES_ONLY
     if attempt.check_mode:
@@ -85,13 +92,17 @@ def _find_cached(driver, attempt):
 
 
 def _hold(driver, attempt):
-    """Every file opened once, before anything is hashed, where this run restores from the files it verifies."""
-    plan = driver.verification
-    if attempt.cached or attempt.check_mode or HELD not in driver.images_from or \
+    """Every file opened once, before anything is hashed, where this run restores from the files it verifies: leased
+    (HELD: a driver whose restored tasks wait for verify_pages to ask the leases), or copied as it is verified (COPY:
+    a driver whose tasks may run before everything is read and asked, ``copy_because``)."""
+    plan, sources = driver.verification, driver.images_from
+    if attempt.cached or attempt.check_mode or not (HELD in sources or COPY in sources) or \
             manifest.LISTED == plan.page_images == plan.other:
         return
+    leases = HELD in sources
     try:
-        attempt.held = held.Held.open(attempt.snapshot_dir, attempt.decrypt_dir)
+        attempt.held = held.Held.open(attempt.snapshot_dir, attempt.decrypt_dir, leases=leases,
+                                      why=None if leases else driver.copy_because)
     except held.HoldError as exc:
         raise Fallback(exc.reason)
 
@@ -192,8 +203,9 @@ def _host_restore(driver, attempt):
 
 
 def _verify_pages(driver, attempt):
-    """Nothing restored has run yet (leave-stopped): the page images' verdict, and that nobody wrote to the held
-    files meanwhile, decide whether it ever does."""
+    """Nothing restored has run yet (leave-stopped: always when leased): the page images' verdict, and that nobody
+    wrote to the held files or changed the view meanwhile -- a lease break pending now included --, decide whether it
+    ever does."""
     wrong = attempt.pages.result(attempt.remaining()) if attempt.pages is not None else []
     wrong = wrong + swapped(attempt)
     if attempt.pages is not None:

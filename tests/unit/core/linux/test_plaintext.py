@@ -85,3 +85,19 @@ def test_the_sweep_leaves_alone_what_is_not_a_plaintext_directory(shm_parent):
         os.utime(path, (old, old), follow_symlinks=False)
     assert plaintext.sweep(shm_parent) == []
     assert os.path.isdir(other) and os.path.islink(planted)
+
+
+def test_a_directory_emptied_through_descriptors_is_removed_only_where_its_path_still_leads_to_it(tmp_path):
+    """A restore's view in the store, which a writer may have exchanged for another folder of the same name: remove()
+    with the identity of the folder it made takes that one away, never whatever the path leads to now."""
+    private = plaintext.PrivateDir(str(tmp_path), prefix=".inferops-view-")
+    st = os.stat(private.path)
+    private.remove(expect=(st.st_dev, st.st_ino))
+    assert os.listdir(str(tmp_path)) == []
+    private = plaintext.PrivateDir(str(tmp_path), prefix=".inferops-view-")
+    st, path = os.stat(private.path), private.path
+    os.rename(path, str(tmp_path / "moved"))
+    os.mkdir(path)  # someone else's, at the old name
+    private.remove(expect=(st.st_dev, st.st_ino))
+    assert sorted(os.listdir(str(tmp_path))) == sorted([os.path.basename(path), "moved"]), "both left alone"
+    assert private.path is None

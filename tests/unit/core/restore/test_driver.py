@@ -7,13 +7,14 @@ import shutil
 import socket
 import tempfile
 import threading
+import types
 
 import pytest
 
 from unit.core.restore import test_pipeline
 from unit.core.restore.test_pipeline import DEVICE, Broken, run, snapshot, swap
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore import pipeline, stages
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.bare import BareProcess
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.checkpoint import DockerCheckpoint
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.restore.driver import Driver
@@ -25,6 +26,12 @@ RESTORE = ("verify -> decrypt -> check -> prepare -> host_restore -> verify_page
            "-> device_restore -> pages_in -> canary -> complete")
 
 
+def lazy_on_create():
+    """The node runtime's driver on a node with lazy pages (snapshot_node_lazy_pages)."""
+    return OnCreate(types.SimpleNamespace(config={"lazy_pages": True}), {}, "/bundle", {"id": "c0"},
+                    {"identity": None, "runtime_version": None}, {}, "4.2.1")
+
+
 class NoContainer:
     """The Docker client a DockerCheckpoint asks for its container, before anything runs."""
 
@@ -34,18 +41,33 @@ class NoContainer:
 
 @pytest.mark.parametrize("driver, expected", [
     (DockerCheckpoint(NoContainer(), "qwen-0"),
-     "stages %s; verification: documents keep, page images hash, other files hash; images from held" % RESTORE),
+     "stages %s; verification: documents keep, page images hash, other files hash; images from copy" % RESTORE),
     (DockerCheckpoint(NoContainer(), "qwen-0", cold_because="docker_path_slower_than_cold: ..."),
-     "stages %s; verification: documents keep, page images listed, other files listed; images from held" % RESTORE),
+     "stages %s; verification: documents keep, page images listed, other files listed; images from copy" % RESTORE),
     (Handover, "stages verify -> check -> prepare -> host_restore -> complete; verification: documents keep, page "
                "images listed, other files listed; images from nowhere (another run restores them)"),
     (OnCreate, "stages %s; verification: documents keep, page images defer, other files hash; images from cache or held"
                % RESTORE),
+    (lazy_on_create(), "stages %s; verification: documents keep, page images defer, other files hash; images from "
+                       "cache or copy" % RESTORE),
     (BareProcess, "stages %s; verification: documents keep, page images defer, other files hash; images from cache or "
                   "held" % RESTORE),
-], ids=["docker", "docker, cold because slower", "handover", "on create", "bare process"])
+], ids=["docker", "docker, cold because slower", "handover", "on create", "on create, lazy", "bare process"])
 def test_each_path_declares_what_it_runs_and_checks(driver, expected):
     assert pipeline.describe(driver) == expected
+
+
+@pytest.mark.parametrize("driver", [DockerCheckpoint(NoContainer(), "qwen-0"), OnCreate, lazy_on_create(), BareProcess],
+                         ids=["docker", "on create", "on create, lazy", "bare process"])
+def test_a_path_that_leases_leaves_its_tasks_stopped_and_one_that_copies_says_why(driver):
+    """A lease holds a writer off only for a while (lease-break-time): a path that reads the held files leaves the
+    restored tasks stopped until verify_pages has asked the leases (its plan defers the page images, i.e. its host
+    restore honours leave_stopped); a path whose tasks may run before that verifies a private copy, and says why."""
+    assert stages.HELD in driver.images_from or stages.COPY in driver.images_from
+    if stages.HELD in driver.images_from:
+        assert driver.verification.page_images == "defer" and stages.COPY not in driver.images_from
+    else:
+        assert driver.copy_because
 
 
 def test_the_handover_runs_no_stage_that_its_delegate_runs_where_criu_runs():

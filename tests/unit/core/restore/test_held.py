@@ -94,7 +94,8 @@ def test_where_leases_fail_the_verifying_read_makes_the_copy_the_restore_reads(s
 def test_a_copy_that_would_not_fit_is_refused_before_anything_is_copied(snap, tmp_path, monkeypatch):
     no_leases(monkeypatch)
     monkeypatch.setattr(held.fs, "free_bytes", lambda path: 10)
-    with pytest.raises(held.HoldError, match=r"insufficient_space: .*cannot be leased here .*\(decrypt_dir\)"):
+    with pytest.raises(held.HoldError, match=r"insufficient_space: the restore copies the snapshot's files as it "
+                                             r"verifies them \(.*Invalid argument\): .*\(decrypt_dir\)"):
         held.Held.open(snap, str(tmp_path))
 
 
@@ -155,18 +156,20 @@ def test_the_view_is_hard_links_beside_the_snapshot_or_copies_read_through_the_h
     h = held.Held.open(snap, str(tmp_path / "shm"))
     try:
         view = h.make_view()
-        assert os.path.dirname(view) == os.path.dirname(snap) and os.path.basename(view).startswith(".inferops-view-")
+        place = h.view_path
+        assert os.path.dirname(place) == os.path.dirname(snap) and os.path.basename(place).startswith(".inferops-view-")
         assert h.linked and os.stat(os.path.join(view, PAGES)).st_ino == os.stat(os.path.join(snap, PAGES)).st_ino
+        assert h.summary()["watched"] is True
     finally:
         h.close()
-    monkeypatch.setattr(held, "_link_fd", lambda fd, target: False)  # another mount, a read-only store
+    monkeypatch.setattr(held, "_link_fd", lambda *args: False)  # another mount, a read-only store
     h = held.Held.open(snap, str(tmp_path / "shm"))
     try:
         with open(os.path.join(snap, PAGES + ".new"), "wb") as handle:
             handle.write(b"forged")
         os.rename(os.path.join(snap, PAGES + ".new"), os.path.join(snap, PAGES))
         view = h.make_view()
-        assert view.startswith(str(tmp_path / "shm")) and not h.linked and "no links beside" in h.why_copied
+        assert h.view_path.startswith(str(tmp_path / "shm")) and not h.linked and "no links beside" in h.why_copied
         assert open(os.path.join(view, PAGES), "rb").read().startswith(b"weights"), "read through the held descriptor"
     finally:
         h.close()
@@ -197,10 +200,11 @@ def test_a_file_held_then_unlinked_before_the_check_is_still_judged_and_refused(
 
 def test_a_file_renamed_into_the_view_after_the_check_is_seen_even_when_put_back(snap, tmp_path):
     """A rename breaks no lease: a writer with root's rights in the store renames its own file over one of the view
-    (CRIU would read it), and may put the verified one back afterwards. The view's folder says so either way."""
+    (CRIU would read it), and may put the verified one back afterwards. The kernel tells the watch either way."""
     h = held.Held.open(snap, str(tmp_path / "private"))
     try:
-        view = h.view
+        h.make_view()
+        view = h.view_path
         assert h.broken() == []
         target = os.path.join(view, PAGES)
         forged = os.path.join(view, "host", "criu", "forged")
@@ -213,18 +217,75 @@ def test_a_file_renamed_into_the_view_after_the_check_is_seen_even_when_put_back
         os.rename(saved, target)  # and the verified inode back, before anyone looks
         assert os.stat(target).st_ino == os.stat(os.path.join(snap, PAGES)).st_ino
         broken = h.broken()
-        assert "the view's folder host/criu" in broken and "the view's folder ." in broken, broken
+        assert broken == ["the view's folder host/criu (forged created, written, closed after writing, renamed away; "
+                          "pages-1.img renamed in)", "the view's folder . (saved created, renamed away)"], broken
     finally:
         h.close()
 
 
-def test_the_view_moved_away_and_replaced_is_seen(snap, tmp_path):
+def test_the_view_moved_away_and_back_is_seen(snap, tmp_path):
     h = held.Held.open(snap, str(tmp_path / "private"))
     try:
-        view = h.view
-        os.rename(view, view + ".away")
-        os.rename(view + ".away", view)
-        assert "the view's folder ." in h.broken()
+        h.make_view()
+        place = h.view_path
+        os.rename(place, place + ".away")
+        os.rename(place + ".away", place)
+        assert "the view's folder . (the folder moved)" in h.broken()
+    finally:
+        h.close()
+
+
+def test_the_store_exchanged_for_a_forged_tree_redirects_no_reader(tmp_path):
+    """A writer of the store exchanges the snapshot's <instance> directory with a forged tree (renameat2
+    RENAME_EXCHANGE) once the view is sealed, a folder of the same name in it: the path the view had now leads to the
+    forged images, but every reader is handed the folder the restore holds (/proc/<pid>/fd/<N>), which went with the
+    exchange. What is read is what was verified; and the forged tree's folder is left alone at the end."""
+    from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import syscalls
+    instance, forged = tmp_path / "store" / "ns" / "svc" / "p0", tmp_path / "store" / "ns" / "svc" / "p0-forged"
+    (instance / "pod" / "host" / "criu").mkdir(parents=True)
+    (instance / "pod" / PAGES).write_bytes(b"weights" * 10000)
+    h = held.Held.open(str(instance / "pod"), str(tmp_path / "private"))
+    try:
+        images = h.images_dir
+        assert images.startswith("/proc/%d/fd/" % os.getpid())
+        name = os.path.basename(h.view_path)
+        (forged / name / "host" / "criu").mkdir(parents=True)
+        (forged / name / PAGES).write_bytes(b"ATTACKER PAGES")
+        syscalls.exchange(str(instance), str(forged))
+        assert open(os.path.join(h.view_path, PAGES), "rb").read() == b"ATTACKER PAGES", "the path leads elsewhere now"
+        assert open(os.path.join(images, "pages-1.img"), "rb").read().startswith(b"weights")
+        assert open(os.path.join(h.view, PAGES), "rb").read().startswith(b"weights")
+        assert h.broken() == [], "harmless: nothing of the view changed"
+    finally:
+        h.close()
+    assert (instance / name / PAGES).read_bytes() == b"ATTACKER PAGES", "the forged folder is not the restore's to remove"
+    assert os.listdir(str(forged / name)) == [], "the restore's own view was emptied where the exchange put it"
+
+
+def test_where_no_watch_can_be_had_the_view_is_a_copy(snap, tmp_path, monkeypatch):
+    def refused():
+        raise OSError(24, "no inotify instance (Too many open files)")
+
+    monkeypatch.setattr(held.syscalls, "Watch", refused)
+    h = held.Held.open(snap, str(tmp_path / "shm"))
+    try:
+        h.make_view()
+        assert not h.linked and h.why_copied.startswith("no watch on a view beside the snapshot (")
+        assert h.view_path.startswith(str(tmp_path / "shm"))
+        assert open(os.path.join(h.images_dir, "pages-1.img"), "rb").read().startswith(b"weights")
+    finally:
+        h.close()
+    assert [n for n in os.listdir(os.path.dirname(snap)) if n.startswith(".inferops")] == []
+
+
+def test_a_copy_asked_for_says_why(snap, tmp_path):
+    (tmp_path / "shm").mkdir()
+    h = held.Held.open(snap, str(tmp_path / "shm"), leases=False, why="the tasks resume by themselves")
+    try:
+        assert h.mode == "copied" and h.summary()["why_copied"] == "the tasks resume by themselves"
+        hashing.hash_tree(snap, sorted(h.fds), files=h)
+        assert os.path.realpath(h.images_dir).startswith(str(tmp_path / "shm"))
+        assert h.broken() == []
     finally:
         h.close()
 
@@ -241,19 +302,61 @@ def test_a_view_holding_anything_but_what_the_restore_put_there_is_refused(snap,
         h.close()
 
 
-def test_what_the_restore_adds_to_the_view_is_checked_and_watched_too(snap, tmp_path):
-    """The node runtime adds a folder of links with one image rewritten (a new pod address): its own changes are
-    sealed again, and a change after that is seen."""
+def test_a_folder_of_the_view_replaced_before_the_seal_is_refused(snap, tmp_path):
     h = held.Held.open(snap, str(tmp_path / "private"))
     try:
-        target = os.path.join(h.view, "remapped-images")
-        os.mkdir(target, 0o700)
-        h.place("host/criu", target)
-        h.forget_in_view("remapped-images/pages-1.img")
-        h.write_into_view("remapped-images/pages-1.img", b"rewritten")
-        h.seal_view()
-        assert h.broken() == []
-        os.unlink(os.path.join(target, "pages-1.img"))
-        assert h.broken() == ["the view's folder remapped-images"]
+        h.make_view()
+        place = os.path.join(h.view_path, "host", "criu")
+        os.rename(place, place + ".old")
+        os.mkdir(place, 0o700)
+        os.link(os.path.join(place + ".old", "pages-1.img"), os.path.join(place, "pages-1.img"))
+        with pytest.raises(held.HoldError, match=r"swapped: .*\(host/criu, host/criu.old\)"):
+            h.seal_view()
     finally:
         h.close()
+
+
+def test_what_the_restore_adds_to_the_view_is_checked_and_watched_too(snap, tmp_path):
+    """The node runtime adds a folder of links with one image rewritten (a new pod address): its own changes are
+    sealed again; what others changed meanwhile, or change after that, is seen."""
+    (tmp_path / "snap" / "host" / "criu" / "core-1.img").write_bytes(b"core")
+    h = held.Held.open(snap, str(tmp_path / "private"))
+    try:
+        h.make_view()
+        target = h.images_with("remapped-images", "pages-1.img", b"rewritten")
+        assert target.startswith("/proc/%d/fd/" % os.getpid()) and h.broken() == []
+        assert open(os.path.join(target, "pages-1.img"), "rb").read() == b"rewritten"
+        core = os.path.join(target, "core-1.img")
+        assert os.stat(core).st_ino == os.stat(os.path.join(snap, "host", "criu", "core-1.img")).st_ino
+        os.unlink(os.path.join(target, "pages-1.img"))
+        assert h.broken() == ["the view's folder remapped-images (pages-1.img removed)"]
+    finally:
+        h.close()
+
+
+def test_a_change_between_two_seals_is_not_taken_for_the_restores_own(snap, tmp_path):
+    h = held.Held.open(snap, str(tmp_path / "private"))
+    try:
+        h.make_view()
+        extra = os.path.join(h.view_path, "host", "criu", "seccomp.img")
+        with open(extra, "wb") as handle:
+            handle.write(b"ATTACKER BYTES")
+        os.unlink(extra)  # gone again before the restore's next seal lists the folder
+        h.images_with("remapped-images", "pages-1.img", b"rewritten")
+        assert [b for b in h.broken() if b.startswith("the view's folder host/criu (seccomp.img")], h.broken()
+    finally:
+        h.close()
+
+
+def test_a_copied_hold_makes_the_rewritten_images_in_its_copy(snap, tmp_path, monkeypatch):
+    no_leases(monkeypatch)
+    (tmp_path / "shm").mkdir()
+    h = held.Held.open(snap, str(tmp_path / "shm"))
+    try:
+        hashing.hash_tree(snap, sorted(h.fds), files=h)
+        target = h.images_with("remapped-images", "core-1.img", b"rewritten")
+        assert sorted(os.listdir(target)) == ["core-1.img", "pages-1.img"]
+        assert os.path.realpath(target).startswith(str(tmp_path / "shm"))
+    finally:
+        h.close()
+    assert os.listdir(str(tmp_path / "shm")) == []

@@ -60,6 +60,7 @@ class Broken(Driver):
 
     def host_restore(self, attempt):
         self.images_seen = sorted(os.listdir(attempt.images_dir))
+        self.left_stopped = attempt.leave_stopped
         self.live.add("restored process")
         self._step("host_restore")
         return os.getpid()
@@ -368,13 +369,81 @@ def test_where_no_lease_can_be_taken_the_restore_reads_a_copy_made_by_the_read_t
         def swap_now(self, attempt):
             with open(os.path.join(attempt.snapshot_dir, PAGES), "r+b") as handle:  # in place: no lease to break
                 handle.write(b"forged")
-            assert attempt.held.mode == "copied" and attempt.images_dir.startswith(shm)
+            assert attempt.held.mode == "copied" and os.path.realpath(attempt.images_dir).startswith(shm)
 
     driver = Swapping()
     attempt = run(snap, driver, decrypt_dir=shm)
     assert attempt.restored and driver.restored_bytes == original, attempt.reason
     files = sum(len(names) for _dir, _sub, names in os.walk(snap))
-    assert attempt.verdict["held"] == {"mode": "copied", "files": files, "linked": False,
+    assert attempt.verdict["held"] == {"mode": "copied", "files": files, "linked": False, "watched": False,
                                        "why_copied": attempt.verdict["held"]["why_copied"]}
     assert attempt.verdict["held"]["why_copied"].endswith(": Invalid argument")
     assert os.listdir(shm) == [], "the copy is gone with the restore"
+
+
+def test_a_path_that_cannot_wait_for_the_leases_verifies_a_private_copy_and_says_so(tmp_path, no_locks):
+    """docker start --checkpoint resumes the restored tasks itself, before anything could ask whether a lease broke,
+    and a lease holds a writer off only for a while: such a path declares a copy made by the verifying read. A write
+    into the store after the verification reaches nothing the restore reads."""
+    snap = snapshot(tmp_path)
+    shm = str(tmp_path / "shm")
+    original = open(os.path.join(snap, PAGES), "rb").read()
+
+    class Copying(ReadsPages):
+        verification = manifest.FULL
+        images_from = (stages.COPY,)
+        copy_because = "the tasks resume by themselves"
+
+        def swap_now(self, attempt):
+            with open(os.path.join(attempt.snapshot_dir, PAGES), "r+b") as handle:  # no lease holds it off
+                handle.write(b"forged")
+
+    driver = Copying()
+    attempt = run(snap, driver, decrypt_dir=shm)
+    assert attempt.restored and driver.restored_bytes == original, attempt.reason
+    assert attempt.verdict["held"]["mode"] == "copied" and attempt.verdict["held"]["why_copied"] == \
+        "the tasks resume by themselves"
+    assert driver.left_stopped is False and "release" not in driver.calls
+    assert open(os.path.join(snap, PAGES), "rb").read().startswith(b"forged"), "the write landed, in the store"
+    assert os.listdir(shm) == [], "the copy is gone with the restore"
+
+
+def test_a_leased_restore_leaves_the_tasks_stopped_until_the_leases_are_asked_even_with_nothing_left_to_hash(
+        tmp_path, no_locks):
+    """An unbound encrypted snapshot's page images are authenticated by their decryption: nothing is hashed after
+    CRIU. A lease still holds a writer off only for a while: the tasks wait for verify_pages to ask it, and a lease
+    broken by then is a cold start before they ever ran."""
+    driver = Broken()
+    attempt = run(snapshot(tmp_path / "quiet", encrypted=True), driver)
+    assert attempt.restored and attempt.pages is None, attempt.reason
+    assert driver.left_stopped is True and "release" in driver.calls
+    writer = []
+
+    class Writing(ReadsPages):
+        def swap_now(self, attempt):
+            writer.append(subprocess.Popen([sys.executable, "-c", "import os, sys; os.open(sys.argv[1], os.O_WRONLY)",
+                                            os.path.join(attempt.snapshot_dir, PAGES)]))
+            clock.wait_for(lambda: (bool(attempt.held.broken()), attempt.held.broken()), 30, 0.01,
+                           what="the lease to break")
+
+    driver = Writing()
+    attempt = run(snapshot(tmp_path / "written", encrypted=True), driver)
+    assert not attempt.restored and attempt.reason.startswith("swapped: " + PAGES), attempt.reason
+    assert driver.left_stopped is True and "release" not in driver.calls
+    assert writer[0].wait(timeout=30) == 0
+
+
+def test_a_rename_into_the_view_after_its_seal_is_a_cold_start_before_the_tasks_run(tmp_path, no_locks):
+    snap = snapshot(tmp_path)
+
+    class Renaming(ReadsPages):
+        def swap_now(self, attempt):  # a writer of the store renames its own core image into the sealed view
+            view = attempt.held.view_path
+            swap(os.path.join(view, PAGES), open(os.path.join(view, PAGES), "rb").read())
+
+    driver = Renaming()
+    attempt = run(snap, driver)
+    assert not attempt.restored, "the same bytes, another inode: still not what was verified"
+    assert attempt.reason.startswith("swapped: the view's folder host/criu (pages-1.img.new created") and \
+        "; pages-1.img renamed in) was written to while the restore read it" in attempt.reason, attempt.reason
+    assert "release" not in driver.calls and driver.calls[-2:] == ["undo", "cold_start"]
