@@ -213,10 +213,17 @@ def resume_process(pid, socket_dir, timeout, gone=None, before_unlock=None, reco
 
 
 # -- the device files: what a restore needs of this node before CRIU runs ------------------------------------
-def is_npu_node(path):
-    """An NPU device node the plugin records: davinci<N> or davinci_manager (by name, wherever it lives)."""
+def is_chip_node(path):
+    """A chip's node: davinci<N> (by name, wherever it lives)."""
     name = os.path.basename(path or "")
-    return name == layout.NPU_MANAGER or (name.startswith("davinci") and name[7:].isdigit())
+    rest = name[len(layout.NPU_CHIP_PREFIX):]
+    return name.startswith(layout.NPU_CHIP_PREFIX) and bool(rest) and all(c in "0123456789" for c in rest)
+
+
+def is_npu_node(path):
+    """An NPU device node the plugin records: a chip's, or one every NPU process of the node has (davinci_manager,
+    npu_device_cust, devmm_svm, hisi_hdc), by name wherever it lives."""
+    return is_chip_node(path) or os.path.basename(path or "") in layout.NPU_NODE_WIDE
 
 
 def targets_from_oci(spec):

@@ -189,8 +189,9 @@ def _mount_source(mounts, inner):
 
 
 def _shared(path):
-    """An NPU node every NPU process of a node has (davinci_manager): it says nothing of which device a process uses."""
-    return os.path.basename(str(path or "")) == layout.NPU_MANAGER
+    """An NPU node every NPU process of a node has (davinci_manager, its fallback, devmm_svm, hisi_hdc): it says
+    nothing of which device a process uses."""
+    return os.path.basename(str(path or "")) in layout.NPU_NODE_WIDE
 
 
 def _keys(devices, env, mounts):

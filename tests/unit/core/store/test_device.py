@@ -51,11 +51,13 @@ def test_the_plugins_error_line_is_named_as_the_cause():
         "Error (criu/proc_parse.c:663): Can't handle non-regular mapping on 7's map 7f00\n")
 
 
-def test_davinci_nodes_are_known_by_name():
+def test_the_nodes_an_ascend_container_is_given_are_known_by_name():
     assert device.is_npu_node("/dev/davinci0") and device.is_npu_node("/dev/x/davinci12")
-    assert device.is_npu_node("/dev/davinci_manager")
+    for name in ("davinci_manager", "npu_device_cust", "devmm_svm", "hisi_hdc"):
+        assert device.is_npu_node("/dev/" + name) and not device.is_chip_node("/dev/" + name)
+    assert device.is_chip_node("/dev/davinci7") and not device.is_chip_node("/dev/davinci\u0667")
     assert not device.is_npu_node("/dev/davinci") and not device.is_npu_node("/dev/davinci0x")
-    assert not device.is_npu_node("/dev/loop0")
+    assert not device.is_npu_node("/dev/loop0") and not device.is_npu_node("/dev/fuse")
 
 
 def test_targets_come_from_the_containers_configuration(tmp_path):
