@@ -1,8 +1,9 @@
 """The NPU path as it is on a real Ascend node, on the real dockerd and CRIU with the simulated NPU.
 
-After its backup a real NPU process still holds its device files -- descriptors on /dev/davinci<N> and
-/dev/davinci_manager, and a shared mapping of the manager -- which CRIU dumps only through a plugin. The
-simulator holds the same (docs/simulator.md "Device nodes"), so a checkpoint without the collection's CRIU NPU
+After its backup a real NPU process still holds its device files -- descriptors on /dev/davinci_manager (one per
+sub-module the HAL bound), /dev/devmm_svm and /dev/hisi_hdc, and hundreds of shared mappings of the manager (its SVM
+segments, its streams' queues); a chip it reaches through the manager, with no descriptor on the chip's node -- which
+CRIU dumps only through a plugin. The simulator holds the same (docs/simulator.md "Device nodes"), so a checkpoint without the collection's CRIU NPU
 plugin fails here as it would on hardware, and with it every restore path has to bring the device files back:
 onto a node whose device numbering differs, never onto a device another process holds, never across runtime or
 driver API versions (checked before the device is touched), and -- for a pod on a network of its own -- on the
@@ -25,8 +26,9 @@ from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_p
                       run_module)
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images, device
 
+HELD = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}  # no chip fd: the HAL binds it through the manager
 SIZES = dict(WORKLOAD_DEVICE_MB=16, WORKLOAD_HOST_MB=8, ACL_SIM_DEVICE_MEM_BYTES="64M", WORKLOAD_WARMUP_SECONDS=2)
 
 
@@ -36,7 +38,7 @@ def held_device_files(pid):
     for fd in os.listdir("/proc/%d/fd" % pid):
         with contextlib.suppress(OSError):
             target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-            if "davinci" in target:
+            if device.is_npu_node(target):
                 fds.add(target)
     with open("/proc/%d/maps" % pid) as handle:
         maps = set(line.split()[-1] for line in handle if "davinci" in line)
@@ -74,6 +76,8 @@ def warm(docker_env, tmp_path_factory):
         empty.mkdir()
         facts["without_plugin"] = generate(original, snapshot_dir, pod, extra_env={"CRIU_LIBS_DIR": str(empty)})
         facts["held_after_backup"] = held_device_files(original.pid)
+        with open("/proc/%d/maps" % original.pid) as handle:
+            facts["manager_mappings"] = sum(1 for line in handle if line.rstrip().endswith("/dev/davinci_manager"))
         facts["with_plugin"] = generate(original, snapshot_dir, pod)
         resumed = run_module("npu_snapshot_lock", {"container": original.name, "state": "unlocked"})
         assert resumed["actions"] == ["restore", "unlock"], resumed
@@ -85,7 +89,7 @@ def warm(docker_env, tmp_path_factory):
 
 def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dumps_only_with_the_plugin(warm):
     fds, maps = warm["held_after_backup"]
-    assert fds == {"/dev/davinci0", "/dev/davinci_manager"} and maps == {"/dev/davinci_manager"}, (fds, maps)
+    assert fds == HELD and maps == {"/dev/davinci_manager"}, (fds, maps)
     failed = warm["without_plugin"]
     assert failed["failed"] and "Can't handle non-regular mapping" in failed["msg"], failed.get("msg")
     assert failed["criu_log"] and os.path.exists(failed["criu_log"]), failed
@@ -93,11 +97,13 @@ def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dum
     assert done["status"] == "completed", (done.get("msg"), done.get("criu_log_tail"))
     images = os.path.join(warm["snapshot_dir"], "host", "criu")
     recorded = criu_images.read_npu_devices(images)
-    assert sorted(f["path"] for f in recorded["fds"]) == ["/dev/davinci0", "/dev/davinci_manager"], recorded
-    chip = [f for f in recorded["fds"] if f["path"] == "/dev/davinci0"][0]
+    assert set(f["path"] for f in recorded["fds"]) == HELD, recorded["fds"]
+    managers = [f for f in recorded["fds"] if f["path"] == "/dev/davinci_manager"]
     nodes = json.loads((warm["device_dir"] / "nodes.json").read_text())
-    assert (chip["type"], [chip["major"], chip["minor"]]) == ("c", nodes["chips"]["0"]), (chip, nodes)
-    assert [v["path"] for v in recorded["vmas"]] == ["/dev/davinci_manager"]
+    assert len(managers) > 1, "the HAL opens the manager once per sub-module: %s" % managers
+    assert all((f["type"], [f["major"], f["minor"]]) == ("b", nodes["manager"]) for f in managers), (managers, nodes)
+    assert set(v["path"] for v in recorded["vmas"]) == {"/dev/davinci_manager"}
+    assert warm["manager_mappings"] > 256, "SVM segments and stream queues at real counts, more than the old record cap"
     with open(os.path.join(warm["snapshot_dir"], "checksum.sha256")) as handle:
         assert "host/criu/inferops-npu.img" in handle.read(), "the plugin's image is covered like every other file"
     with open(os.path.join(warm["snapshot_dir"], "device", "device.json")) as handle:
@@ -128,7 +134,7 @@ def test_a_restore_onto_a_node_whose_device_numbering_differs_works(warm, tmp_pa
         there = json.loads((other / "nodes.json").read_text())["chips"]["0"]
         inside = docker("exec", c.name, "stat", "-c", "%t %T", "/dev/davinci0").split()
         assert [int(x, 16) for x in inside] == there, "the plugin re-created the node with this node's numbering"
-        assert held_device_files(c.pid) == ({"/dev/davinci0", "/dev/davinci_manager"}, {"/dev/davinci_manager"})
+        assert held_device_files(c.pid) == (HELD, {"/dev/davinci_manager"}), "bound again after the host close"
     finally:
         c.remove()
         aclsim_ctl(other, "uninstall")

@@ -274,6 +274,7 @@ NPU_MANAGER_CUST = "npu_device_cust"              # the HAL's fallback when davi
 NPU_SVM = "devmm_svm"                             # shared virtual memory
 NPU_HDC = "hisi_hdc"                              # host-device communication over PCIe
 NPU_NODE_WIDE = (NPU_MANAGER, NPU_MANAGER_CUST, NPU_SVM, NPU_HDC)  # every NPU process's, never one process's device
+NPU_MANAGERS = (NPU_MANAGER, NPU_MANAGER_CUST)     # what the HAL reaches a chip through (and an ioctl)
 
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------
 K8S_SERVICE_LABEL = "inferops.org/service"

@@ -189,10 +189,11 @@ def decrypt(driver, attempt):
 
 
 def _check(driver, attempt):
-    """What the driver refuses before anything is touched; then, before CRIU runs, its NPU plugin and devices no other
-    process holds (device.devices_unavailable)."""
+    """What the driver refuses before anything is touched; then, before CRIU runs, its NPU plugin and chips no other
+    process holds (device.devices_unavailable; the device part says which chips a manager reached)."""
     driver.check(attempt)
-    unavailable = device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt))
+    unavailable = device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt),
+                                             part=(attempt.manifest or {}).get("device"))
     if unavailable:
         raise Fallback(unavailable)
 
