@@ -22,13 +22,15 @@ import uuid
 import pytest
 
 from _runtime_helpers import PROMPTS, RuntimeContainer, identity, installed_runtime
-from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_port, install_devices, reset_device,
-                      run_module)
+from conftest import (REPO, WorkloadContainer, aclsim_ctl, device_args, docker, free_port, install_devices,
+                      reset_device, run_module)
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images, device
 
 HELD = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}  # no chip fd: the HAL binds it through the manager
+DRIVER_LIBS = layout.NPU_DRIVER_DIR + "/lib64"  # what the Ascend Docker Runtime bind-mounts from the host
 SIZES = dict(WORKLOAD_DEVICE_MB=16, WORKLOAD_HOST_MB=8, ACL_SIM_DEVICE_MEM_BYTES="64M", WORKLOAD_WARMUP_SECONDS=2)
 
 
@@ -177,6 +179,51 @@ def test_a_restore_under_another_driver_version_is_refused_before_the_device_is_
     finally:
         c.remove()
         aclsim_ctl(other, "uninstall")
+
+
+def test_a_driver_upgrade_on_the_node_is_a_cold_start_before_criu_naming_the_driver(docker_env, tmp_path):
+    """The Ascend Docker Runtime bind-mounts the node's driver libraries read-only; an upgrade is another
+    libascend_hal.so at the same path (another halGetAPIVersion, another size). The checkpoint records what the engine
+    mapped of it; the restore compares the node's before CRIU runs, which would refuse the file ("has bad size")."""
+    built = REPO / "build" / "simulator"
+    device_dir = tmp_path / "npu"
+    device_dir.mkdir(mode=0o700)
+    port, pod = free_port(), "npu-drv-%s" % uuid.uuid4().hex[:6]
+    snapshot_dir = str(tmp_path / "snapshots" / "default" / "sample" / "p0" / pod)
+    original = WorkloadContainer(pod, docker_env, device_dir, port, **SIZES)
+    original.volumes.append("%s:%s:ro" % (built / "driver", DRIVER_LIBS))
+    restored = None
+    try:
+        original.run()
+        original.wait_ready(timeout=120)
+        expected = [original.generate(p) for p in PROMPTS]
+        image = docker("inspect", "--format", "{{.Image}}", pod)
+        done = generate(original, snapshot_dir, pod)
+        assert done["status"] == "completed", (done.get("msg"), done.get("criu_log_tail"))
+        with open(os.path.join(snapshot_dir, layout.MANIFEST)) as handle:
+            part = json.load(handle)["device"]
+        assert part["driver"]["directory"] == DRIVER_LIBS and layout.NPU_DRIVER_LIBRARY in part["driver"]["files"]
+        assert part["snapshot_api"]["driver_api_version"] == 500, "the library's constant (build.sh)"
+        run_module("npu_snapshot_lock", {"container": original.name, "state": "unlocked"})
+        original.remove()
+        reset_device(device_dir)
+        restored = WorkloadContainer(pod + "-up", image, device_dir, port, **SIZES)
+        restored.volumes.append("%s:%s:ro" % (built / "driver-upgrade", DRIVER_LIBS))
+        restored.create()
+        result = run_module("snapshot_restore", dict(container=restored.name, snapshot_dir=snapshot_dir,
+                                                     method="docker", identity=identity(pod),
+                                                     health_url=restored.url + "/health", health_timeout=120))
+        assert result["restored"] is False, result
+        assert result["reason"].startswith("driver_changed: the NPU driver library %s/%s is not the one the "
+                                           % (built / "driver-upgrade", layout.NPU_DRIVER_LIBRARY)), result["reason"]
+        assert "(driver API 500 then)" in result["reason"], result["reason"]
+        assert "host_restore" not in result["durations"], "refused before CRIU ran"
+        assert [restored.generate(p) for p in PROMPTS] == expected, "the cold start serves"
+    finally:
+        original.remove()
+        if restored:
+            restored.remove()
+        aclsim_ctl(device_dir, "uninstall")
 
 
 # -- the pod's new address ----------------------------------------------------------------------------------------

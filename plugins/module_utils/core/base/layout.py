@@ -275,6 +275,10 @@ NPU_SVM = "devmm_svm"                             # shared virtual memory
 NPU_HDC = "hisi_hdc"                              # host-device communication over PCIe
 NPU_NODE_WIDE = (NPU_MANAGER, NPU_MANAGER_CUST, NPU_SVM, NPU_HDC)  # every NPU process's, never one process's device
 NPU_MANAGERS = (NPU_MANAGER, NPU_MANAGER_CUST)     # what the HAL reaches a chip through (and an ioctl)
+# The driver's user-space libraries: the Ascend Docker Runtime mounts <dir>/lib64 read-only from the host; the library
+# halGetAPIVersion is a constant of (store/npu_driver.py records and compares what a process maps from its directory)
+NPU_DRIVER_DIR = "/usr/local/Ascend/driver"
+NPU_DRIVER_LIBRARY = "libascend_hal.so"
 
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------
 K8S_SERVICE_LABEL = "inferops.org/service"
