@@ -449,6 +449,7 @@ class WorkloadContainer:
     def __init__(self, name, image, device_dir, port, mounts=(), network="host", **env):
         self.name, self.image, self.device_dir, self.port = name, image, device_dir, port
         self.mounts = list(mounts)  # more host directories, each at the same path in the container
+        self.volumes = []           # more docker run -v SOURCE:DESTINATION[:OPTIONS]
         self.network = network      # docker run --network: host, or a bridge network (then --ip NET:IP)
         self.env = {"ACL_SIM_DEVICE_DIR": str(device_dir), "ACL_SIM_DEVICE_MEM_BYTES": "256M",
                     "WORKLOAD_PORT": str(port), "WORKLOAD_DEVICE_MB": "32", "WORKLOAD_HOST_MB": "16",
@@ -467,6 +468,8 @@ class WorkloadContainer:
         args += self.devices
         for directory in self.mounts:
             args += ["-v", "%s:%s" % (directory, directory)]
+        for volume in self.volumes:
+            args += ["-v", volume]
         for key, value in sorted(self.env.items()):
             args += ["-e", "%s=%s" % (key, value)]
         return args + [self.image]

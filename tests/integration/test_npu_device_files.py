@@ -1,8 +1,9 @@
 """The NPU path as it is on a real Ascend node, on the real dockerd and CRIU with the simulated NPU.
 
-After its backup a real NPU process still holds its device files -- descriptors on /dev/davinci<N> and
-/dev/davinci_manager, and a shared mapping of the manager -- which CRIU dumps only through a plugin. The
-simulator holds the same (docs/simulator.md "Device nodes"), so a checkpoint without the collection's CRIU NPU
+After its backup a real NPU process still holds its device files -- descriptors on /dev/davinci_manager (one per
+sub-module the HAL bound), /dev/devmm_svm and /dev/hisi_hdc, and hundreds of shared mappings of the manager (its SVM
+segments, its streams' queues); a chip it reaches through the manager, with no descriptor on the chip's node -- which
+CRIU dumps only through a plugin. The simulator holds the same (docs/simulator.md "Device nodes"), so a checkpoint without the collection's CRIU NPU
 plugin fails here as it would on hardware, and with it every restore path has to bring the device files back:
 onto a node whose device numbering differs, never onto a device another process holds, never across runtime or
 driver API versions (checked before the device is touched), and -- for a pod on a network of its own -- on the
@@ -21,12 +22,15 @@ import uuid
 import pytest
 
 from _runtime_helpers import PROMPTS, RuntimeContainer, identity, installed_runtime
-from conftest import (WorkloadContainer, aclsim_ctl, device_args, docker, free_port, install_devices, reset_device,
-                      run_module)
+from conftest import (REPO, WorkloadContainer, aclsim_ctl, device_args, docker, free_port, install_devices,
+                      reset_device, run_module)
 
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients import engine_http
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import criu_images, device
 
+HELD = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}  # no chip fd: the HAL binds it through the manager
+DRIVER_LIBS = layout.NPU_DRIVER_DIR + "/lib64"  # what the Ascend Docker Runtime bind-mounts from the host
 SIZES = dict(WORKLOAD_DEVICE_MB=16, WORKLOAD_HOST_MB=8, ACL_SIM_DEVICE_MEM_BYTES="64M", WORKLOAD_WARMUP_SECONDS=2)
 
 
@@ -36,7 +40,7 @@ def held_device_files(pid):
     for fd in os.listdir("/proc/%d/fd" % pid):
         with contextlib.suppress(OSError):
             target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-            if "davinci" in target:
+            if device.is_npu_node(target):
                 fds.add(target)
     with open("/proc/%d/maps" % pid) as handle:
         maps = set(line.split()[-1] for line in handle if "davinci" in line)
@@ -74,6 +78,8 @@ def warm(docker_env, tmp_path_factory):
         empty.mkdir()
         facts["without_plugin"] = generate(original, snapshot_dir, pod, extra_env={"CRIU_LIBS_DIR": str(empty)})
         facts["held_after_backup"] = held_device_files(original.pid)
+        with open("/proc/%d/maps" % original.pid) as handle:
+            facts["manager_mappings"] = sum(1 for line in handle if line.rstrip().endswith("/dev/davinci_manager"))
         facts["with_plugin"] = generate(original, snapshot_dir, pod)
         resumed = run_module("npu_snapshot_lock", {"container": original.name, "state": "unlocked"})
         assert resumed["actions"] == ["restore", "unlock"], resumed
@@ -85,7 +91,7 @@ def warm(docker_env, tmp_path_factory):
 
 def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dumps_only_with_the_plugin(warm):
     fds, maps = warm["held_after_backup"]
-    assert fds == {"/dev/davinci0", "/dev/davinci_manager"} and maps == {"/dev/davinci_manager"}, (fds, maps)
+    assert fds == HELD and maps == {"/dev/davinci_manager"}, (fds, maps)
     failed = warm["without_plugin"]
     assert failed["failed"] and "Can't handle non-regular mapping" in failed["msg"], failed.get("msg")
     assert failed["criu_log"] and os.path.exists(failed["criu_log"]), failed
@@ -93,11 +99,13 @@ def test_after_its_backup_the_engine_still_holds_its_device_files_which_criu_dum
     assert done["status"] == "completed", (done.get("msg"), done.get("criu_log_tail"))
     images = os.path.join(warm["snapshot_dir"], "host", "criu")
     recorded = criu_images.read_npu_devices(images)
-    assert sorted(f["path"] for f in recorded["fds"]) == ["/dev/davinci0", "/dev/davinci_manager"], recorded
-    chip = [f for f in recorded["fds"] if f["path"] == "/dev/davinci0"][0]
+    assert set(f["path"] for f in recorded["fds"]) == HELD, recorded["fds"]
+    managers = [f for f in recorded["fds"] if f["path"] == "/dev/davinci_manager"]
     nodes = json.loads((warm["device_dir"] / "nodes.json").read_text())
-    assert (chip["type"], [chip["major"], chip["minor"]]) == ("c", nodes["chips"]["0"]), (chip, nodes)
-    assert [v["path"] for v in recorded["vmas"]] == ["/dev/davinci_manager"]
+    assert len(managers) > 1, "the HAL opens the manager once per sub-module: %s" % managers
+    assert all((f["type"], [f["major"], f["minor"]]) == ("b", nodes["manager"]) for f in managers), (managers, nodes)
+    assert set(v["path"] for v in recorded["vmas"]) == {"/dev/davinci_manager"}
+    assert warm["manager_mappings"] > 256, "SVM segments and stream queues at real counts, more than the old record cap"
     with open(os.path.join(warm["snapshot_dir"], "checksum.sha256")) as handle:
         assert "host/criu/inferops-npu.img" in handle.read(), "the plugin's image is covered like every other file"
     with open(os.path.join(warm["snapshot_dir"], "device", "device.json")) as handle:
@@ -128,7 +136,7 @@ def test_a_restore_onto_a_node_whose_device_numbering_differs_works(warm, tmp_pa
         there = json.loads((other / "nodes.json").read_text())["chips"]["0"]
         inside = docker("exec", c.name, "stat", "-c", "%t %T", "/dev/davinci0").split()
         assert [int(x, 16) for x in inside] == there, "the plugin re-created the node with this node's numbering"
-        assert held_device_files(c.pid) == ({"/dev/davinci0", "/dev/davinci_manager"}, {"/dev/davinci_manager"})
+        assert held_device_files(c.pid) == (HELD, {"/dev/davinci_manager"}), "bound again after the host close"
     finally:
         c.remove()
         aclsim_ctl(other, "uninstall")
@@ -171,6 +179,51 @@ def test_a_restore_under_another_driver_version_is_refused_before_the_device_is_
     finally:
         c.remove()
         aclsim_ctl(other, "uninstall")
+
+
+def test_a_driver_upgrade_on_the_node_is_a_cold_start_before_criu_naming_the_driver(docker_env, tmp_path):
+    """The Ascend Docker Runtime bind-mounts the node's driver libraries read-only; an upgrade is another
+    libascend_hal.so at the same path (another halGetAPIVersion, another size). The checkpoint records what the engine
+    mapped of it; the restore compares the node's before CRIU runs, which would refuse the file ("has bad size")."""
+    built = REPO / "build" / "simulator"
+    device_dir = tmp_path / "npu"
+    device_dir.mkdir(mode=0o700)
+    port, pod = free_port(), "npu-drv-%s" % uuid.uuid4().hex[:6]
+    snapshot_dir = str(tmp_path / "snapshots" / "default" / "sample" / "p0" / pod)
+    original = WorkloadContainer(pod, docker_env, device_dir, port, **SIZES)
+    original.volumes.append("%s:%s:ro" % (built / "driver", DRIVER_LIBS))
+    restored = None
+    try:
+        original.run()
+        original.wait_ready(timeout=120)
+        expected = [original.generate(p) for p in PROMPTS]
+        image = docker("inspect", "--format", "{{.Image}}", pod)
+        done = generate(original, snapshot_dir, pod)
+        assert done["status"] == "completed", (done.get("msg"), done.get("criu_log_tail"))
+        with open(os.path.join(snapshot_dir, layout.MANIFEST)) as handle:
+            part = json.load(handle)["device"]
+        assert part["driver"]["directory"] == DRIVER_LIBS and layout.NPU_DRIVER_LIBRARY in part["driver"]["files"]
+        assert part["snapshot_api"]["driver_api_version"] == 500, "the library's constant (build.sh)"
+        run_module("npu_snapshot_lock", {"container": original.name, "state": "unlocked"})
+        original.remove()
+        reset_device(device_dir)
+        restored = WorkloadContainer(pod + "-up", image, device_dir, port, **SIZES)
+        restored.volumes.append("%s:%s:ro" % (built / "driver-upgrade", DRIVER_LIBS))
+        restored.create()
+        result = run_module("snapshot_restore", dict(container=restored.name, snapshot_dir=snapshot_dir,
+                                                     method="docker", identity=identity(pod),
+                                                     health_url=restored.url + "/health", health_timeout=120))
+        assert result["restored"] is False, result
+        assert result["reason"].startswith("driver_changed: the NPU driver library %s/%s is not the one the "
+                                           % (built / "driver-upgrade", layout.NPU_DRIVER_LIBRARY)), result["reason"]
+        assert "(driver API 500 then)" in result["reason"], result["reason"]
+        assert "host_restore" not in result["durations"], "refused before CRIU ran"
+        assert [restored.generate(p) for p in PROMPTS] == expected, "the cold start serves"
+    finally:
+        original.remove()
+        if restored:
+            restored.remove()
+        aclsim_ctl(device_dir, "uninstall")
 
 
 # -- the pod's new address ----------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ Run it with python3:
                                       (K/M/G suffixes; default ACL_SIM_DEVICE_MEM_BYTES or 1G), memory allocated
   aclsim_ctl.py peek   DEV OFF LEN    print LEN bytes at offset OFF of the device, hex
   aclsim_ctl.py busy   DEV            exit 0 and print "busy" if a process holds DEV, else "free" (exit 1)
-  aclsim_ctl.py hold   DEV            hold DEV (exclusive flock, and its node when installed) until stdin closes;
-                                      prints "held"
+  aclsim_ctl.py hold   DEV            hold DEV (exclusive flock, and when installed a descriptor on its node and the
+                                      manager) until stdin closes; prints "held"
   aclsim_ctl.py install [COUNT]       install the simulated driver for ACL_SIM_DEVICE_DIR: COUNT (default 8) device
                                       nodes davinci<N> and davinci_manager in a directory of their own (printed),
                                       as an NPU driver makes /dev/davinci<N>; see docs/simulator.md "Device nodes"
@@ -19,9 +19,12 @@ Run it with python3:
                                       runs it; nodes of a real NPU driver are never replaced)
   aclsim_ctl.py uninstall             remove what install made for ACL_SIM_DEVICE_DIR
   aclsim_ctl.py nodes                 print the installed node directory of ACL_SIM_DEVICE_DIR
-  aclsim_ctl.py docker-args [DEV..]   print, as a JSON list, the docker run options that give a container the
-                                      devices DEV (default 0) and davinci_manager, each at /dev/<name>
-                                      (installing the simulated driver for ACL_SIM_DEVICE_DIR first if needed)
+  aclsim_ctl.py docker-args [--cust] [DEV..]
+                                      print, as a JSON list, the docker run options that give a container what the
+                                      Ascend Docker Runtime gives an NPU container: the devices DEV (default 0),
+                                      davinci_manager (with --cust: at /dev/npu_device_cust instead, the HAL's
+                                      fallback), devmm_svm and hisi_hdc, each at /dev/<name> (installing the simulated
+                                      driver for ACL_SIM_DEVICE_DIR first if needed)
   aclsim_ctl.py driver [api_version=N] [snapshot_feature=0|1]
                                       set (or print) the node's driver: ACL_SIM_DEVICE_DIR/driver.conf
 
@@ -61,6 +64,11 @@ MANAGER_NODE = "/dev/davinci_manager"
 MANAGER_BYTES = 65536
 MANAGER_MAGIC = b"ACLSIM-DAVINCI-MANAGER"
 NODES_RECORD = "nodes.json"
+# The node-wide nodes beside the manager (docs/simulator.md): character devices whose drivers open harmlessly, so
+# that the HAL's read-write opens reach a driver and CRIU hands their descriptors to the NPU plugin (misc minors other
+# than tun and autofs): devmm_svm is the loop driver's control node, hisi_hdc FUSE's (devices.txt: 10:237, 10:229).
+NODE_WIDE = {"devmm_svm": (10, 237), "hisi_hdc": (10, 229)}
+MANAGER_CUST = "npu_device_cust"
 
 
 def device_dir():
@@ -218,7 +226,10 @@ def install(count=8, directory=None):
             _mknod(os.path.join(nodes, "davinci%d" % dev), stat.S_IFCHR, CHIP_MAJOR, minor)
             chips[str(dev)] = [CHIP_MAJOR, minor]
         _mknod(os.path.join(nodes, "davinci_manager"), stat.S_IFBLK, mgr_major, mgr_minor)
-        record = {"nodes": nodes, "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE}
+        for name, (major, minor) in NODE_WIDE.items():
+            _mknod(os.path.join(nodes, name), stat.S_IFCHR, major, minor)
+        record = {"nodes": nodes, "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE,
+                  "node_wide": dict((name, os.path.join(nodes, name)) for name in NODE_WIDE)}
         _write_record(directory, record)
     return record
 
@@ -242,7 +253,15 @@ def install_node(count=8, directory=None):
                                      "installed over it" % path)
             _mknod(path, stat.S_IFCHR, CHIP_MAJOR, dev)
             chips[str(dev)] = [CHIP_MAJOR, dev]
-        record = {"nodes": "/dev", "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE}
+        for name, (major, minor) in NODE_WIDE.items():
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat("/dev/" + name)
+                if st.st_rdev != os.makedev(major, minor):
+                    raise SystemExit("/dev/%s is not the simulator's (a real NPU driver's?): the simulated driver is "
+                                     "not installed over it" % name)
+            _mknod("/dev/" + name, stat.S_IFCHR, major, minor)
+        record = {"nodes": "/dev", "chips": chips, "manager": [mgr_major, mgr_minor], "manager_node": MANAGER_NODE,
+                  "node_wide": dict((name, "/dev/" + name) for name in NODE_WIDE)}
         _write_record(directory, record)
     return record
 
@@ -261,7 +280,7 @@ def uninstall(directory=None):
     with _state_lock():
         if record:
             _remove_nodes(record["nodes"], ["davinci%s" % dev for dev in record["chips"]]
-                          + ([] if record["nodes"] == "/dev" else ["davinci_manager"]))
+                          + ([] if record["nodes"] == "/dev" else ["davinci_manager"] + list(NODE_WIDE)))
             block = os.path.join(STATE_DIR, "blocks", os.path.basename(record["nodes"]))
             with contextlib.suppress(FileNotFoundError):
                 with open(block) as handle:
@@ -271,13 +290,16 @@ def uninstall(directory=None):
             os.unlink(os.path.join(directory, NODES_RECORD))
 
 
-def docker_args(devs=(0,), directory=None):
-    """docker run options giving a container devices ``devs`` and the manager, at /dev/<name> as a driver has them
-    (``docker run --device``, as NPU containers get theirs). Installs the simulated driver of ACL_SIM_DEVICE_DIR
-    first where it lacks one of them (never installed, or its nodes gone with a reboot)."""
+def docker_args(devs=(0,), directory=None, cust=False):
+    """docker run options giving a container what the Ascend Docker Runtime gives an NPU container, at /dev/<name> as
+    a driver has them (``docker run --device``): devices ``devs``, the manager (``cust``: at /dev/npu_device_cust,
+    the HAL's fallback, and no davinci_manager), devmm_svm and hisi_hdc. Installs the simulated driver of
+    ACL_SIM_DEVICE_DIR first where it lacks one of them (never installed, installed before devmm_svm and hisi_hdc
+    were, or its nodes gone with a reboot)."""
     record = installed(directory)
     top = max(int(dev) for dev in devs) + 1
     wanted = [os.path.join(record["nodes"], "davinci%d" % int(dev)) for dev in devs] if record else []
+    wanted += list((record or {}).get("node_wide", {}).values()) or ["/nonexistent"]
     if record is None or not all(os.path.exists(path) for path in wanted + [record["manager_node"]]):
         if record is not None and record["nodes"] == "/dev":
             record = install_node(max(len(record["chips"]), top), directory)
@@ -286,7 +308,10 @@ def docker_args(devs=(0,), directory=None):
     args = []
     for dev in devs:
         args += ["--device", "%s/davinci%d:/dev/davinci%d" % (record["nodes"], int(dev), int(dev))]
-    return args + ["--device", "%s:/dev/davinci_manager" % record["manager_node"]]
+    args += ["--device", "%s:/dev/%s" % (record["manager_node"], MANAGER_CUST if cust else "davinci_manager")]
+    for name, path in sorted(record["node_wide"].items()):
+        args += ["--device", "%s:/dev/%s" % (path, name)]
+    return args
 
 
 def driver(settings):
@@ -451,7 +476,8 @@ def main(argv):
         print(record["nodes"] if record else "")
         return 0 if record else 1
     if argv[:1] == ["docker-args"]:
-        print(json.dumps(docker_args([int(d) for d in argv[1:]] or [0])))
+        cust = argv[1:2] == ["--cust"]
+        print(json.dumps(docker_args([int(d) for d in argv[1 + cust:]] or [0], cust=cust)))
         return 0
     if argv[:1] == ["driver"]:
         print(json.dumps(driver(argv[1:]), sort_keys=True))
@@ -479,9 +505,14 @@ def main(argv):
         fd = os.open(device_path(dev), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         record = installed()
-        node = os.open(os.path.join(record["nodes"], "davinci%d" % dev), os.O_PATH) if record else None  # noqa: F841
+        held = []  # a process using the chip: a descriptor on its node, and the manager opened as the HAL opens it
+        if record:
+            held.append(os.open(os.path.join(record["nodes"], "davinci%d" % dev), os.O_PATH))
+            held.append(os.open(os.path.join(record["nodes"], "davinci_manager"), os.O_RDWR | os.O_SYNC))
         print("held", flush=True)
         sys.stdin.read()
+        for descriptor in held:
+            os.close(descriptor)
     else:
         sys.stderr.write(__doc__)
         return 2

@@ -479,15 +479,17 @@ def test_device_memory_lives_outside_the_process(sim):
         maps = []
         for line in open("/proc/self/maps"):
             lo, hi = line.split()[0].split("-")
-            maps.append((int(lo, 16), int(hi, 16)))
+            maps.append((int(lo, 16), int(hi, 16), line.split()[-1]))
         RESULT.update(ptr=ptr, dev=dev, off=off, payload=payload.hex(),
-                      ptr_is_host_address=any(lo <= ptr < hi for lo, hi in maps),
+                      mapped_as=[os.path.basename(path) for lo, hi, path in maps if lo <= ptr < hi],
                       busy_seen_by_other_process=subprocess.run([sys.executable, CTL, "busy", "0"],
                                                                 capture_output=True).returncode == 0,
                       dir_mode=oct(os.stat(DEV_DIR).st_mode & 0o777))
     ''')
     assert r["ptr"] == 0x100000000000 + 4096 and r["dev"] == 0 and r["off"] == 4096
-    assert r["ptr_is_host_address"] is False
+    # as with SVM, the pointer lies in the range the driver maps (a mapping of the manager past its end, which any
+    # host access faults on), never in the device memory itself
+    assert r["mapped_as"] == ["davinci_manager"], r["mapped_as"]
     assert r["busy_seen_by_other_process"] is True
     assert r["dir_mode"] == "0o700"
     # the process is gone; its device memory is still in the device file
@@ -629,38 +631,100 @@ def test_set_device_fails_while_another_process_holds_it(sim):
 
 # ---------------------------------------------------------------- device nodes, held as a real process holds them
 
-def test_the_device_nodes_are_held_through_the_backup_and_a_device_without_its_node_cannot_be_set(sim):
-    r = sim.run('''
-        def held():
-            fds = set()
-            for fd in os.listdir("/proc/self/fd"):
-                try:
-                    target = os.readlink("/proc/self/fd/" + fd)
-                except OSError:
-                    continue
-                if "davinci" in target:
-                    fds.add(os.path.basename(target))
-            maps = set(os.path.basename(line.split()[-1]) for line in open("/proc/self/maps") if "davinci" in line)
-            return sorted(fds), sorted(maps)
+HELD = '''
+def held():
+    """{node: [open flags of each descriptor on it]} and {node: mappings of it} of this process's NPU files."""
+    fds, maps = {}, {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        name = os.path.basename(target)
+        if name.startswith("davinci") or name in ("npu_device_cust", "devmm_svm", "hisi_hdc"):
+            flags = int(open("/proc/self/fdinfo/" + fd).read().split("flags:")[1].split()[0], 8)
+            fds.setdefault(name, []).append(flags & (os.O_ACCMODE | os.O_SYNC | os.O_PATH))
+    svm = 0
+    for line in open("/proc/self/maps"):
+        name = os.path.basename(line.split()[-1])
+        if name.startswith("davinci") or name in ("npu_device_cust", "devmm_svm", "hisi_hdc"):
+            maps[name] = maps.get(name, 0) + 1
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            svm += hi - lo if 0x100000000000 <= lo < 0x180000000000 else 0
+    return dict((k, sorted(v)) for k, v in fds.items()), maps, svm
+'''
+HELD = "\n".join("        " + line if line else line for line in HELD.splitlines()) + "\n"  # as the bodies below
+RDWR_SYNC = os.O_RDWR | os.O_SYNC
+
+
+def test_the_device_files_are_held_as_the_hal_holds_them_through_the_backup_until_the_restores_host_close(sim):
+    """The HAL opens davinci_manager read-write once per sub-module (svm and tsdrv, tsdrv_mmap per chip O_SYNC; dms
+    without), devmm_svm and hisi_hdc; it reaches the chip through the manager (no descriptor on davinci<N>); it maps
+    8 TB of SVM segments from 0x100000000000 and a queue and a doorbell per stream. All of it stays through the
+    backup; the restore lets go of it all and opens it again (halDeviceClose(DEV_CLOSE_HOST_USER))."""
+    r = sim.run(HELD + '''
         RESULT["before"] = held()
         rt.set_device(0)
         RESULT["running"] = held()
+        npu_fds = lambda: sorted(fd for fd in os.listdir("/proc/self/fd") if "/dev/" in os.path.realpath(
+            "/proc/self/fd/" + fd))
+        first = npu_fds()
         rt.snapshot_lock()
         rt.snapshot_backup()
         RESULT["backed_up"] = held()
+        RESULT["same_after_backup"] = npu_fds() == first
         rt.snapshot_restore()
+        RESULT["restored"] = held()
         rt.snapshot_unlock()
         RESULT["unlocked"] = held()
         os.unlink(os.path.join(os.environ["ACL_SIM_DEVICE_NODES"], "davinci1"))  # a chip the node lacks
         RESULT["no_node"] = code(rt.set_device, 1)
         rt.reset_device(0)
         RESULT["reset"] = held()
-    ''')
-    assert r["before"] == [[], []]
-    both = [["davinci0", "davinci_manager"], ["davinci_manager"]]
-    assert r["running"] == r["backed_up"] == r["unlocked"] == both, r.result  # as on hardware: CRIU needs a plugin
+    ''', env={"ACL_SIM_STREAMS": "20"})
+    assert r["before"] == [{}, {}, 0]
+    fds = {"davinci_manager": sorted([RDWR_SYNC, RDWR_SYNC, RDWR_SYNC, os.O_RDWR]), "devmm_svm": [RDWR_SYNC],
+           "hisi_hdc": [os.O_RDWR]}
+    maps = {"davinci_manager": 1 + 256 + 2 * 20}  # its first pages, the SVM segments, a queue and a doorbell a stream
+    for stage in ("running", "backed_up", "restored", "unlocked"):
+        assert r[stage] == [fds, maps, 8 << 40], (stage, r[stage])  # as on hardware: CRIU needs a plugin for all
+    assert r["same_after_backup"] is True
     assert r["no_node"] == 507033 and "no device node" in r.stderr
-    assert r["reset"] == [[], []], "a process that released its devices holds no node"
+    assert r["reset"] == [{}, {}, 0], "a process that released its devices holds nothing of them"
+
+
+def test_the_hal_falls_back_to_npu_device_cust_where_the_manager_is_not_accessible(sim, tmp_path):
+    nodes = tmp_path / "cust-nodes"
+    nodes.mkdir()
+    installed = sim.env["ACL_SIM_DEVICE_NODES"]
+    for name in os.listdir(installed):
+        st = os.lstat(os.path.join(installed, name))
+        target = "npu_device_cust" if name == "davinci_manager" else name
+        os.mknod(str(nodes / target), st.st_mode, st.st_rdev)
+    r = sim.run(HELD + '''
+        rt.set_device(0)
+        RESULT["running"] = held()
+    ''', env={"ACL_SIM_DEVICE_NODES": str(nodes)})
+    fds, maps, _svm = r["running"]
+    assert "davinci_manager" not in fds and len(fds["npu_device_cust"]) == 4 and maps["npu_device_cust"] > 256
+
+
+def test_halgetapiversion_is_a_constant_of_the_driver_library_the_process_maps(sim, simulator_lib):
+    script = '''
+        rt.set_device(0)
+        RESULT["versions"] = rt.api_versions()
+        RESULT["mapped"] = sorted(set(line.split()[-1] for line in open("/proc/self/maps") if "libascend_hal" in line))
+    '''
+    node, upgraded = simulator_lib.parent / "driver", simulator_lib.parent / "driver-upgrade"
+    now = sim.run(script, env={"ACL_SIM_DRIVER_DIR": str(node)})
+    later = sim.run(script, env={"ACL_SIM_DRIVER_DIR": str(upgraded)})
+    assert now["versions"]["driver"] == 500 and now["mapped"] == [str(node / "libascend_hal.so")]
+    assert later["versions"]["driver"] == 501 and later["mapped"] == [str(upgraded / "libascend_hal.so")]
+    assert (upgraded / "libascend_hal.so").stat().st_size != (node / "libascend_hal.so").stat().st_size
+    subprocess.run([sys.executable, str(SIM_DIR / "aclsim_ctl.py"), "driver", "api_version=777"], env=sim.env,
+                   check=True, capture_output=True)
+    without = sim.run(script, env={"ACL_SIM_DRIVER_DIR": str(sim.tmp_path / "no-driver")})
+    assert without["versions"]["driver"] == 777 and without["mapped"] == [], "no library: driver.conf stands in"
 
 
 def test_without_an_installed_driver_the_runtime_finds_no_device(sim, tmp_path):
@@ -775,3 +839,24 @@ def test_exit_while_locked_force_unlocks(sim):
     assert r.rc == 0
     assert r["blocked"] is True
     assert "forcing state transition from LOCKED to RUNNING" in r.stderr
+
+
+def test_a_container_is_given_what_the_ascend_docker_runtime_gives_it(tmp_path):
+    """docker run --device for the chip, the manager (or, selected, its fallback npu_device_cust), devmm_svm and
+    hisi_hdc, at /dev as the Ascend Docker Runtime mounts them; the node-wide ones are drivers' character devices."""
+    directory = tmp_path / "npu"
+    directory.mkdir()
+    try:
+        plain = aclsim_ctl.docker_args((0,), str(directory))
+        cust = aclsim_ctl.docker_args((0,), str(directory), cust=True)
+        record = aclsim_ctl.installed(str(directory))
+    finally:
+        aclsim_ctl.uninstall(str(directory))
+
+    def inside(args):
+        return sorted(arg.split(":")[-1] for arg in args if arg != "--device")
+    assert inside(plain) == ["/dev/davinci0", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+    assert inside(cust) == ["/dev/davinci0", "/dev/devmm_svm", "/dev/hisi_hdc", "/dev/npu_device_cust"]
+    assert "%s:/dev/npu_device_cust" % record["manager_node"] in cust
+    for name, (major, minor) in aclsim_ctl.NODE_WIDE.items():
+        assert "%s:/dev/%s" % (record["node_wide"][name], name) in plain and major == 10 and minor not in (200, 235)

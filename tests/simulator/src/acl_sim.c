@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "acl/acl_snapshot_sim.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -44,6 +45,7 @@
 #define SIM_MANAGER_MAGIC "ACLSIM-DAVINCI-MANAGER" /* aclsim_ctl.py install writes it at offset 0 */
 #define SIM_DEFAULT_RUNTIME_API 10000
 #define SIM_DEFAULT_DRIVER_API 500
+#define SIM_DEFAULT_DRIVER_DIR "/usr/local/Ascend/driver/lib64" /* the Ascend Docker Runtime mounts it from the host */
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux >= 6.1; older kernels answer EINVAL and keep 4 KiB pages */
@@ -59,7 +61,6 @@ typedef struct {
 
 typedef struct {
     int refcount;         /* aclrtSetDevice calls minus aclrtResetDevice calls */
-    int node_fd;          /* ACL_SIM_DEVICE_NODES/davinci<N>, held (O_PATH) while the device is set; -1 */
     int fd;               /* device file, flock'ed; -1 when closed */
     unsigned char *base;  /* MAP_SHARED mapping; NULL when not mapped */
     uint64_t size;        /* device memory size */
@@ -87,8 +88,8 @@ static int g_inited;
 static uint64_t g_backup_bytes;
 static sim_device_t g_dev[SIM_MAX_DEVICES];
 static aclsimCopyStats g_last_copy; /* the last backup or restore copy */
-static int g_mgr_fd = -1;           /* davinci_manager, open while any device node is held */
-static void *g_mgr_map;             /* its shared mapping (SIM_MANAGER_BYTES), NULL when not mapped */
+static int g_mgr_fd = -1;           /* the HAL's svm descriptor on davinci_manager (acl_sim_hal.h), or -1 */
+static void *g_mgr_map;             /* its mapping of the manager's first pages (SIM_MANAGER_BYTES), or NULL */
 static struct {                     /* what a backup with args recorded (snapshot.md: SnapShotVersionInfoBackup) */
     int has;
     uint32_t runtime_api;
@@ -512,154 +513,9 @@ static void device_drop_saved(sim_device_t *d)
     d->has_saved = 0;
 }
 
-/* ------------------------------------------------------------------ device nodes (g_mu held) */
+/* ------------------------------------------------------------------ the driver's side (g_mu held) */
 
-/* A real process opens /dev/davinci<N> and /dev/davinci_manager and maps the manager, and still holds all
- * of it after aclrtSnapShotProcessBackup: CRIU can dump none of it without a plugin. The simulator does the
- * same on the nodes aclsim_ctl.py install made (in ACL_SIM_DEVICE_NODES, by default /dev as the runtime's):
- * each chip node is held with O_PATH (no driver stands behind its number: a node of the local/experimental
- * major CRIU does not know, see docs/simulator.md), the manager -- a loop block device, the one kind this
- * kernel lets a process map that CRIU hands to HANDLE_DEVICE_VMA -- is opened and mapped shared. There is no
- * way to run without them: a device without its node cannot be set, as on a node without the NPU driver. */
-static const char *nodes_dir(void)
-{
-    const char *d = getenv("ACL_SIM_DEVICE_NODES");
-    return (d == NULL || *d == '\0') ? SIM_DEFAULT_NODES : d;
-}
-
-static int node_path(char *buf, size_t n, const char *name)
-{
-    int r = snprintf(buf, n, "%s/%s", nodes_dir(), name);
-    return (r > 0 && (size_t)r < n) ? 0 : -1;
-}
-
-static int manager_mapped_ok(const void *p)
-{
-    return memcmp(p, SIM_MANAGER_MAGIC, sizeof(SIM_MANAGER_MAGIC) - 1) == 0;
-}
-
-/* Opens and maps davinci_manager (once per process); 0 or -1 (logged). */
-static int manager_open(void)
-{
-    char path[4096];
-    if (g_mgr_fd >= 0) {
-        return 0;
-    }
-    if (node_path(path, sizeof(path), "davinci_manager") != 0) {
-        return -1;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        sim_log(LOG_ERROR, "cannot open the manager device %s: %s (install the simulated driver: aclsim_ctl.py "
-                "install; in a container: docker run --device)", path, strerror(errno));
-        return -1;
-    }
-    void *p = mmap(NULL, SIM_MANAGER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED || !manager_mapped_ok(p)) {
-        sim_log(LOG_ERROR, "%s is not the simulator's manager device (%s)", path,
-                p == MAP_FAILED ? strerror(errno) : "no manager header");
-        if (p != MAP_FAILED) {
-            munmap(p, SIM_MANAGER_BYTES);
-        }
-        close(fd);
-        return -1;
-    }
-    g_mgr_fd = fd;
-    g_mgr_map = p;
-    sim_log(LOG_INFO, "manager device %s mapped at %p", path, p);
-    return 0;
-}
-
-static void manager_close_if_unused(void)
-{
-    for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
-        if (g_dev[dev].node_fd >= 0) {
-            return;
-        }
-    }
-    if (g_mgr_map != NULL) {
-        munmap(g_mgr_map, SIM_MANAGER_BYTES);
-        g_mgr_map = NULL;
-    }
-    if (g_mgr_fd >= 0) {
-        close(g_mgr_fd);
-        g_mgr_fd = -1;
-    }
-}
-
-/* Holds device dev's node (and the manager) when nodes are configured; ACL_SUCCESS or fail_code. */
-static aclError node_open(int dev, aclError fail_code)
-{
-    char path[4096], name[32];
-    sim_device_t *d = &g_dev[dev];
-    if (d->node_fd >= 0) {
-        return ACL_SUCCESS;
-    }
-    snprintf(name, sizeof(name), "davinci%d", dev);
-    if (node_path(path, sizeof(path), name) != 0) {
-        return fail_code;
-    }
-    int fd = open(path, O_PATH | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISCHR(st.st_mode)) {
-        sim_log(LOG_ERROR, "device %d: no device node %s (%s): install the simulated driver (aclsim_ctl.py "
-                "install), or give the container the device (docker run --device)", dev, path,
-                fd < 0 ? strerror(errno) : "not a character device");
-        if (fd >= 0) {
-            close(fd);
-        }
-        return fail_code;
-    }
-    if (manager_open() != 0) {
-        close(fd);
-        return fail_code;
-    }
-    d->node_fd = fd;
-    sim_log(LOG_INFO, "device %d: holding %s (c %u:%u)", dev, path, major(st.st_rdev), minor(st.st_rdev));
-    return ACL_SUCCESS;
-}
-
-static void node_close(int dev)
-{
-    sim_device_t *d = &g_dev[dev];
-    if (d->node_fd >= 0) {
-        close(d->node_fd);
-        d->node_fd = -1;
-        manager_close_if_unused();
-    }
-}
-
-/* After a restore of the process (CRIU with the NPU plugin), before the devices are used again: each held
- * node must be the node at its path now (the plugin reopened it, re-created with this node's numbering),
- * and the manager -- which the plugin left as an empty placeholder mapping -- is mapped again where it was,
- * as the driver needs. ACL_SUCCESS or fail_code (logged). */
-static aclError nodes_reattach(aclError fail_code)
-{
-    char path[4096], name[32];
-    for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
-        sim_device_t *d = &g_dev[dev];
-        if (d->node_fd < 0) {
-            continue;
-        }
-        struct stat held, now;
-        snprintf(name, sizeof(name), "davinci%d", dev);
-        if (node_path(path, sizeof(path), name) != 0 || fstat(d->node_fd, &held) != 0 || stat(path, &now) != 0 ||
-            held.st_rdev != now.st_rdev) {
-            sim_log(LOG_ERROR, "device %d: the node this process holds is not %s now; its descriptors were not "
-                    "restored by the NPU CRIU plugin", dev, path);
-            return fail_code;
-        }
-    }
-    if (g_mgr_fd >= 0 && g_mgr_map != NULL) {
-        void *p = mmap(g_mgr_map, SIM_MANAGER_BYTES, PROT_READ, MAP_SHARED | MAP_FIXED, g_mgr_fd, 0);
-        if (p == MAP_FAILED || !manager_mapped_ok(p)) {
-            sim_log(LOG_ERROR, "cannot map the manager device again at %p: %s", g_mgr_map,
-                    p == MAP_FAILED ? strerror(errno) : "no manager header");
-            return fail_code;
-        }
-    }
-    return ACL_SUCCESS;
-}
+#include "acl_sim_hal.h"
 
 /* ------------------------------------------------------------------ API versions and the driver's features */
 
@@ -690,8 +546,33 @@ static uint32_t runtime_api_version(void)
     return (uint32_t)env_ll("ACL_SIM_RUNTIME_API_VERSION", SIM_DEFAULT_RUNTIME_API, 0, 0x7fffffff);
 }
 
+/* The driver's libascend_hal.so, loaded once (sim_init) from ACL_SIM_DRIVER_DIR and mapped for the process's life,
+ * as libruntime's dependency on it keeps it; NULL where the directory has none. */
+static int (*g_hal_api)(int *);
+
+static void driver_library_load(void)
+{
+    char path[4096];
+    const char *dir = getenv("ACL_SIM_DRIVER_DIR");
+    snprintf(path, sizeof(path), "%s/libascend_hal.so", dir != NULL && *dir != '\0' ? dir : SIM_DEFAULT_DRIVER_DIR);
+    if (access(path, F_OK) != 0) {
+        return;
+    }
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    g_hal_api = lib != NULL ? (int (*)(int *))dlsym(lib, "halGetAPIVersion") : NULL;
+    if (g_hal_api == NULL) {
+        sim_log(LOG_ERROR, "the driver library %s cannot be loaded or has no halGetAPIVersion: %s", path, dlerror());
+    }
+}
+
+/* halGetAPIVersion: the driver library's constant; without one, driver.conf's api_version (a host process of the
+ * tests that is given no driver directory). */
 static int driver_api_version(void)
 {
+    int v = 0;
+    if (g_hal_api != NULL && g_hal_api(&v) == 0) {
+        return v;
+    }
     return (int)driver_conf("api_version", SIM_DEFAULT_DRIVER_API);
 }
 
@@ -704,7 +585,7 @@ static void device_release(int dev)
 {
     sim_device_t *d = &g_dev[dev];
     device_close(d);
-    node_close(dev);
+    hal_unbind(dev);
     device_drop_saved(d);
     free(d->allocs);
     d->allocs = NULL;
@@ -749,14 +630,15 @@ static aclError resolve_device_ptr(const void *p, uint64_t len, unsigned char **
 }
 
 /* Re-opens every device in use that is not mapped. copy: put the backup back (the time from the
- * first open to the last byte is noted for aclsimGetLastCopy; the caller paces it). On failure the
+ * first open to the last byte is noted for aclsimGetLastCopy; the caller paces it). host_close: the restore's
+ * halDeviceClose first (acl_sim_hal.h), else the process goes on with the device files it holds. On failure the
  * devices opened by this call are closed again and the backups are kept. */
-static aclError reopen_devices(int copy, aclError busy_code, aclError fail_code)
+static aclError reopen_devices(int copy, int host_close, aclError busy_code, aclError fail_code)
 {
     int opened[SIM_MAX_DEVICES];
     int nopened = 0;
     double t0 = mono_now();
-    if (nodes_reattach(fail_code) != ACL_SUCCESS) {
+    if ((host_close ? hal_host_close(fail_code) : hal_reattach(fail_code)) != ACL_SUCCESS) {
         return fail_code;
     }
     for (int dev = 0; dev < SIM_MAX_DEVICES; dev++) {
@@ -1008,7 +890,7 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessUnlock(int pid, void *reserve)
         rc = ACL_ERROR_SNAPSHOT_UNLOCK_FAILED;
     } else {
         /* Unlock without restore: the devices come back as they are now (no copy). */
-        rc = reopen_devices(0, ACL_ERROR_SNAPSHOT_UNLOCK_FAILED, ACL_ERROR_SNAPSHOT_UNLOCK_FAILED);
+        rc = reopen_devices(0, 0, ACL_ERROR_SNAPSHOT_UNLOCK_FAILED, ACL_ERROR_SNAPSHOT_UNLOCK_FAILED);
         if (rc != ACL_SUCCESS) {
             sim_log(LOG_ERROR, "unlock: cannot re-open the devices; state stays %s", state_name(g_state));
         } else {
@@ -1078,7 +960,7 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessBackup(int pid, aclrtSnapShotBa
                 g_backup_info.runtime_api = runtime_api_version();
                 g_backup_info.driver_api = driver_api_version();
                 g_backup_info.flags = flags;
-            } else if (reopen_devices(1, ACL_ERROR_SNAPSHOT_BACKUP_FAILED, ACL_ERROR_SNAPSHOT_BACKUP_FAILED) !=
+            } else if (reopen_devices(1, 0, ACL_ERROR_SNAPSHOT_BACKUP_FAILED, ACL_ERROR_SNAPSHOT_BACKUP_FAILED) !=
                        ACL_SUCCESS) {
                 sim_log(LOG_ERROR, "backup: could not put the device memory back after the failed "
                                    "BACKUP_POST callback; it stays in host memory");
@@ -1129,7 +1011,7 @@ ACL_FUNC_VISIBILITY aclError aclrtSnapShotProcessRestore(int pid, aclrtSnapShotR
         pthread_mutex_lock(&g_mu);
         sim_log(LOG_EVENT, "start to restore resource");
         double t0 = mono_now();
-        rc = reopen_devices(1, ACL_ERROR_SNAPSHOT_RESTORE_FAILED, ACL_ERROR_SNAPSHOT_RESTORE_FAILED);
+        rc = reopen_devices(1, 1, ACL_ERROR_SNAPSHOT_RESTORE_FAILED, ACL_ERROR_SNAPSHOT_RESTORE_FAILED);
         double modelled = g_last_copy.modelledSeconds;
         pthread_mutex_unlock(&g_mu);
         if (rc == ACL_SUCCESS) {
@@ -1293,7 +1175,7 @@ ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId)
     pthread_mutex_lock(&g_mu);
     wait_if_locked(__func__);
     sim_device_t *d = &g_dev[deviceId];
-    rc = node_open(deviceId, ACL_ERROR_RT_DEV_SETUP_ERROR);
+    rc = hal_bind(deviceId, ACL_ERROR_RT_DEV_SETUP_ERROR);
     if (rc == ACL_SUCCESS && d->base == NULL) {
         rc = device_open(deviceId, device_extent(d), ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_DEV_SETUP_ERROR);
         if (rc == ACL_SUCCESS) {
@@ -1301,7 +1183,7 @@ ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId)
         }
     }
     if (rc != ACL_SUCCESS && d->refcount == 0) {
-        node_close(deviceId);
+        hal_unbind(deviceId);
     }
     if (rc == ACL_SUCCESS) {
         d->refcount++;
@@ -1711,7 +1593,8 @@ __attribute__((constructor)) static void sim_init(void)
     pthread_condattr_destroy(&attr);
     for (int i = 0; i < SIM_MAX_DEVICES; i++) {
         g_dev[i].fd = -1;
-        g_dev[i].node_fd = -1;
     }
+    hal_init();
+    driver_library_load();
     atexit(sim_force_unlock);
 }

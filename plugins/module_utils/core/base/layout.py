@@ -267,7 +267,18 @@ NPU_PLUGIN_IMAGE = "inferops-npu.img"             # the plugin's own image in CR
 NPU_PLUGIN_MARKER = "[inferops-npu-plugin]"       # on every error line the plugin writes into CRIU's log
 ENV_NPU_DEVICES = "INFEROPS_NPU_DEVICES"          # path=c:MAJOR:MINOR,...: this node's numbering, for the plugin
 NPU_DEVICES_FILE = "inferops-npu-devices"         # the same, as a file beside the images (docker's copy of them)
-NPU_MANAGER = "davinci_manager"                   # shared by every NPU process of a node: never one process's device
+# The device files the Ascend Docker Runtime gives an NPU container and the HAL opens (the plugin's names too)
+NPU_CHIP_PREFIX = "davinci"                       # davinci<N>: one chip
+NPU_MANAGER = "davinci_manager"                   # the HAL's way to every chip (an ioctl binds a sub-module and chip)
+NPU_MANAGER_CUST = "npu_device_cust"              # the HAL's fallback when davinci_manager is not accessible
+NPU_SVM = "devmm_svm"                             # shared virtual memory
+NPU_HDC = "hisi_hdc"                              # host-device communication over PCIe
+NPU_NODE_WIDE = (NPU_MANAGER, NPU_MANAGER_CUST, NPU_SVM, NPU_HDC)  # every NPU process's, never one process's device
+NPU_MANAGERS = (NPU_MANAGER, NPU_MANAGER_CUST)     # what the HAL reaches a chip through (and an ioctl)
+# The driver's user-space libraries: the Ascend Docker Runtime mounts <dir>/lib64 read-only from the host; the library
+# halGetAPIVersion is a constant of (store/npu_driver.py records and compares what a process maps from its directory)
+NPU_DRIVER_DIR = "/usr/local/Ascend/driver"
+NPU_DRIVER_LIBRARY = "libascend_hal.so"
 
 # -- Kubernetes: labels, annotations, the scheduling gate, the record ConfigMap ----------------------
 K8S_SERVICE_LABEL = "inferops.org/service"

@@ -401,6 +401,42 @@ SCHEMAS = json.loads(r'''
      "devices": {
       "$ref": "#/$defs/devices"
      },
+     "driver": {
+      "additionalProperties": false,
+      "properties": {
+       "directory": {
+        "pattern": "^/",
+        "type": "string"
+       },
+       "files": {
+        "additionalProperties": {
+         "additionalProperties": false,
+         "properties": {
+          "sha256": {
+           "pattern": "^[0-9a-f]{64}$",
+           "type": "string"
+          },
+          "size": {
+           "minimum": 0,
+           "type": "integer"
+          }
+         },
+         "required": [
+          "size",
+          "sha256"
+         ],
+         "type": "object"
+        },
+        "minProperties": 1,
+        "type": "object"
+       }
+      },
+      "required": [
+       "directory",
+       "files"
+      ],
+      "type": "object"
+     },
      "durations": {
       "additionalProperties": {
        "minimum": 0,

@@ -32,7 +32,8 @@ from ..base.errors import ParameterError, RuntimeRefusedError, SnapshotError, Sn
 from ..clients.control import AgentSocketClient, LeaseKeeper, bounded_lease, lease_seconds
 from ..clients.criu_cli import CriuCli, make_work_dir
 from ..linux import fs, paths, plaintext
-from ..store import device, encryption, fleet, freshness, hashing, manifest, seal, signature, statement, status, world
+from ..store import (device, encryption, fleet, freshness, hashing, manifest, npu_driver, seal, signature, statement,
+                     status, world)
 from ..base.progress import Progress
 from . import claim, leftovers
 from .bare_process import BareProcess
@@ -268,7 +269,8 @@ class Checkpointer:
     def _capture_world(self):
         try:
             self.world["facts"] = self.driver.facts(self.versions)
-        except (OSError, world.WorldError) as exc:
+            self.world["driver"] = npu_driver.mapped(self.driver.pid) if self.device_part else None  # npu_driver.py
+        except (OSError, ValueError) as exc:  # world.WorldError is a ValueError, as digests' are
             self.world["error"] = str(exc)
 
     def fields(self):
@@ -286,7 +288,7 @@ class Checkpointer:
             "world": self.world["facts"],
         }
         if part:
-            fields["device"] = part
+            fields["device"] = dict(part, driver=self.world["driver"]) if self.world.get("driver") else part
         if self.encrypted:
             fields["encryption"] = self.encrypted
         if self.expires:

@@ -17,7 +17,7 @@ import collections
 
 from ..base import layout
 from ..linux import fs, mounts, plaintext, proc
-from ..store import canary, device, encryption, keyscope, manifest
+from ..store import canary, device, encryption, keyscope, manifest, npu_driver
 from . import cache, file_locks, held, reseed, verify
 from .attempt import Fallback
 from .page_check import PageCheck, leave_to_decryption
@@ -189,10 +189,20 @@ def decrypt(driver, attempt):
 
 
 def _check(driver, attempt):
-    """What the driver refuses before anything is touched; then, before CRIU runs, its NPU plugin and devices no other
-    process holds (device.devices_unavailable)."""
+    """What the driver refuses before anything is touched; then, before CRIU runs, the node's NPU driver the process
+    mapped (npu_driver.changed: where the new container will see it), its NPU plugin and chips no other process holds
+    (device.devices_unavailable; the device part says which chips a manager reached)."""
     driver.check(attempt)
-    unavailable = device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt))
+    recorded = attempt.manifest or {}
+    part = recorded.get("device") or {}
+    if part.get("driver"):
+        now = (driver.world_now(recorded)[0] if driver.world_now else None) or (recorded.get("world") or {}).get(
+            "process") or {}
+        why = npu_driver.changed(part["driver"], (part.get("snapshot_api") or {}).get("driver_api_version"),
+                                 now.get("mounts"))
+        if why:
+            raise Fallback(why)
+    unavailable = device.devices_unavailable(attempt.images_dir, driver.device_targets(attempt), part=part)
     if unavailable:
         raise Fallback(unavailable)
 

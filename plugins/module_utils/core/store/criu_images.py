@@ -234,7 +234,8 @@ def remap_inet_addresses(data, new_ipv4):
 
 # -- the NPU plugin's image (text), in the grammar of docs/simulator.md's "The plugin's text formats" ---------------
 NPU_IMAGE_HEADER = "inferops-npu-plugin v1"
-NPU_MAX_RECORDS = 256   # the plugin's MAX_RECORDS
+NPU_MAX_RECORDS = 65536  # the plugin's MAX_RECORDS: records of the image (the plugin counts them at dump)
+NPU_MAX_TARGETS = 256    # the plugin's MAX_TARGETS: entries of one targets text
 NPU_PATH_MAX = 4095     # the plugin's PATH_TOKEN_MAX: a path's bytes as written (escaped)
 _NPU_SAFE = frozenset(bytearray(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+-"))
 _NPU_TAIL = br" (?P<type>[cb]) (?P<major>0|[1-9][0-9]{0,9}) (?P<minor>0|[1-9][0-9]{0,9}) (?P<path>/[A-Za-z0-9/._+%-]*)"

@@ -213,10 +213,17 @@ def resume_process(pid, socket_dir, timeout, gone=None, before_unlock=None, reco
 
 
 # -- the device files: what a restore needs of this node before CRIU runs ------------------------------------
-def is_npu_node(path):
-    """An NPU device node the plugin records: davinci<N> or davinci_manager (by name, wherever it lives)."""
+def is_chip_node(path):
+    """A chip's node: davinci<N> (by name, wherever it lives)."""
     name = os.path.basename(path or "")
-    return name == layout.NPU_MANAGER or (name.startswith("davinci") and name[7:].isdigit())
+    rest = name[len(layout.NPU_CHIP_PREFIX):]
+    return name.startswith(layout.NPU_CHIP_PREFIX) and bool(rest) and all(c in "0123456789" for c in rest)
+
+
+def is_npu_node(path):
+    """An NPU device node the plugin records: a chip's, or one every NPU process of the node has (davinci_manager,
+    npu_device_cust, devmm_svm, hisi_hdc), by name wherever it lives."""
+    return is_chip_node(path) or os.path.basename(path or "") in layout.NPU_NODE_WIDE
 
 
 def targets_from_oci(spec):
@@ -248,8 +255,40 @@ def targets_text(targets):
                     for path, (kind, major, minor) in sorted(targets.items()))
 
 
+def chips_used(recorded, devices=None):
+    """Paths of the chip nodes the checkpointed process used: those it held a descriptor on, and -- as the HAL reaches
+    a chip through the manager, with an ioctl and no descriptor on the chip's node -- davinci<N> beside each manager
+    it held, for each device N it had set (the device part's ``devices``)."""
+    paths = set(f["path"] for f in recorded["fds"] if is_chip_node(f["path"]))
+    for held in recorded["fds"]:
+        if os.path.basename(held["path"]) in layout.NPU_MANAGERS:
+            paths.update(os.path.join(os.path.dirname(held["path"]), "%s%d" % (layout.NPU_CHIP_PREFIX, int(n)))
+                         for n in devices or [])
+    return sorted(paths)
+
+
+def _reaches(pid, directory, want, rdev, proc_root):
+    """Whether process ``pid``, which holds a manager at ``directory``/<manager>, can bind the chip ``rdev``: a chip's
+    node of that numbering is beside it in the process's own root (the driver binds only a chip a container has)."""
+    where = os.path.join(proc_root, str(pid), "root") + directory
+    try:
+        names = [n for n in os.listdir(where) if is_chip_node(n)]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            st = os.stat(os.path.join(where, name))
+        except OSError:
+            continue
+        if stat.S_IFMT(st.st_mode) == want and st.st_rdev == rdev:
+            return True
+    return False
+
+
 def _holders(kind, rdev, proc_root="/proc"):
-    """'pid N (comm)' of every process (but this one) with a descriptor on the device ``kind`` ``rdev``."""
+    """'pid N (comm)' of every process (but this one) that holds the device ``kind`` ``rdev``: a descriptor on its
+    node, or a manager it can bind the chip through (the HAL's way; which chip a manager's descriptor is bound to only
+    the driver knows, so any chip its process can reach counts)."""
     found = []
     want = stat.S_IFCHR if kind == "c" else stat.S_IFBLK
     for entry in os.listdir(proc_root):
@@ -260,26 +299,35 @@ def _holders(kind, rdev, proc_root="/proc"):
             fds = os.listdir(fd_dir)
         except OSError:
             continue
+        through = None
         for fd in fds:
             try:
                 st = os.stat(os.path.join(fd_dir, fd))
+                target = os.readlink(os.path.join(fd_dir, fd)) if stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(
+                    st.st_mode) else ""
             except OSError:
                 continue
             if stat.S_IFMT(st.st_mode) == want and st.st_rdev == rdev:
-                found.append("pid %s (%s)" % (entry, proc.comm(int(entry), proc_root) or "?"))
+                through = ""
                 break
+            if through is None and os.path.basename(target) in layout.NPU_MANAGERS and \
+                    _reaches(entry, os.path.dirname(target), want, rdev, proc_root):
+                through = " through %s" % target
+        if through is not None:
+            found.append("pid %s (%s)%s" % (entry, proc.comm(int(entry), proc_root) or "?", through))
     return found
 
 
-def devices_unavailable(images_dir, targets=None, plugin_dirs=None, proc_root="/proc"):
+def devices_unavailable(images_dir, targets=None, plugin_dirs=None, proc_root="/proc", part=None):
     """Why the NPU devices the checkpointed process held cannot be had on this node now, or None: the one check
     the restore pipeline makes of them before CRIU runs (pipeline.py's check stage).
 
     ``targets`` maps each device's path in the restored process to this node's (type, major, minor) -- from the
     new container's configuration; None: the nodes at those paths on this host (a bare process). The NPU plugin
-    must be where CRIU loads plugins, and no other process may hold a device the process held (CANN refuses a
-    restore onto a device another process holds, and so would the driver: aclrtSnapShotProcessRestore's
-    constraint). davinci_manager is every NPU process's, never one process's device, and is not checked.
+    must be where CRIU loads plugins, and no other process may hold a chip the process used (chips_used, with
+    ``part``: the manifest's device part; CANN refuses a restore onto a device another process holds, and so would
+    the driver: aclrtSnapShotProcessRestore's constraint). The node-wide nodes (the manager, npu_device_cust,
+    devmm_svm, hisi_hdc) are every NPU process's, never one process's device, and are not checked.
     """
     try:
         recorded = criu_images.read_npu_devices(images_dir)
@@ -293,10 +341,7 @@ def devices_unavailable(images_dir, targets=None, plugin_dirs=None, proc_root="/
         return ("npu_plugin_missing: the checkpointed process holds NPU device files (%s) that CRIU restores only "
                 "with the NPU plugin, and this node has no %s in %s; install it with the "
                 "inferops.snapshot.snapshot_prereqs role" % (held, layout.NPU_PLUGIN_FILE, " or ".join(dirs)))
-    for device in recorded["fds"]:
-        path = device["path"]
-        if os.path.basename(path) == layout.NPU_MANAGER:
-            continue
+    for path in chips_used(recorded, (part or {}).get("devices")):
         if targets is not None:
             if path not in targets:
                 return ("device_missing: the checkpointed process held %s, and the new container is not given it "

@@ -174,7 +174,7 @@ def new_nonce():
 
 
 # -- devices ----------------------------------------------------------------------------------------
-def _mount_source(mounts, inner):
+def mount_source(mounts, inner):
     """The host source of the mount (destination, source) that holds ``inner``, and the path below it."""
     best = None
     for destination, source in mounts:
@@ -189,8 +189,9 @@ def _mount_source(mounts, inner):
 
 
 def _shared(path):
-    """An NPU node every NPU process of a node has (davinci_manager): it says nothing of which device a process uses."""
-    return os.path.basename(str(path or "")) == layout.NPU_MANAGER
+    """An NPU node every NPU process of a node has (davinci_manager, its fallback, devmm_svm, hisi_hdc): it says
+    nothing of which device a process uses."""
+    return os.path.basename(str(path or "")) in layout.NPU_NODE_WIDE
 
 
 def _keys(devices, env, mounts):
@@ -202,7 +203,7 @@ def _keys(devices, env, mounts):
             keys.add("dev:%s" % os.path.normpath(host_path))
     sim = env.get(layout.ENV_SIM_DEVICE_DIR)
     if sim and sim.startswith("/"):
-        source = _mount_source(mounts, os.path.normpath(sim))
+        source = mount_source(mounts, os.path.normpath(sim))
         keys.add("sim:%s" % os.path.realpath(source) if source else "sim:%s" % os.path.normpath(sim))
     return sorted(keys)
 

@@ -26,8 +26,10 @@ every mount -- an engine that reads its weights from a read-write volume is comm
 per pod or container (downward API, projected, secrets, emptyDir, dockerd's hosts files, the kubelet's /etc/hosts and
 termination log, containerd's per-sandbox hostname, resolv.conf and /dev/shm: they say who the pod is, not what the
 engine loaded); the collection's own mounts in the container (the simulated NPU's device
-files, the NPU snapshot path, the agent's socket dir, the metadata file's dir); and the mounts the operator
-declares as engine state (``engine_state_mounts``: caches, logs -- written by the engine, not read as weights).
+files, the NPU snapshot path, the agent's socket dir, the metadata file's dir); the node's NPU driver (below
+/usr/local/Ascend/driver: the device part records and compares what the process maps of it, npu_driver.py); and
+the mounts the operator declares as engine state (``engine_state_mounts``: caches, logs -- written by the engine,
+not read as weights).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -166,7 +168,7 @@ def open_files(pid):
             continue
     files = {}
     for path in sorted(found):
-        if path.startswith(SKIP_PREFIXES):
+        if path.startswith(SKIP_PREFIXES) or _holds(layout.NPU_DRIVER_DIR, path):  # the driver: npu_driver.py's
             continue
         try:
             files[path] = fingerprint(path)
@@ -197,6 +199,8 @@ def excluded_mounts(mounts, env=None, declared=()):
             found[destination] = "written per pod or container by the kubelet or dockerd"
         elif destination in declared:
             found[destination] = "declared engine state (engine_state_mounts)"
+        elif _holds(layout.NPU_DRIVER_DIR, os.path.normpath(destination)):
+            found[destination] = "the node's NPU driver (compared with its versions before a restore: npu_driver.py)"
         else:
             holds = [name for name, path in own if _holds(destination, os.path.normpath(path) if path else None)]
             if holds:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the collection's CRIU NPU plugin: OUT (default: build/criu-plugin/inferops_npu_plugin.so under the
-# repository root) from inferops_npu_plugin.c (and inferops_npu_format.h) beside this script, against CRIU's plugin
+# repository root) from inferops_npu_plugin.c (and the headers it includes) beside this script, against CRIU's plugin
 # header criu-plugin.h.
 # The header is looked up in $CRIU_PLUGIN_INCLUDE, then the private CRIU prefix's include/criu (the Debian package
 # libcriu-dev unpacked there by criu-from-debian.sh), then /usr/include/criu (libcriu-dev / criu-devel installed).
@@ -20,8 +20,11 @@ if [ -z "$include" ]; then
          "snapshot_prereqs role unpack it with CRIU)" >&2
     exit 1
 fi
-if [ -f "$out" ] && [ "$out" -nt "$src" ] && [ "$out" -nt "$here/inferops_npu_format.h" ] &&
-        [ "$out" -nt "$include/criu-plugin.h" ] && [ "$out" -nt "$0" ]; then
+fresh=1
+for input in "$src" "$here"/*.h "$include/criu-plugin.h" "$0"; do
+    if [ ! -f "$out" ] || [ ! "$out" -nt "$input" ]; then fresh=0; fi
+done
+if [ $fresh = 1 ]; then
     echo "plugin up to date: $out"
     exit 0
 fi

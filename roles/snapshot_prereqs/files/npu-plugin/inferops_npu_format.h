@@ -18,14 +18,19 @@
 #define TARGETS_FILE "inferops-npu-devices"
 #define TARGETS_ENV "INFEROPS_NPU_DEVICES"
 #define IMAGE_HEADER "inferops-npu-plugin v1\n"
-#define MANAGER_NAME "davinci_manager"
+/* the device files an Ascend container is given (the Ascend Docker Runtime's default mounts) and the HAL opens */
+#define CHIP_PREFIX "davinci"             /* davinci<N>, one a chip */
+#define MANAGER_NAME "davinci_manager"    /* the HAL's interface to every sub-module (svm, tsdrv, dms, ...) */
+#define MANAGER_CUST_NAME "npu_device_cust" /* the HAL's fallback when the manager is not accessible */
+#define SVM_NAME "devmm_svm"              /* shared virtual memory */
+#define HDC_NAME "hisi_hdc"               /* host-device communication over PCIe */
 #define RECREATE_LOCK "/run/inferops-npu-plugin.lock"
 #define FORMATS "docs/simulator.md, \"The plugin's text formats\""
-/* the grammar's limits (criu_images.py has the first two too) */
-#define MAX_RECORDS 256     /* records of the image; entries of one targets text */
+/* the grammar's limits (criu_images.py has them too) */
+#define MAX_RECORDS 65536   /* records of the image: counted at dump, where one more fails the dump */
+#define MAX_TARGETS 256     /* entries of one targets text */
 #define PATH_TOKEN_MAX 4095 /* bytes of a path as written (escaped) */
 #define TARGETS_MAX 16383   /* bytes of one targets text */
-#define CAPACITY (4 * MAX_RECORDS) /* the image, two targets texts, the host's numbering of each descriptor */
 
 typedef struct {
     int kind;          /* 'f' descriptor, 'v' mapping, 't' target numbering of this node */
@@ -33,23 +38,26 @@ typedef struct {
     int flags;         /* descriptor: open flags */
     char type;         /* 'c' or 'b' */
     unsigned int major, minor;
-    char path[PATH_TOKEN_MAX + 1];
+    char *path;        /* allocated */
 } record_t;
 
 /* -- names ------------------------------------------------------------------------------------------------ */
 
-/* An NPU node: /dev/davinci<N> or /dev/davinci_manager (by name, wherever its directory is). */
-static int is_npu_path(const char *path)
+static const char *base_name(const char *path)
 {
     const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    if (strcmp(base, MANAGER_NAME) == 0) {
-        return 1;
-    }
-    if (strncmp(base, "davinci", 7) != 0 || base[7] == '\0') {
+    return base ? base + 1 : path;
+}
+
+/* A chip's node: davinci<N> (by name, wherever its directory is). */
+static int is_chip_path(const char *path)
+{
+    const char *base = base_name(path);
+    size_t n = strlen(CHIP_PREFIX);
+    if (strncmp(base, CHIP_PREFIX, n) != 0 || base[n] == '\0') {
         return 0;
     }
-    for (const char *p = base + 7; *p; p++) {
+    for (const char *p = base + n; *p; p++) {
         if (*p < '0' || *p > '9') {
             return 0;
         }
@@ -57,10 +65,12 @@ static int is_npu_path(const char *path)
     return 1;
 }
 
-static int is_manager_path(const char *path)
+/* An NPU node: a chip, the manager or its fallback, devmm_svm, hisi_hdc (by name, wherever its directory is). */
+static int is_npu_path(const char *path)
 {
-    const char *base = strrchr(path, '/');
-    return strcmp(base ? base + 1 : path, MANAGER_NAME) == 0;
+    const char *base = base_name(path);
+    return is_chip_path(path) || strcmp(base, MANAGER_NAME) == 0 || strcmp(base, MANAGER_CUST_NAME) == 0 ||
+           strcmp(base, SVM_NAME) == 0 || strcmp(base, HDC_NAME) == 0;
 }
 
 static int is_safe(int c)
@@ -135,8 +145,8 @@ static const char *number(const char *p, unsigned int base, unsigned int *out)
     return p > start ? p : NULL;
 }
 
-/* One line of the image (the grammar's record, its LF included) into r: 0, or -1. */
-static int parse_record(const char *p, record_t *r)
+/* One line of the image (the grammar's record, its LF included) into r, its path into path: 0, or -1. */
+static int parse_record(const char *p, record_t *r, char path[PATH_TOKEN_MAX + 1])
 {
     unsigned int flags = 0;
     if (strncmp(p, "fd ", 3) == 0) {
@@ -153,7 +163,7 @@ static int parse_record(const char *p, record_t *r)
     r->flags = (int)flags;
     r->type = *p;
     if ((*p != 'c' && *p != 'b') || p[1] != ' ' || !(p = number(p + 2, 10, &r->major)) || *p++ != ' ' ||
-        !(p = number(p, 10, &r->minor)) || *p++ != ' ' || !(p = path_token(p, r->path))) {
+        !(p = number(p, 10, &r->minor)) || *p++ != ' ' || !(p = path_token(p, path))) {
         return -1;
     }
     return strcmp(p, "\n") == 0 ? 0 : -1;

@@ -1,6 +1,7 @@
 /*
- * inferops_npu_plugin.c - CRIU plugin for the descriptors and mappings an Ascend NPU process still holds after
- * aclrtSnapShotProcessBackup: its device nodes (/dev/davinci<N>, /dev/davinci_manager) and its mappings of them.
+ * inferops_npu_plugin.c - CRIU plugin for the device files an Ascend NPU process still holds after
+ * aclrtSnapShotProcessBackup: its descriptors on the nodes an Ascend container is given (davinci<N>, davinci_manager
+ * or its fallback npu_device_cust, devmm_svm, hisi_hdc) and its mappings of them (SVM segments, per-stream queues).
  *
  * Part of the inferops.snapshot Ansible collection (GPL-3.0-or-later). Modelled on MindCluster's NPU plugin (a
  * CRIU tree's plugins/npu/npu_plugin.c, used by Ascend/mind-cluster's grus runtime) and CRIU's own device plugins
@@ -10,19 +11,21 @@
  * CRIU hands a plugin what it cannot dump itself (criu/files.c dump_chrdev -> dump_unsupp_fd ->
  * DUMP_EXT_FILE; criu/proc_parse.c: a mapping that is neither a regular file nor /dev/zero -> HANDLE_DEVICE_VMA).
  *   DUMP_EXT_FILE      a descriptor on an NPU node: its path, open flags, type and major/minor, in the image
- *                      inferops-npu.img in CRIU's images directory (covered by the snapshot's checksums)
+ *                      inferops-npu.img in CRIU's images directory (covered by the snapshot's checksums); the
+ *                      plugin then names itself in CRIU's inventory, so that a restore without it fails at once
+ *                      ("Missing required plugin")
  *   HANDLE_DEVICE_VMA  a mapping of an NPU node: accepted (CRIU keeps its address and path), recorded
- *   RESTORE_EXT_FILE   the node at the recorded path re-created, under a lock, when its numbering is not this
- *                      node's (INFEROPS_NPU_DEVICES, the file inferops-npu-devices in the images directory, or
- *                      the same path on the host), then opened with the recorded flags
- *   UPDATE_VMA_MAP     a mapping of davinci_manager becomes an empty memfd placeholder: the runtime maps the
- *                      manager again itself when it restores the process (the driver's mapping cannot be made
- *                      by anyone else)
+ *   RESTORE_EXT_FILE   every node of this node's numbering (INFEROPS_NPU_DEVICES, the file inferops-npu-devices
+ *                      in the images directory) made so, under a lock, whether the process held a descriptor on it
+ *                      or not; the recorded node (else the host's node at the same path) opened with its flags
+ *   UPDATE_VMA_MAP     a mapping of an NPU node becomes an empty memfd placeholder: the runtime closes the old
+ *                      device and maps it again itself when it restores the process (the driver's mapping cannot
+ *                      be made by anyone else)
  * Anything that is not an NPU node is left to CRIU and other plugins (-ENOTSUP). Every error line carries
  * INFEROPS_NPU_MARKER and names the device, so that the collection can tell the plugin's failure from CRIU's.
  * The image and the numbering are text in the one grammar of docs/simulator.md, "The plugin's text formats" (FORMATS),
  * which core/store/criu_images.py reads and core/store/device.py writes too (inferops_npu_format.h): anything outside
- * it is an error, never a guess.
+ * it is an error, never a guess. The records are as many as the process holds, up to MAX_RECORDS, counted at dump.
  */
 #define _GNU_SOURCE
 #include <criu-plugin.h>
@@ -42,19 +45,25 @@
 
 #include "inferops_npu_format.h"
 
+#define PLUGIN_NAME "inferops_npu"
+
 /* criu's log (exported by the criu binary for its plugins; criu-log.h does not declare it) */
 extern void print_on_level(unsigned int loglevel, const char *format, ...) __attribute__((format(printf, 2, 3)));
+/* CRIU's inventory of the plugins a dump needed (criu/include/image.h, exported since 4.0; weak: an older CRIU lacks
+ * them, and then a restore without the plugin fails only where it meets a descriptor) */
+extern int add_inventory_plugin(const char *name) __attribute__((weak));
+extern bool check_and_remove_inventory_plugin(const char *name, size_t n) __attribute__((weak));
 #define LOG_ERROR 1
 #define LOG_INFO 3
 #define npu_err(fmt, ...) \
     print_on_level(LOG_ERROR, "Error (%s:%d): " INFEROPS_NPU_MARKER " " fmt "\n", __FILE__, __LINE__, ##__VA_ARGS__)
 #define npu_info(fmt, ...) print_on_level(LOG_INFO, "inferops-npu: " fmt "\n", ##__VA_ARGS__)
 
+#include "inferops_npu_nodes.h"
 
-static record_t *g_records;
-static size_t g_nrecords;
-
-static const record_t *find(int kind, unsigned int id, const char *path);
+static unsigned int g_dumped;   /* records this dump wrote */
+static int g_in_inventory;      /* this dump named the plugin in CRIU's inventory */
+static int g_placeholder = -1;  /* the memfd every placeholder mapping is a descriptor of */
 
 static int fd_path(int fd, char *buf, size_t n)
 {
@@ -70,10 +79,33 @@ static int fd_path(int fd, char *buf, size_t n)
 
 /* -- the image --------------------------------------------------------------------------------------------- */
 
-/* The record "head path" (head: the fields before the path) appended to the image. 0, or -1 (logged). */
+/* The plugin named in CRIU's inventory of this dump (once): a restore that does not load it then fails before it
+ * touches anything ("Missing required plugin"), as CRIU's amdgpu and cuda plugins have it. 0, or -1 (logged). */
+static int name_in_inventory(void)
+{
+    if (g_in_inventory) {
+        return 0;
+    }
+    if (add_inventory_plugin == NULL) {
+        npu_info("this CRIU keeps no inventory of plugins: a restore without this one fails at the first device");
+    } else if (add_inventory_plugin(PLUGIN_NAME) != 0) {
+        npu_err("cannot name the plugin %s in CRIU's inventory", PLUGIN_NAME);
+        return -1;
+    }
+    g_in_inventory = 1;
+    return 0;
+}
+
+/* The record "head path" (head: the fields before the path) appended to the image. 0, or -1 (logged): a record
+ * over MAX_RECORDS fails the dump here, never the restore. */
 static int image_append(const char *head, const char *path)
 {
     char esc[PATH_TOKEN_MAX + 1], line[PATH_TOKEN_MAX + 64];
+    if (g_dumped >= MAX_RECORDS) {
+        npu_err("device %s: the process holds more than %d NPU descriptors and mappings, more than %s may hold "
+                "(MAX_RECORDS): the checkpoint fails here rather than its restore", path, MAX_RECORDS, IMAGE_NAME);
+        return -1;
+    }
     if (escape(path, esc) != 0) {
         npu_err("device %s: its path is over %d bytes escaped, more than %s holds", path, PATH_TOKEN_MAX, IMAGE_NAME);
         return -1;
@@ -94,65 +126,13 @@ static int image_append(const char *head, const char *path)
         npu_err("cannot write %s for %s: %s", IMAGE_NAME, path, strerror(errno));
         return -1;
     }
-    return 0;
-}
-
-static record_t *add_record(void)
-{
-    if (g_nrecords == CAPACITY || (g_records == NULL && (g_records = calloc(CAPACITY, sizeof(record_t))) == NULL)) {
-        npu_err("no room for another device record (%d at most)", CAPACITY);
-        return NULL;
-    }
-    record_t *r = &g_records[g_nrecords++];
-    memset(r, 0, sizeof(*r));
-    return r;
-}
-
-/* The grammar's targets (this node's numbering of the devices, by the path the process sees) from source into 't'
- * records: 0, or -1 naming what is wrong -- a numbering dropped would re-create a node with the old one. */
-static int parse_targets(const char *text, size_t len, const char *source)
-{
-    size_t first = g_nrecords;
-    const char *end = len > 0 && text[len - 1] == '\n' ? text + len - 1 : text + len;
-    if (len > TARGETS_MAX || memchr(text, '\0', len) != NULL) {
-        npu_err("%s: over %d bytes, or a NUL byte in it (%s)", source, TARGETS_MAX, FORMATS);
-        return -1;
-    }
-    for (const char *p = text, *entry = text; end > text; entry = ++p) { /* after a comma, always an entry */
-        record_t *r = g_nrecords - first < MAX_RECORDS ? add_record() : NULL;
-        if (r == NULL) {
-            npu_err("%s: more than %d entries, or no room for them", source, MAX_RECORDS);
-            return -1;
-        }
-        p = path_token(entry, r->path);
-        r->kind = 't';
-        r->type = p && *p == '=' && (p[1] == 'c' || p[1] == 'b') && p[2] == ':' ? p[1] : 0;
-        if (r->type == 0 || !(p = number(p + 3, 10, &r->major)) || *p++ != ':' || !(p = number(p, 10, &r->minor)) ||
-            (p != end && *p != ',')) {
-            size_t n = strcspn(entry, ",");
-            n = entry + n > end ? (size_t)(end - entry) : n;
-            npu_err("%s: malformed entry \"%.*s\": each entry is PATH=c:MAJOR:MINOR or PATH=b:MAJOR:MINOR, PATH "
-                    "%%XX-escaped, comma-separated (%s); the restore cannot know this node's numbering", source,
-                    n > 300 ? 300 : (int)n, entry, FORMATS);
-            return -1;
-        }
-        for (size_t i = first; i + 1 < g_nrecords; i++) {
-            if (strcmp(g_records[i].path, r->path) == 0) {
-                npu_err("%s: %s is given two numberings", source, r->path);
-                return -1;
-            }
-        }
-        npu_info("target %s = %c %u:%u (%s)", r->path, r->type, r->major, r->minor, source);
-        if (p == end) {
-            break;
-        }
-    }
-    return 0;
+    g_dumped++;
+    return name_in_inventory();
 }
 
 static int load_image(void)
 {
-    char line[PATH_TOKEN_MAX + 64];
+    char line[PATH_TOKEN_MAX + 64], path[PATH_TOKEN_MAX + 1];
     int rc = 0, fd = openat(criu_get_image_dir(), IMAGE_NAME, O_RDONLY | O_CLOEXEC);
     FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (f == NULL) {
@@ -170,15 +150,20 @@ static int load_image(void)
         rc = -1;
     }
     for (size_t n = 1; rc == 0 && fgets(line, sizeof(line), f) != NULL; n++) {
-        record_t *r = n <= MAX_RECORDS ? add_record() : NULL;
-        if (r == NULL) {
-            npu_err("%s holds more than %d records, or there is no room for them", IMAGE_NAME, MAX_RECORDS);
+        record_t parsed = {0}, *r;
+        if (n > MAX_RECORDS) {
+            npu_err("%s holds more than %d records", IMAGE_NAME, MAX_RECORDS);
             rc = -1;
-        } else if (parse_record(line, r) != 0) {
+        } else if (parse_record(line, &parsed, path) != 0) {
             int len = (int)strcspn(line, "\n");
             npu_err("%s: record %zu is malformed (%s), truncated, or not this plugin's: \"%.*s\"", IMAGE_NAME, n,
                     FORMATS, len > 300 ? 300 : len, line);
             rc = -1;
+        } else if ((r = add_record(parsed.kind, path)) == NULL) {
+            rc = -1;
+        } else {
+            parsed.path = r->path;
+            *r = parsed;
         }
     }
     if (rc == 0 && ferror(f)) {
@@ -189,61 +174,71 @@ static int load_image(void)
     return rc;
 }
 
+/* This node's numbering from TARGETS_FILE beside the images, when there is one: 0, or -1 (logged). */
+static int load_targets_file(void)
+{
+    int fd = openat(criu_get_image_dir(), TARGETS_FILE, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            return 0;
+        }
+        npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
+        return -1;
+    }
+    char buf[TARGETS_MAX + 2];
+    size_t len = 0;
+    ssize_t got = 0;
+    while (len < sizeof(buf) - 1 && (got = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) {
+        len += (size_t)got;
+    }
+    close(fd);
+    buf[len] = '\0';
+    if (got < 0) {
+        npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
+        return -1;
+    }
+    return parse_targets(buf, len, TARGETS_FILE);
+}
+
 /* -- hooks ------------------------------------------------------------------------------------------------- */
 
 static int npu_init(int stage)
 {
-    g_nrecords = 0;
+    drop_records();
+    g_dumped = 0;
+    g_in_inventory = 0;
     if (stage != CR_PLUGIN_STAGE__RESTORE) {
         return 0;
+    }
+    /* off the inventory's list of plugins the images need, or CRIU fails the restore for want of this one */
+    if (check_and_remove_inventory_plugin != NULL) {
+        (void)check_and_remove_inventory_plugin(PLUGIN_NAME, strlen(PLUGIN_NAME));
     }
     if (load_image() != 0) {
         return -1;
     }
     /* the numbering of this node's devices: what the caller says, else the host's node at the same path */
     const char *env = getenv(TARGETS_ENV);
-    if (env != NULL && parse_targets(env, strlen(env), TARGETS_ENV) != 0) {
+    if ((env != NULL && parse_targets(env, strlen(env), TARGETS_ENV) != 0) || load_targets_file() != 0) {
         return -1;
-    }
-    int fd = openat(criu_get_image_dir(), TARGETS_FILE, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno != ENOENT) {
-        npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
-        return -1;
-    }
-    if (fd >= 0) {
-        char buf[TARGETS_MAX + 2];
-        size_t len = 0;
-        ssize_t got = 0;
-        while (len < sizeof(buf) - 1 && (got = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) {
-            len += (size_t)got;
-        }
-        close(fd);
-        buf[len] = '\0';
-        if (got < 0 || parse_targets(buf, len, TARGETS_FILE) != 0) {
-            if (got < 0) {
-                npu_err("cannot read %s: %s", TARGETS_FILE, strerror(errno));
-            }
-            return -1;
-        }
     }
     /* MindCluster's way, where nothing was said: the host's node at the same path (CRIU is still in the host's
      * mount namespace here), for a container whose /dev came back from the images with the old numbering */
     size_t recorded = g_nrecords;
     for (size_t i = 0; i < recorded; i++) {
         struct stat st;
-        record_t *r = &g_records[i], *t;
+        const record_t *r = &g_records[i];
         if (r->kind != 'f' || find('t', 0, r->path) != NULL || stat(r->path, &st) != 0 ||
             !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
             continue;
         }
-        if ((t = add_record()) == NULL) {
+        record_t *t = add_record('t', g_records[i].path); /* may move g_records: r is not used after it */
+        if (t == NULL) {
             return -1;
         }
-        t->kind = 't';
         t->type = S_ISCHR(st.st_mode) ? 'c' : 'b';
         t->major = major(st.st_rdev);
         t->minor = minor(st.st_rdev);
-        snprintf(t->path, sizeof(t->path), "%s", r->path);
     }
     return 0;
 }
@@ -252,24 +247,29 @@ static void npu_fini(int stage, int ret)
 {
     (void)stage;
     (void)ret;
-    free(g_records);
-    g_records = NULL;
-    g_nrecords = 0;
+    drop_records();
+    if (g_placeholder >= 0) {
+        close(g_placeholder);
+        g_placeholder = -1;
+    }
 }
 
-CR_PLUGIN_REGISTER("inferops_npu", npu_init, npu_fini)
+CR_PLUGIN_REGISTER(PLUGIN_NAME, npu_init, npu_fini)
+
+/* The path (in the process) and stat of an NPU node fd is open on: 0, or -ENOTSUP for anything else. */
+static int npu_node_of(int fd, const struct stat *st, char *path, size_t n)
+{
+    if (!(S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)) || fd_path(fd, path, n) != 0 || !is_npu_path(path)) {
+        return -ENOTSUP;
+    }
+    return 0;
+}
 
 static int npu_dump_ext_file(int fd, int id)
 {
     char path[4096], head[64];
     struct stat st;
-    if (fstat(fd, &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
-        return -ENOTSUP;
-    }
-    if (fd_path(fd, path, sizeof(path)) != 0) {
-        return -ENOTSUP;
-    }
-    if (!is_npu_path(path)) {
+    if (fstat(fd, &st) != 0 || npu_node_of(fd, &st, path, sizeof(path)) != 0) {
         return -ENOTSUP;
     }
     int flags = fcntl(fd, F_GETFL);
@@ -292,8 +292,7 @@ CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__DUMP_EXT_FILE, npu_dump_ext_file)
 static int npu_handle_device_vma(int fd, const struct stat *st)
 {
     char path[4096], head[64];
-    if (!(S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)) || fd_path(fd, path, sizeof(path)) != 0 ||
-        !is_npu_path(path)) {
+    if (npu_node_of(fd, st, path, sizeof(path)) != 0) {
         return -ENOTSUP;
     }
     snprintf(head, sizeof(head), "vma %c %u %u", S_ISCHR(st->st_mode) ? 'c' : 'b', major(st->st_rdev),
@@ -306,80 +305,13 @@ static int npu_handle_device_vma(int fd, const struct stat *st)
 }
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA, npu_handle_device_vma)
 
-static const record_t *find(int kind, unsigned int id, const char *path)
-{
-    for (size_t i = 0; i < g_nrecords; i++) {
-        if (g_records[i].kind == kind && (path ? strcmp(g_records[i].path, path) == 0 : g_records[i].id == id)) {
-            return &g_records[i];
-        }
-    }
-    return NULL;
-}
-
-/* The node at r->path made this node's device (its target numbering), under a lock: another task of this
- * restore may be doing the same. 0, or -1 (logged). */
-static int recreate_node(const record_t *r)
-{
-    char type = r->type;
-    unsigned int major = r->major, minor = r->minor;
-    const record_t *t = find('t', 0, r->path);
-    struct stat now;
-    int exists = lstat(r->path, &now) == 0;
-    if (t == NULL) {  /* nothing says otherwise: the node at the path is this node's device */
-        if (!exists) {
-            npu_err("device %s (%c %u:%u) is missing here and this node's numbering for it is unknown (%s)", r->path,
-                    r->type, r->major, r->minor, TARGETS_ENV);
-            return -1;
-        }
-        if (now.st_rdev != makedev(r->major, r->minor)) {
-            npu_info("device %s is %u:%u here, %u:%u when checkpointed: opening it as it is", r->path,
-                     major(now.st_rdev), minor(now.st_rdev), r->major, r->minor);
-        }
-        return 0;
-    }
-    type = t->type;
-    major = t->major;
-    minor = t->minor;
-    dev_t want = makedev(major, minor);
-    int want_chr = type == 'c';
-    if (exists && now.st_rdev == want && (want_chr ? S_ISCHR(now.st_mode) : S_ISBLK(now.st_mode))) {
-        return 0;
-    }
-    /* lock or fail: unlocked, two tasks could unlink each other's node and leave one without it */
-    int lock = open(RECREATE_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock < 0 || flock(lock, LOCK_EX) != 0) {
-        npu_err("device %s: cannot take the lock %s to re-create it as %c %u:%u: %s (it must be a file root can "
-                "create and lock)", r->path, RECREATE_LOCK, type, major, minor, strerror(errno));
-        if (lock >= 0) {
-            close(lock);
-        }
-        return -1;
-    }
-    mode_t mode = exists ? (now.st_mode & 07777) : 0666;
-    int rc = 0;
-    if ((exists && unlink(r->path) != 0 && errno != ENOENT) ||
-        mknod(r->path, (want_chr ? S_IFCHR : S_IFBLK) | mode, want) != 0) {
-        npu_err("device %s: cannot re-create it as %c %u:%u (recorded %c %u:%u): %s", r->path, type, major, minor,
-                r->type, r->major, r->minor, strerror(errno));
-        rc = -1;
-    } else {
-        if (exists && chown(r->path, now.st_uid, now.st_gid) != 0) {
-            npu_info("device %s: cannot give it back its owner: %s", r->path, strerror(errno));
-        }
-        npu_info("device %s re-created as %c %u:%u (it was %c %u:%u when checkpointed)", r->path, type, major, minor,
-                 r->type, r->major, r->minor);
-    }
-    close(lock); /* and with it the lock */
-    return rc;
-}
-
 static int npu_restore_ext_file(int id)
 {
     const record_t *r = find('f', (unsigned int)id, NULL);
     if (r == NULL) {
         return -ENOTSUP;
     }
-    if (recreate_node(r) != 0) {
+    if (make_every_target() != 0 || node_ready(r) != 0) {
         return -1;
     }
     int fd = open(r->path, r->flags & ~(O_CREAT | O_TRUNC | O_EXCL));
@@ -393,26 +325,29 @@ static int npu_restore_ext_file(int id)
 }
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESTORE_EXT_FILE, npu_restore_ext_file)
 
+/* A mapping of an NPU node: an empty placeholder where it was. The descriptor is a new one each time, as CRIU's
+ * amdgpu plugin gives them: CRIU maps the first of a run of mappings of one file with it and closes it after the
+ * last; the others of the run stay open (close-on-exec) in the restored process. */
 static int npu_update_vma_map(const char *path, const uint64_t addr, const uint64_t old_pgoff, uint64_t *new_pgoff,
                               int *plugin_fd)
 {
     if (path == NULL || !is_npu_path(path)) {
         return -ENOTSUP;
     }
-    if (!is_manager_path(path)) {
-        npu_err("device %s: a mapping at %#llx of a device other than davinci_manager cannot be restored", path,
-                (unsigned long long)addr);
+    if (g_placeholder < 0 && (g_placeholder = memfd_create("inferops-npu-placeholder", MFD_CLOEXEC)) < 0) {
+        npu_err("device %s: no placeholder for its mapping at %#llx: memfd_create: %s", path, (unsigned long long)addr,
+                strerror(errno));
         return -1;
     }
-    int fd = memfd_create("inferops-npu-manager-placeholder", MFD_CLOEXEC);
+    int fd = fcntl(g_placeholder, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
-        npu_err("device %s: no placeholder for its mapping at %#llx: memfd_create: %s", path, (unsigned long long)addr,
+        npu_err("device %s: no placeholder for its mapping at %#llx: %s", path, (unsigned long long)addr,
                 strerror(errno));
         return -1;
     }
     *new_pgoff = 0;
     *plugin_fd = fd;
-    npu_info("mapping of %s at %#llx (offset %#llx) restored as an empty placeholder; the runtime maps the manager "
+    npu_info("mapping of %s at %#llx (offset %#llx) restored as an empty placeholder; the runtime maps the device "
              "again at aclrtSnapShotProcessRestore", path, (unsigned long long)addr, (unsigned long long)old_pgoff);
     return 1;
 }

@@ -25,15 +25,21 @@
  *                             runtime waits 60 s)
  *   ACL_SIM_VERSION           "major.minor.patch" from aclrtGetVersion (default "9.1.0")
  *   ACL_SIM_LOG               0 errors/warnings only (default), 1 + events, 2 + info; to stderr
- *   ACL_SIM_DEVICE_NODES      directory of the device nodes davinci<N> and davinci_manager the process
- *                             opens with its devices and holds until it releases them -- through a
- *                             backup too, as a real process does (default "/dev", as the runtime: a
- *                             container given them with docker run --device, or the node's own from
- *                             aclsim_ctl.py install --node; a host process of the tests: the directory
- *                             aclsim_ctl.py install made for its device directory). See docs/simulator.md
+ *   ACL_SIM_DEVICE_NODES      directory of the device nodes (davinci<N>, davinci_manager or npu_device_cust,
+ *                             devmm_svm, hisi_hdc) the process opens as the HAL opens them and holds until
+ *                             it releases its devices -- through a backup too, as a real process does
+ *                             (default "/dev", as the runtime: a container given them with docker run
+ *                             --device, or the node's own from aclsim_ctl.py install --node; a host process
+ *                             of the tests: the directory aclsim_ctl.py install made for its device
+ *                             directory). See src/acl_sim_hal.h and docs/simulator.md
+ *   ACL_SIM_STREAMS           streams per device, each a queue and a doorbell mapped (default 16, 0..1024)
+ *   ACL_SIM_SVM_SEGMENTS      mappings the 8 TB SVM range is made of (default 256, 1..4096)
+ *   ACL_SIM_DRIVER_DIR        where the driver's libascend_hal.so is (default /usr/local/Ascend/driver/lib64,
+ *                             which an NPU container gets bind-mounted from the host): halGetAPIVersion is
+ *                             its constant; without one, driver.conf's api_version
  *   ACL_SIM_RUNTIME_API_VERSION  what rtGetRuntimeVersion reports (default 10000)
  * Node control file ${ACL_SIM_DEVICE_DIR}/driver.conf (read when used; aclsim_ctl.py driver writes it):
- *   api_version=N             what halGetAPIVersion reports (default 500)
+ *   api_version=N             what halGetAPIVersion reports where no driver library is loaded (default 500)
  *   snapshot_feature=0|1      whether the driver supports the process device-memory snapshot the args
  *                             shape needs (default 1)
  *
@@ -56,9 +62,11 @@
  *   or 1 (else ACL_ERROR_INVALID_PARAM), needs the driver's snapshot feature (else
  *   ACL_ERROR_RT_FEATURE_NOT_SUPPORT, no fallback); backup records the runtime and driver API versions,
  *   restore with args fails with ACL_ERROR_SNAPSHOT_RESTORE_FAILED unless they are the same now.
- *   aclrtSetDevice opens the device's node and davinci_manager (ACL_SIM_DEVICE_NODES) and fails with
- *   ACL_ERROR_RT_DEV_SETUP_ERROR without them; restore and unlock first check the held nodes are the
- *   ones at their paths and map davinci_manager again where the process had it mapped.
+ *   aclrtSetDevice binds the chip through davinci_manager (ACL_SIM_DEVICE_NODES; npu_device_cust where the
+ *   manager is not accessible) and fails with ACL_ERROR_RT_DEV_SETUP_ERROR without them or without the
+ *   chip's node; restore first checks the held descriptors are on the manager at its path now, lets go
+ *   of every descriptor and mapping and binds again (halDeviceClose); unlock maps the manager's first
+ *   pages again where the process had them.
  *   While LOCKED/BACKED_UP, aclrtSetDevice/ResetDevice/Malloc/Free/Memcpy and aclFinalize block
  *   the calling thread until RUNNING; queries and aclrtSynchronizeDevice do not block.
  *   Callbacks: for every registered callback of a stage, in registration order, the callback is

@@ -290,6 +290,23 @@ def test_the_device_check_is_the_delegates_where_the_images_are_unverified_or_st
     assert "host_restore" not in driver.calls, "refused before CRIU runs"
 
 
+def test_the_device_check_is_given_the_device_part_for_the_chips_a_manager_reached(tmp_path, no_locks, monkeypatch):
+    """The HAL reaches a chip through the manager, with no descriptor on its node: the check learns the chips from the
+    device part's devices, so a process that held only the manager is refused when its chip is not on this node."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / layout.NPU_PLUGIN_FILE).write_bytes(b"")
+    monkeypatch.setenv("CRIU_LIBS_DIR", str(plugins))  # where CRIU and the check look first
+    manager = str(tmp_path / "node" / layout.NPU_MANAGER)
+    image = ("inferops-npu-plugin v1\nfd 27 109002 c 1 3 %s\n" % manager).encode()
+    driver = Broken()
+    attempt = run(snapshot(tmp_path / "snap", npu_image=image), driver)
+    chip = os.path.join(os.path.dirname(manager), "davinci0")
+    assert not attempt.restored and attempt.reason.startswith("device_missing: the checkpointed process held %s, "
+                                                              % chip), attempt.reason
+    assert "host_restore" not in driver.calls, "refused before CRIU runs"
+
+
 def swap(path, data):
     """What a writer of the store does to replace a file without writing into the one being read: a new file, renamed
     over it."""

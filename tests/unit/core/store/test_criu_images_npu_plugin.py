@@ -25,6 +25,7 @@ from ansible_collections.inferops.snapshot.plugins.module_utils.core.store impor
 PLUGIN_DIR = REPO / "roles" / "snapshot_prereqs" / "files" / "npu-plugin"
 PLUGIN = PLUGIN_DIR / "inferops_npu_plugin.c"
 FORMAT = PLUGIN_DIR / "inferops_npu_format.h"  # its contract and the grammar, which the plugin includes
+NODES = PLUGIN_DIR / "inferops_npu_nodes.h"     # its records, this node's numbering and the nodes made so
 HARNESS = REPO / "tests" / "unit" / "core" / "store" / "npu_plugin_harness.c"
 WARNINGS = "-std=gnu11 -O2 -g -Wall -Wextra -Werror"  # build.sh's
 DOC = REPO / "docs" / "simulator.md"
@@ -37,16 +38,21 @@ CONTRACT = {
     "TARGETS_FILE": layout.NPU_DEVICES_FILE,
     "TARGETS_ENV": layout.ENV_NPU_DEVICES,
     "INFEROPS_NPU_MARKER": layout.NPU_PLUGIN_MARKER,
+    "CHIP_PREFIX": layout.NPU_CHIP_PREFIX,
     "MANAGER_NAME": layout.NPU_MANAGER,
+    "MANAGER_CUST_NAME": layout.NPU_MANAGER_CUST,
+    "SVM_NAME": layout.NPU_SVM,
+    "HDC_NAME": layout.NPU_HDC,
     "IMAGE_HEADER": criu_images.NPU_IMAGE_HEADER + "\n",
     "MAX_RECORDS": criu_images.NPU_MAX_RECORDS,
+    "MAX_TARGETS": criu_images.NPU_MAX_TARGETS,
     "PATH_TOKEN_MAX": criu_images.NPU_PATH_MAX,
 }
 
 
 def plugin_source():
-    """The plugin's C source as one text: its contract header and the plugin."""
-    return FORMAT.read_text() + PLUGIN.read_text()
+    """The plugin's C source as one text: its contract header, its records and the plugin."""
+    return FORMAT.read_text() + NODES.read_text() + PLUGIN.read_text()
 
 
 def defines(source):
@@ -80,17 +86,17 @@ def test_a_changed_a_missing_and_a_respelled_name_are_found():
         "TARGETS_ENV is not #defined (as 'INFEROPS_NPU_DEVICES')"]
     assert contract_broken(source + '\nstatic const char *again = "davinci_manager";\n') == [
         "MANAGER_NAME's value \"davinci_manager\" is spelled again: use the name"]
-    assert contract_broken(source.replace("#define MAX_RECORDS 256", "#define MAX_RECORDS 512")) == [
-        "MAX_RECORDS is 512, the Python side's 256"]
+    assert contract_broken(source.replace("#define MAX_RECORDS 65536", "#define MAX_RECORDS 512")) == [
+        "MAX_RECORDS is 512, the Python side's 65536"]
 
 
 def test_the_grammar_is_written_once_with_the_plugins_limits_and_both_sides_cite_it():
     section = DOC.read_text().split("### " + GRAMMAR + "\n", 1)[1].split("\n## ", 1)[0]
     limits = defines(plugin_source())
     for words in ("at most %(MAX_RECORDS)d records", "at most %(PATH_TOKEN_MAX)d bytes",
-                  "at most %(MAX_RECORDS)d entries and %(TARGETS_MAX)d bytes"):
+                  "at most %(MAX_TARGETS)d entries and %(TARGETS_MAX)d bytes"):
         assert words % limits in section, "docs/simulator.md's grammar no longer says %r" % (words % limits)
-    for reader in (PLUGIN, FORMAT, criu_images.__file__, device.__file__):
+    for reader in (PLUGIN, FORMAT, NODES, criu_images.__file__, device.__file__):
         text = Path(reader).read_text()
         assert "docs/simulator.md" in text and GRAMMAR in text, "%s does not cite the grammar" % reader
 
@@ -285,7 +291,7 @@ def test_the_plugin_reads_the_numbering_device_writes(harness, tmp_path):
     assert targets_read(harness, tmp_path / "x", text="")[:2] == (0, {}), "empty: no numbering"
 
 
-LONG = ",".join("/dev/davinci%d=c:1:%d" % (i, i) for i in range(criu_images.NPU_MAX_RECORDS + 1))
+LONG = ",".join("/dev/davinci%d=c:1:%d" % (i, i) for i in range(criu_images.NPU_MAX_TARGETS + 1))
 
 
 @pytest.mark.parametrize("text, named", [
@@ -303,7 +309,7 @@ LONG = ",".join("/dev/davinci%d=c:1:%d" % (i, i) for i in range(criu_images.NPU_
     ("/dev/davinci0=c:1:2,,/dev/davinci1=c:1:3", 'malformed entry ""'),
     ("/dev/davinci0=c:1:2\n/dev/davinci1=c:1:3", 'malformed entry "/dev/davinci0=c:1:2\n/dev/davinci1=c:1:3"'),
     ("/dev/davinci0=c:1:2,/dev/davinci0=c:1:3", "/dev/davinci0 is given two numberings"),
-    (LONG, "more than %d entries" % criu_images.NPU_MAX_RECORDS),
+    (LONG, "more than %d entries" % criu_images.NPU_MAX_TARGETS),
     ("/dev/davinci0=c:1:2," + "/" * 16400 + "=c:1:2", "over 16383 bytes"),
 ], ids=lambda value: value[:40] if isinstance(value, str) else None)
 def test_a_malformed_numbering_fails_the_restore_naming_the_entry(harness, tmp_path, text, named):
@@ -349,3 +355,62 @@ def test_a_node_is_re_created_under_the_lock_or_not_at_all(harness, tmp_path):
     assert code == 1 and "%s device %s: cannot take the lock %s to re-create it as c 1:3: Is a directory" \
         % (MARKER, node, lock) in err, err
     assert not os.path.lexists(str(node)), "re-created without the lock"
+
+
+def test_a_node_of_this_nodes_numbering_is_made_so_when_the_process_held_no_descriptor_on_it(harness, tmp_path):
+    """The HAL reaches a chip through davinci_manager and an ioctl, so a process may hold no descriptor on its chip's
+    node: restoring the manager's descriptor makes every node of this node's numbering so (grus re-creates every
+    mismatched node too), the chip's included."""
+    nodes = tmp_path / "dev"
+    nodes.mkdir()
+    manager, chip = nodes / layout.NPU_MANAGER, nodes / "davinci0"
+    os.mknod(str(manager), stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(str(chip), stat.S_IFCHR | 0o666, os.makedev(120, 7))  # the checkpointed node's numbering
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / layout.NPU_PLUGIN_IMAGE).write_bytes(image(b"fd 27 2 c 1 3 " + criu_images.npu_quote(str(manager)).encode()))
+    environ = dict(os.environ, **{layout.ENV_NPU_DEVICES: device.targets_text(
+        {str(manager): ("c", 1, 3), str(chip): ("c", 120, 9)})})
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           "mount -t tmpfs tmpfs /run && exec \"$@\"", "sh", str(harness), "restore", str(images), "27"],
+                          capture_output=True, text=True, env=environ, check=False)
+    assert done.returncode == 0 and "opened c 1 3" in done.stdout, done.stderr
+    assert os.minor(chip.stat().st_rdev) == 9 and stat.S_ISCHR(chip.stat().st_mode), "the chip's node is this node's"
+
+
+# -- CRIU's inventory, the number of records, the mappings ----------------------------------------------------------
+
+def test_the_plugin_names_itself_in_crius_inventory_once_per_dump_and_takes_itself_off_at_restore(harness, tmp_path):
+    node = tmp_path / layout.NPU_SVM
+    os.mknod(str(node), stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    images = tmp_path / "images"
+    images.mkdir()
+    code, out, err = plugin(harness, "dump", images, node, 3)
+    assert code == 0, err
+    assert out.splitlines() == ["inventory + inferops_npu"], "named once: a restore without it then fails at once"
+    assert len(python_reads(images)["vmas"]) == 3
+    code, out, err = plugin(harness, "restore", images)
+    assert code == 0 and "inventory - inferops_npu" in out.splitlines(), (out, err)
+
+
+def test_a_dump_over_the_records_limit_fails_at_dump_and_one_at_the_limit_restores(harness, tmp_path):
+    node = tmp_path / layout.NPU_MANAGER
+    os.mknod(str(node), stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    most, over = tmp_path / "most", tmp_path / "over"
+    most.mkdir()
+    over.mkdir()
+    code, _out, err = plugin(harness, "dump", most, node, criu_images.NPU_MAX_RECORDS - 1)  # and its descriptor
+    assert code == 0, err
+    assert len(python_reads(most)["vmas"]) == criu_images.NPU_MAX_RECORDS - 1 and c_reads(harness, most) is not None
+    code, _out, err = plugin(harness, "dump", over, node, criu_images.NPU_MAX_RECORDS)
+    assert code == 1, "one record more than the image may hold must fail the dump, not the restore"
+    assert "%s device %s: the process holds more than %d NPU descriptors and mappings" % (
+        MARKER, node, criu_images.NPU_MAX_RECORDS) in err, err[-500:]
+
+
+def test_every_mapping_of_an_npu_node_becomes_a_placeholder_and_any_other_is_left_to_criu(harness, tmp_path):
+    npu = ["/dev/" + name for name in layout.NPU_NODE_WIDE] + ["/dev/davinci3", "/x/davinci12"]
+    others = ["/dev/dri/renderD128", "/dev/zero", "/dev/davinci", "/dev/kfd"]
+    code, out, err = plugin(harness, "map", tmp_path, *(npu + others))
+    assert code == 0, err
+    assert out.splitlines()[1:] == ["placeholder " + p for p in npu] + ["left " + p for p in others], out

@@ -51,11 +51,13 @@ def test_the_plugins_error_line_is_named_as_the_cause():
         "Error (criu/proc_parse.c:663): Can't handle non-regular mapping on 7's map 7f00\n")
 
 
-def test_davinci_nodes_are_known_by_name():
+def test_the_nodes_an_ascend_container_is_given_are_known_by_name():
     assert device.is_npu_node("/dev/davinci0") and device.is_npu_node("/dev/x/davinci12")
-    assert device.is_npu_node("/dev/davinci_manager")
+    for name in ("davinci_manager", "npu_device_cust", "devmm_svm", "hisi_hdc"):
+        assert device.is_npu_node("/dev/" + name) and not device.is_chip_node("/dev/" + name)
+    assert device.is_chip_node("/dev/davinci7") and not device.is_chip_node("/dev/davinci\u0667")
     assert not device.is_npu_node("/dev/davinci") and not device.is_npu_node("/dev/davinci0x")
-    assert not device.is_npu_node("/dev/loop0")
+    assert not device.is_npu_node("/dev/loop0") and not device.is_npu_node("/dev/fuse")
 
 
 def test_targets_come_from_the_containers_configuration(tmp_path):
@@ -75,29 +77,67 @@ def chip(tmp_path):
     return str(path)
 
 
-def test_a_device_another_process_holds_is_named_before_criu_runs(tmp_path, chip, plugin_dir):
-    images = plugin_image(tmp_path / "img", ["fd 27 200000 c 120 1 %s" % chip])
-    assert device.devices_unavailable(str(images), plugin_dirs=[plugin_dir]) is None
-    # the process is this test's pytest worker: _holders skips only the checking process, so hold it from a child
-    read, write = os.pipe()
+def held_by_a_child(open_what, check):
+    """``check()``'s answer while a forked child holds what ``open_what()`` opens (it says so on a pipe first), and the
+    child's pid. _holders skips only the checking process -- this test's -- so the holder is a child."""
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child holds the node until its parent closes the pipe
-        os.close(write)
-        held = os.open(chip, os.O_PATH)
-        os.read(read, 1)
+    if pid == 0:  # pragma: no cover - the child holds it until its parent closes the pipe
+        os.close(ready_r)
+        os.close(done_w)
+        held = open_what()
+        os.write(ready_w, b"x")
+        os.read(done_r, 1)
         os.close(held)
         os._exit(0)
-    os.close(read)
+    os.close(ready_w)
+    os.close(done_r)
     try:
-        deadline = 200
-        why = None
-        while deadline and why is None:
-            why = device.devices_unavailable(str(images), plugin_dirs=[plugin_dir])
-            deadline -= 1
-        assert why and why.startswith("device_busy: %s (c 120:4095 on this node) is held by pid %d" % (chip, pid)), why
+        assert os.read(ready_r, 1) == b"x", "the child could not open what it was to hold"
+        return check(), pid
     finally:
-        os.close(write)
+        os.close(done_w)
+        os.close(ready_r)
         os.waitpid(pid, 0)
+
+
+def test_a_device_another_process_holds_is_named_before_criu_runs(tmp_path, chip, plugin_dir):
+    images = plugin_image(tmp_path / "img", ["fd 27 200000 c 120 1 %s" % chip])
+
+    def check():
+        return device.devices_unavailable(str(images), plugin_dirs=[plugin_dir])
+    assert check() is None
+    why, pid = held_by_a_child(lambda: os.open(chip, os.O_PATH), check)
+    assert why and why.startswith("device_busy: %s (c 120:4095 on this node) is held by pid %d" % (chip, pid)), why
+
+
+def test_a_process_holding_the_manager_holds_the_chips_beside_it_and_a_process_with_no_chip_fd_is_checked(
+        tmp_path, chip, plugin_dir):
+    """The HAL reaches a chip through davinci_manager and an ioctl: the checkpointed process may hold no chip fd (its
+    chips are davinci<N> beside its manager, N its devices), and a holder may hold only the manager."""
+    manager = tmp_path / layout.NPU_MANAGER
+    os.mknod(str(manager), stat.S_IFCHR | 0o666, os.makedev(1, 3))  # opens harmlessly, as /dev/null
+    images = plugin_image(tmp_path / "img", ["fd 27 109002 c 1 3 %s" % manager])
+    assert device.chips_used(criu_images.read_npu_devices(str(images)), [0, 3]) == [
+        str(tmp_path / "davinci0"), str(tmp_path / "davinci3")]
+    assert device.chips_used(criu_images.read_npu_devices(str(images))) == [], "no devices: no chip reached"
+
+    def check():
+        return device.devices_unavailable(str(images), plugin_dirs=[plugin_dir], part={"devices": [0]})
+    assert check() is None
+    why, pid = held_by_a_child(lambda: os.open(str(manager), os.O_RDWR | os.O_SYNC), check)
+    assert why and why.startswith("device_busy: %s (c 120:4095 on this node) is held by pid %d (" % (chip, pid)), why
+    assert ") through %s; " % manager in why, why
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    os.mknod(str(other / layout.NPU_MANAGER), stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(str(other / "davinci0"), stat.S_IFCHR | 0o666, os.makedev(120, 77))  # another NPU's chip
+    why, _pid = held_by_a_child(lambda: os.open(str(other / layout.NPU_MANAGER), os.O_RDWR), check)
+    assert why is None, "a process whose manager reaches other chips holds none of these"
+    os.mknod(str(other / "davinci1"), stat.S_IFCHR | 0o666, os.makedev(120, 4095))  # and now this one too
+    why, pid = held_by_a_child(lambda: os.open(str(other / layout.NPU_MANAGER), os.O_RDWR), check)
+    assert why and "is held by pid %d (" % pid in why and ") through %s; " % (other / layout.NPU_MANAGER) in why, why
 
 
 @pytest.fixture
@@ -108,13 +148,14 @@ def plugin_dir(tmp_path):
     return str(path)
 
 
-def test_no_plugin_a_missing_device_and_the_manager(tmp_path, chip, plugin_dir):
-    images = plugin_image(tmp_path / "img", ["fd 27 200000 c 120 1 /dev/davinci0", "fd 28 8000 b 7 1 /x/davinci_manager"])
+def test_no_plugin_a_missing_device_and_the_node_wide_nodes(tmp_path, chip, plugin_dir):
+    images = plugin_image(tmp_path / "img", ["fd 27 200000 c 120 1 /dev/davinci0", "fd 28 8000 b 7 1 /x/davinci_manager",
+                                             "fd 29 109002 c 1 3 /x/devmm_svm", "fd 30 8002 c 1 3 /x/hisi_hdc"])
     why = device.devices_unavailable(str(images), plugin_dirs=[str(tmp_path)])
     assert why.startswith("npu_plugin_missing: the checkpointed process holds NPU device files (/dev/davinci0, "), why
     why = device.devices_unavailable(str(images), targets={}, plugin_dirs=[plugin_dir])
     assert why.startswith("device_missing: the checkpointed process held /dev/davinci0, and the new container"), why
-    # the manager is every NPU process's: never checked, never missing
+    # the manager, devmm_svm and hisi_hdc are every NPU process's: never checked, never missing
     assert device.devices_unavailable(str(images), targets={"/dev/davinci0": ("c", 120, 4095)},
                                       plugin_dirs=[plugin_dir]) is None
 

@@ -171,10 +171,13 @@ def test_the_collections_own_mounts_are_left_out():
     mounts = [{"source": "/srv/npu", "destination": "/var/lib/npu", "rw": True},
               {"source": "/srv/npu-snap", "destination": "/npu-snapshots", "rw": True},
               {"source": "/srv/agent", "destination": "/run/inferops-snapshot", "rw": True},
-              {"source": "/srv/models", "destination": "/models", "rw": False}]
+              {"source": "/srv/models", "destination": "/models", "rw": False},
+              {"source": "/usr/local/Ascend/driver/lib64", "destination": "/usr/local/Ascend/driver/lib64", "rw": False}]
     env = {"ACL_SIM_DEVICE_DIR": "/var/lib/npu", "VLLM_NPU_SNAPSHOT_PATH": "/npu-snapshots/default/q/p0/q-0"}
     excluded = world.excluded_mounts(mounts, env)
-    assert sorted(excluded) == ["/npu-snapshots", "/run/inferops-snapshot", "/var/lib/npu"], excluded
+    assert sorted(excluded) == ["/npu-snapshots", "/run/inferops-snapshot", "/usr/local/Ascend/driver/lib64",
+                                "/var/lib/npu"], excluded
+    assert "npu_driver.py" in excluded["/usr/local/Ascend/driver/lib64"], "the driver's: compared with its versions"
     assert "ACL_SIM_DEVICE_DIR" in excluded["/var/lib/npu"] and "VLLM_NPU_SNAPSHOT_PATH" in excluded["/npu-snapshots"]
 
 
