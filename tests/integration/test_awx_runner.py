@@ -7,6 +7,7 @@ credential type), the survey's answers as extra vars, privilege escalation on. T
 container on this machine's dockerd. Each job's artifacts (set_stats, what AWX hands to the next node of a
 workflow) are read from its stats event and passed on as the next job's extra vars, as an AWX workflow does."""
 
+import base64
 import itertools
 import json
 import os
@@ -69,12 +70,21 @@ def configure_tasks():
     return yaml.safe_load((AWX / "configure.yml").read_text())[0]["tasks"]
 
 
-def signing_credential_type():
-    """The credential type configure.yml makes, its injector templates as AWX stores them (Ansible renders the
+def credential_type(name_variable):
+    """A credential type configure.yml makes, its injector templates as AWX stores them (Ansible renders the
     task's arguments once, which leaves AWX's own templates)."""
-    [task] = [task for task in configure_tasks() if "awx.awx.credential_type" in task]
-    rendered = jinja2.Environment().from_string(json.dumps(task["awx.awx.credential_type"]["injectors"])).render()
-    return task["awx.awx.credential_type"], json.loads(rendered)
+    [task] = [task["awx.awx.credential_type"] for task in configure_tasks()
+              if task.get("awx.awx.credential_type", {}).get("name") == "{{ %s }}" % name_variable]
+    return task, json.loads(jinja2.Environment().from_string(json.dumps(task["injectors"])).render())
+
+
+def signing_credential_type():
+    return credential_type("awx_signing_credential")
+
+
+def encryption_credential():
+    """The encryption key's injectors and the operator's key (`openssl rand -base64 32`)."""
+    return credential_type("awx_encryption_credential")[1], {"encryption_key": base64.b64encode(os.urandom(32)).decode()}
 
 
 def signing_key_pair():
@@ -91,12 +101,14 @@ def inject(injectors, inputs, private_data_dir):
     """AWX's injection of a custom credential: the file injector's template rendered into a 0600 file in the
     job's private data dir (its path is tower.filename), then the extra vars rendered with it."""
     sandbox = jinja2.sandbox.ImmutableSandboxedEnvironment()
-    env_dir = private_data_dir / "env"
-    env_dir.mkdir(exist_ok=True)
-    path = env_dir / ("credential-%s" % uuid.uuid4().hex[:8])
-    path.write_text(sandbox.from_string(injectors["file"]["template"]).render(**inputs))
-    path.chmod(0o600)
-    namespace = dict(inputs, tower={"filename": str(path)})
+    namespace = dict(inputs)
+    if "file" in injectors:
+        env_dir = private_data_dir / "env"
+        env_dir.mkdir(exist_ok=True)
+        path = env_dir / ("credential-%s" % uuid.uuid4().hex[:8])
+        path.write_text(sandbox.from_string(injectors["file"]["template"]).render(**inputs))
+        path.chmod(0o600)
+        namespace["tower"] = {"filename": str(path)}
     return {name: sandbox.from_string(template).render(**namespace)
             for name, template in injectors["extra_vars"].items()}
 
@@ -104,18 +116,19 @@ def inject(injectors, inputs, private_data_dir):
 class Awx:
     """AWX's job model: every launch a fresh private data dir (the project, the inventory) and a fresh HOME."""
 
-    def __init__(self, tmp_path, inventory, credential=None):
+    def __init__(self, tmp_path, inventory, credential=None, encryption=None):
         ensure_collection_link()
         self.tmp_path = tmp_path
         self.inventory = inventory
         self.credential = credential  # the inputs of the signing key's credential, attached to every template
+        self.encryption = encryption  # (injectors, inputs) of the encryption key's credential, or none
         self.jobs = itertools.count(1)
         self.homes = []
         # The execution environment has the collection installed; here it is this checkout.
         self.env = {"ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "PATH": "%s:%s" % (BIN, os.environ["PATH"]),
                     "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False"}
 
-    def launch(self, playbook, extravars, check=False, credential=True, awx=True):
+    def launch(self, playbook, extravars, check=False, credential=True, awx=True, encryption=True):
         job = next(self.jobs)
         root = self.tmp_path / ("awx-job-%d" % job)
         shutil.copytree(AWX / "project", root / "project")
@@ -128,6 +141,8 @@ class Awx:
             extravars = dict(extravars, awx_job_id=job, tower_job_id=job, awx_job_template_name=playbook)
         if awx and credential and self.credential:
             extravars.update(inject(signing_credential_type()[1], self.credential, root))
+        if awx and encryption and self.encryption:
+            extravars.update(inject(*self.encryption, root))
         runner = ansible_runner.run(private_data_dir=str(root), playbook=playbook, extravars=extravars,
                                     envvars=dict(self.env, HOME=str(home)),
                                     cmdline="--become" + (" --check" if check else ""),
@@ -217,6 +232,50 @@ def test_wrapper_playbooks_through_ansible_runner_hand_their_artifacts_on(tmp_pa
     assert awx.keys_made() == []  # every job signed with, or trusted, the credential's key
 
 
+def test_the_encryption_credential_encrypts_in_one_job_and_decrypts_in_another(tmp_path, containers, docker_env):
+    """Both credentials, each job in its own HOME: the generate job encrypts with the injected key; a restore job
+    without the encryption credential cannot decrypt (nothing starts), one with it decrypts the container's record
+    with it and starts the container from it, authenticated. It starts cold by design here: this node has no
+    restore-on-create runtime, and docker start --checkpoint never restores an encrypted snapshot (encrypted:)."""
+    name = "awx-enc-%s" % uuid.uuid4().hex[:6]
+    device_dir = tmp_path / "npu"
+    device_dir.mkdir(mode=0o700)
+    pod = containers(name, docker_env, device_dir, free_port(), WORKLOAD_DEVICE_MB="16", WORKLOAD_HOST_MB="4")
+    pod.run().wait_ready()
+    expected = [pod.generate(p) for p in PROMPTS]
+    root = tmp_path / "snapshots"
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "snapshot_config": {"enabled": True, "hostSnapshotPath": str(root / "host"),
+                                "npuSnapshotPath": str(root / "npu")},
+            "snapshot_service": {"namespace": "awx", "name": "enc"},
+            "snapshot_instances": [{"name": "p0", "pods": [{"name": name, "readiness_url": pod.url + "/health"}]}]}
+    awx = Awx(tmp_path, {"all": {"hosts": {"npu-host": host}}}, credential=signing_key_pair(),
+              encryption=encryption_credential())
+    runner, generated = awx.launch("generate.yml", survey_answers("generate", snapshot_hosts="npu-host"))
+    assert runner.status == "successful", awx.output(runner)[-3000:]
+    assert generated["snapshot_generate_by_host"]["npu-host"]["outcome"]["status"] == "completed", generated
+    snapshot_dir = root / "host" / "awx" / "enc" / "p0" / name
+    recorded = json.loads((snapshot_dir / "manifest.json").read_text())["encryption"]
+    assert "host/container.json" in recorded["files"], recorded
+
+    pod.remove()
+    reset_device(device_dir)
+    runner, refused = awx.launch("restore.yml", {"snapshot_hosts": "npu-host"}, encryption=False)
+    [cold] = refused["snapshot_restore_by_host"]["npu-host"]
+    assert cold["restored"] is False and "crypt" in cold["reason"], cold  # decrypt_failed: without the key
+
+    assert not cold["created"] and "decrypt" not in cold["durations"], cold
+
+    runner, restored = awx.launch("restore.yml", {"snapshot_hosts": "npu-host", "snapshot_restore_method": "docker"})
+    assert runner.status == "successful", awx.output(runner)[-3000:]
+    [back] = restored["snapshot_restore_by_host"]["npu-host"]
+    assert back["verify"]["valid"] and back["verify"]["authenticated"] is True, back["verify"]
+    assert back["created"] is True and "decrypt" in back["durations"], back
+    assert back["restored"] is False and back["reason"].startswith("encrypted: docker start --checkpoint"), back
+    assert [pod.generate(p) for p in PROMPTS] == expected  # the engine, started from the decrypted record
+    assert awx.keys_made() == []
+
+
 def restore_host(tmp_path):
     """A host whose service has snapshots off: its jobs touch no container."""
     root = tmp_path / "snapshots"
@@ -258,12 +317,13 @@ def test_outside_awx_the_wrappers_keep_the_controllers_own_key(tmp_path):
 
 
 def test_the_credential_injects_what_the_roles_and_the_wrappers_read():
-    """configure.yml's credential type: the file injector's path is the generate role's (and refresh's) signing
-    key, the public half the variable the wrappers' first play trusts; attached to the templates that sign or trust."""
-    credential_type, injectors = signing_credential_type()
-    assert credential_type["kind"] == "cloud"
-    assert {field["id"] for field in credential_type["inputs"]["fields"]} == {"signing_key", "public_key"}
-    [secret] = [field for field in credential_type["inputs"]["fields"] if field.get("secret")]
+    """configure.yml's credential types: the file injector's path is the generate role's (and refresh's) signing
+    key, the public half the variable the wrappers' first play trusts; the encryption key the generate role's and
+    the variable the first play decrypts with; each attached to the templates that use it."""
+    signing_type, injectors = signing_credential_type()
+    assert signing_type["kind"] == "cloud"
+    assert {field["id"] for field in signing_type["inputs"]["fields"]} == {"signing_key", "public_key"}
+    [secret] = [field for field in signing_type["inputs"]["fields"] if field.get("secret")]
     assert secret["id"] == "signing_key"
     assert injectors["file"] == {"template": "{{ signing_key }}"}
     assert injectors["extra_vars"] == {"snapshot_generate_signing_key": "{{ tower.filename }}",
@@ -274,6 +334,14 @@ def test_the_credential_injects_what_the_roles_and_the_wrappers_read():
     play = yaml.safe_load((AWX / "configure.yml").read_text())[0]
     signing = sorted(template["playbook"] for template in play["vars"]["awx_templates"] if template.get("signing"))
     assert signing == ["generate.yml", "node_setup.yml", "refresh.yml", "restore.yml"]
+    encrypting = sorted(template["playbook"] for template in play["vars"]["awx_templates"] if template.get("encryption"))
+    assert encrypting == ["generate.yml", "node_setup.yml", "restore.yml"]
+    encryption_type, encryption_injectors = credential_type("awx_encryption_credential")
+    assert [field["id"] for field in encryption_type["inputs"]["fields"] if field.get("secret")] == ["encryption_key"]
+    assert encryption_injectors == {"extra_vars": {"snapshot_generate_encryption_key": "{{ encryption_key }}",
+                                                   "snapshot_awx_encryption_key": "{{ encryption_key }}"}}
+    assert "snapshot_generate_encryption_key" in role_options("snapshot_generate")
+    assert "snapshot_awx_encryption_key" in check
     for playbook in signing:
         [first, *_] = yaml.safe_load((AWX / "project" / playbook).read_text())
         assert first["ansible.builtin.import_playbook"] == "signing_key.yml", playbook
