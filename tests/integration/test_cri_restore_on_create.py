@@ -11,7 +11,11 @@ host snapshot, resume in one task) -- generation and restore end to end on the c
   the pod's sandbox is no attempt of its own;
 - a pod of another namespace asking for it, a pod naming another image than it runs, and a restore that fails inside
   `create` each start cold in their sandbox with the reason, and leave nothing behind when deleted;
-- containerd's own record of a pod says which of its org.inferops.* annotations its handler dropped.
+- containerd's own record of a pod says which of its org.inferops.* annotations its handler dropped;
+- the k8s_snapshot role end to end on the node: its generate entry point snapshots a pod of the handler's
+  RuntimeClass, the pod is recreated gated, and its restore entry point releases it, the runtime restores it
+  inside `create`, and the role reaches the restored engine through containerd (containerd://<id> on the node's
+  socket): annotated restored, the same engine answering on its new address.
 """
 
 import json
@@ -24,12 +28,14 @@ import pytest
 
 from _cri_kubelet import CriKubelet, CriNodes, declare_resources, node_leftovers, oci_config, workload_pod
 from _cri_restore import CriRuntimeNode, container_id, restore_pod, runtime_class
-from _k8s_helpers import Api, ApiServer
+from _k8s_helpers import Api, ApiServer, run_playbook, write_inventory, write_kubeconfig
 from _runtime_helpers import PROMPTS
-from conftest import reset_device, run_module
+from conftest import docker, reset_device, run_module
 
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.node import runtime as rr
+from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import manifest
+from ansible_collections.inferops.snapshot.plugins.module_utils.k8s import pods
 
 NODE = "node-s"
 NAMESPACE = "crirest-" + uuid.uuid4().hex[:6]
@@ -215,3 +221,63 @@ def test_containerd_says_which_pod_annotations_its_handler_dropped(cluster):
     assert found["image_id"] == pod["status"]["containerStatuses"][0]["imageID"], found
     assert found["dropped"] == ["org.inferops.restore-checksum"] and found["handler"] == "", found
     delete(cluster, api, "plain", NAMESPACE)
+
+
+def test_the_k8s_snapshot_roles_restore_entry_point_follows_a_pod_restored_on_containerd(cluster, tmp_path):
+    """generate (playbooks/k8s_generate.yml), the pod recreated gated, restore (playbooks/k8s_restore.yml): the
+    role releases it to node-s, the runtime restores it inside `create`, and the role makes sure its engine runs
+    through the node's containerd -- with a bare container id it would ask Docker, find no such container and
+    call the restore failed."""
+    name = "rolesvc-p0-0"
+    # The role verifies the snapshot against the image the pod names, resolved by the node's Docker CLI: a tag of
+    # this test's own, in Docker and in node-s's containerd alike (the shared workload tag may be rebuilt by another
+    # session meanwhile, and then Docker and the node would resolve it to two images).
+    image = "inferops/workload:%s" % NAMESPACE
+    docker("tag", docker("image", "inspect", "--format", "{{.Id}}", "inferops/workload:latest"), image)
+    try:
+        CriNodes().import_image(image, NODE)
+        role_restore(cluster, tmp_path, name, image)
+    finally:
+        docker("rmi", image)
+
+
+def role_restore(cluster, tmp_path, name, image):
+    api, kubelet = cluster["api"], cluster["kubelet"]
+    pod = run_until_ready(cluster, api, engine_pod(cluster, name, NAMESPACE, service="rolesvc", instance="p0",
+                                                   image=image))
+    inventory = write_inventory(tmp_path / "inventory.json", NODE, write_kubeconfig(tmp_path / "kubeconfig",
+                                                                                    cluster["server"].url))
+    config = {"enabled": True, "npuSnapshotPath": str(cluster["npu_root"]),
+              "hostSnapshotPath": str(cluster["node"].roots)}
+    variables = {"k8s_snapshot_namespace": NAMESPACE, "k8s_snapshot_service": "rolesvc", "k8s_snapshot_config": config,
+                 "k8s_snapshot_node_group": "k8s_nodes", "k8s_snapshot_containerd_address": cluster["status"]["socket"]}
+    rc, output = run_playbook("k8s_generate.yml", inventory, variables, timeout=600)
+    assert rc == 0, output[-4000:]
+    assert api.annotations(name)[layout.K8S_STATUS] == "completed", api.annotations(name)
+    pod = cluster["kubelet"].wait(lambda: ready(api.pod(name)) and api.pod(name), "%s Ready" % name, 180)
+    old_ip = pod["status"]["podIP"]
+    expected, before = answers(kubelet, old_ip), info(kubelet, old_ip)
+    # the pod deleted and created again as its controller would, held by the role's scheduling gate
+    again = pods.recreation_manifest(pod, 0, pod["spec"]["containers"][0], {})
+    again["spec"]["schedulingGates"] = [{"name": "inferops.org/snapshot-restore"}]
+    again["spec"].pop("nodeName", None)
+    delete(cluster, api, name, NAMESPACE)
+    reset_device(cluster["device_dir"])
+    api.create(again)
+    kubelet.schedule = True   # the released pod names node-s in its nodeSelector: the scheduler's part
+    try:
+        rc, output = run_playbook("k8s_restore.yml", inventory, variables, timeout=600)
+    finally:
+        kubelet.schedule = False
+    assert rc == 0, output[-4000:]
+    notes = api.annotations(name)
+    assert notes[layout.K8S_RESTORE] == "restored" and not notes.get(layout.K8S_RESTORE_REASON), (
+        notes.get(layout.K8S_RESTORE_REASON), output[-3000:])
+    pod = api.pod(name)
+    ip = pod["status"]["podIP"]
+    [record] = records(cluster, container_id(pod))
+    assert record["outcome"] == "restored" and record["reason"] is None, record
+    assert answers(kubelet, ip) == expected
+    assert info(kubelet, ip)["started_at"] == before["started_at"], "the engine started again instead of resuming"
+    delete(cluster, api, name, NAMESPACE)
+    reset_device(cluster["device_dir"])
