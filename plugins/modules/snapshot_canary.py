@@ -25,7 +25,8 @@ description:
     seed.
 requirements:
   - jsonschema (Python library) on the target host
-  - the Docker CLI (O(docker_cli)) on the target host, with O(container)
+  - the Docker CLI (O(docker_cli)) on the target host, with O(container) naming a Docker container
+  - containerd's C(ctr) on the target host, with O(container) as C(containerd://<id>)
 author:
   - inferops.snapshot maintainers (@inferops)
 extends_documentation_fragment:
@@ -49,8 +50,15 @@ options:
     type: path
     required: true
   container:
-    description: The engine's running container (its main process's network namespace is used).
+    description:
+      - The engine's running container (its main process's network namespace is used) - a Docker container's name or
+        id, or a Kubernetes pod's container on a containerd node as its C(containerID) names it, C(containerd://<id>),
+        found through containerd on O(containerd_address).
     type: str
+  containerd_address:
+    description: The socket of the node's containerd, for a O(container) given as C(containerd://<id>).
+    type: path
+    default: /run/containerd/containerd.sock
   pid:
     description: Host pid of the engine process (instead of O(container)).
     type: int
@@ -130,7 +138,6 @@ import os
 
 from ansible_collections.inferops.snapshot.plugins.module_utils import _diff, _module
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.base import layout
-from ansible_collections.inferops.snapshot.plugins.module_utils.core.clients.docker_cli import DockerCli
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.generate import claim
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.linux import paths
 from ansible_collections.inferops.snapshot.plugins.module_utils.core.store import canary
@@ -148,6 +155,7 @@ ARGUMENT_SPEC = dict(
     compare=dict(type="str", default="exact"),
     timeout=dict(type="float", default=30.0),
     docker_cli=dict(type="str", default="docker"),
+    containerd_address=dict(type="path", default=layout.CONTAINERD_ADDRESS),
 )
 
 
@@ -157,7 +165,7 @@ def main_logic(module):
     snapshot_dir = paths.validate_snapshot_dir(params["snapshot_dir"])
     paths.check_identity(params["identity"], snapshot_dir)
     spec = canary.check_spec(dict((key, params[key]) for key in ("url", "method", "body", "headers", "compare")))
-    pid = params["pid"] or DockerCli(params["docker_cli"]).running_pid(params["container"])
+    pid = params["pid"] or _module.container_pid(params)
     staging = paths.validate_snapshot_dir(layout.staging_dir(snapshot_dir), field="snapshot_dir (staging sibling)")
     seen = canary.answer(pid, spec, params["timeout"])
     before = canary.load(staging) if os.path.isdir(staging) else None

@@ -29,3 +29,16 @@ def test_a_headers_value_is_kept_in_canary_json_and_never_in_a_result(workload, 
     refused = run_module("snapshot_canary", dict(args, url=workload.url + "/no-such-path"))
     assert refused["failed"] and "HTTP 404" in refused["msg"], refused
     assert SECRET not in json.dumps(refused)
+
+
+def test_a_pods_container_on_containerd_is_found_through_that_containerd(tmp_path):
+    """containerd://<id> (a pod's containerID on a containerd node) is looked up on containerd_address, not in
+    Docker: the lookup on a socket that is not there fails naming it, before anything is asked or written."""
+    snapshot_dir = str(tmp_path / "snapshots" / "default" / "canary" / "p0" / "canary-0")
+    missing = str(tmp_path / "no-containerd.sock")
+    refused = run_module("snapshot_canary", {"container": "containerd://" + "0" * 64, "containerd_address": missing,
+                                             "snapshot_dir": snapshot_dir, "identity": IDENTITY,
+                                             "url": "http://127.0.0.1:8000/v1/generate?prompt=canary"})
+    assert refused["failed"] and refused["msg"].startswith("ctr containers info %s failed" % ("0" * 64)), refused
+    assert missing in refused["msg"] and "docker" not in refused["msg"].lower(), refused
+    assert not os.path.lexists(str(tmp_path / "snapshots")), "nothing written"
