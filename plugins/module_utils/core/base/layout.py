@@ -18,7 +18,7 @@ import os
 
 from ..agent import protocol
 
-COLLECTION_VERSION = "0.3.0"          # galaxy.yml's version (a unit test keeps them equal)
+COLLECTION_VERSION = "0.4.0"          # galaxy.yml's version (a unit test keeps them equal)
 # The snapshot's format: what a restore must be able to read of a snapshot directory (its layout, the manifest, the
 # chunk index, signature, encryption, the container record, the device part, the plugin's image). Raised by every change
 # a restore of the previous format could not read; snapshots record it (manifest format_version, absent before: 1), and a
