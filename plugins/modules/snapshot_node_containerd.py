@@ -14,7 +14,7 @@ version_added: 0.4.0
 description:
   - Adds (or removes) a runtime handler for the restore-on-create runtime to the containerd of a Kubernetes node
     (containerd 1.6 or 1.7, its CRI plugin, a version 2 configuration), as a drop-in file that the node's
-    configuration imports. The role C(inferops.snapshot.snapshot_node) runs it with O(snapshot_node_containerd=true);
+    configuration imports. The role C(inferops.snapshot.snapshot_node) runs it with C(snapshot_node_containerd=true);
     its errors name the role's variables, which set these options.
   - containerd merges an imported file's plugin sections whole, so the drop-in carries the node's whole CRI section
     - that of the file that defines it, as containerd itself reads it (C(containerd config dump)) - plus the handler,

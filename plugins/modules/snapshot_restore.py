@@ -393,7 +393,7 @@ interrupted:
       itself, C(resumed_by)), or C(container) or C(process) when there was no engine to ask. C(done) is what this run
       did (stopped the container or killed the process tree, to restore it from the start), C(reason) the killed run's
       entry, now C(interrupted), as recorded.
-    - A run that is still going is left alone instead (RV(changed) false, and RV(reason) says so).
+    - A run that is still going is left alone instead (C(changed) false, and RV(reason) says so).
   returned: when an earlier run was found interrupted
   type: dict
   sample:

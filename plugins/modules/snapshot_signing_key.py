@@ -30,7 +30,10 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Makes nothing; reports whether a key would be made, and stands in for a missing key with one made in memory and never written (its public half, so that a restore in check mode requires signatures as the run will).
+    details:
+      - Makes nothing; reports whether a key would be made.
+      - Stands in for a missing key with one made in memory and never written (its public half), so that a restore in
+        check mode requires signatures as the run will.
   diff_mode:
     support: none
   idempotent:

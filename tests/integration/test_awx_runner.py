@@ -289,7 +289,7 @@ def restore_host(tmp_path):
 @pytest.mark.parametrize("playbook", ["restore.yml", "generate.yml", "refresh.yml", "node_setup.yml"])
 def test_a_job_without_the_signing_credential_fails_at_its_first_task_naming_it(tmp_path, playbook):
     awx = Awx(tmp_path, {"all": {"hosts": {"npu-host": restore_host(tmp_path)}}}, credential=signing_key_pair())
-    runner, _ = awx.launch(playbook, {"snapshot_hosts": "npu-host"}, credential=False)
+    runner = awx.launch(playbook, {"snapshot_hosts": "npu-host"}, credential=False)[0]
     assert runner.status == "failed", awx.output(runner)[-3000:]
     ran = [event["event_data"]["task"] for event in runner.events
            if event["event"] in ("runner_on_ok", "runner_on_failed", "runner_on_skipped")]
@@ -343,7 +343,7 @@ def test_the_credential_injects_what_the_roles_and_the_wrappers_read():
     assert "snapshot_generate_encryption_key" in role_options("snapshot_generate")
     assert "snapshot_awx_encryption_key" in check
     for playbook in signing:
-        [first, *_] = yaml.safe_load((AWX / "project" / playbook).read_text())
+        first = yaml.safe_load((AWX / "project" / playbook).read_text())[0]
         assert first["ansible.builtin.import_playbook"] == "signing_key.yml", playbook
 
 

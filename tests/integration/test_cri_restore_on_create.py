@@ -154,7 +154,7 @@ def test_a_recreated_pod_is_restored_inside_create_and_answers_on_its_new_addres
     assert record["outcome"] == "restored" and record["reason"] is None, record
     assert record["requester"] == {"namespace": NAMESPACE, "pod": "engine-0", "container": "engine", "by": "containerd"}
     assert record["verify"]["image_checked"] and record["name"] == "%s/engine-0/engine" % NAMESPACE
-    moved = [r for r in cluster["node"].log_records(cid, event="address")]
+    moved = list(cluster["node"].log_records(cid, event="address"))
     assert moved and moved[-1]["action"] == "sockets bound to %s restored on %s" % (snapshot["ip"], ip), moved
     sandbox = cluster["kubelet"].record(NAMESPACE, "engine-0").sandbox_id
     notes = oci_config(cluster["status"], sandbox)["annotations"]

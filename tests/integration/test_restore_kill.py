@@ -181,7 +181,7 @@ def kill_after_docker_start(w, tmp_path):
     wrapper = script(tmp_path / "docker-holding", DOCKER_WRAPPER.format(flag=flag))
     run = started_run(tmp_path, docker_restore(w, docker_cli=wrapper))
     try:
-        wait(lambda: flag.exists(), 180, "docker start --checkpoint", run)
+        wait(flag.exists, 180, "docker start --checkpoint", run)
         # a second run while the first still holds: it says so and touches nothing
         meanwhile = run_module("snapshot_restore", docker_restore(w))
         assert meanwhile["failed"] is False and meanwhile["changed"] is False, meanwhile
@@ -333,7 +333,7 @@ def test_a_bare_restore_killed_after_it_reached_the_agent_serves_again_within_th
     timeout = 30
     run = started_run(b["base"], bare_restore(b, timeout=timeout))
     try:
-        wait(lambda: b["hook"].exists(), 180, "the restore path's resumed (the engine's slow hook)", run)
+        wait(b["hook"].exists, 180, "the restore path's resumed (the engine's slow hook)", run)
     finally:
         killed_at = run.kill()
     record = last_restore(b["snapshot_dir"])
@@ -365,7 +365,7 @@ def test_a_bare_restore_killed_right_after_criu_left_a_tree_that_never_ran_and_t
     script(holding / "criu", CRIU_WRAPPER.format(criu=real, flag=flag))
     run = started_run(b["base"], bare_restore(b), extra_env={"PATH": "%s:%s" % (holding, os.environ["PATH"])})
     try:
-        wait(lambda: flag.exists(), 180, "criu restore", run)
+        wait(flag.exists, 180, "criu restore", run)
     finally:
         run.kill()
     assert last_restore(b["snapshot_dir"])["outcome"] == "restoring"

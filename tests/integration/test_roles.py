@@ -266,7 +266,10 @@ def test_waits_for_the_warmup_file_and_undoes_the_whole_instance_when_one_pod_fa
     assert str(snap_a) in results[pod_a["name"]]["removed"], "pod a's completed snapshot must go with the instance"
     history_a = [h["status"] for h in status_record(snap_a)["history"]]
     assert history_a[-2:] == ["completed", "failed"], history_a
+    # pod a's signed statement of its latest generation stays: it only ever refuses older generations, and the next
+    # generation supersedes it (pod b never completed, so it has none)
     assert listing(tmp_path / "host") == sorted(["t", "t/pair", "t/pair/p0", "t/pair/p0/.%s.status.json" % pod_a["name"],
+                                                 "t/pair/p0/.%s.latest.json" % pod_a["name"],
                                                  "t/pair/p0/.%s.status.json" % pod_b["name"]])
     assert not (tmp_path / "npu").exists() or listing(tmp_path / "npu") == ["t", "t/pair", "t/pair/p0"]
     assert host["snapshot_generate_engines"][pod_a["name"]]["engine"] == "RUNNING"
@@ -276,7 +279,9 @@ def test_waits_for_the_warmup_file_and_undoes_the_whole_instance_when_one_pod_fa
     cleaned = run_playbook(tmp_path / "runs", "cleanup.yml", inv)
     assert cleaned.rc == 0 and cleaned.recap["npu-host"]["changed"] == 1, cleaned
     result = cleaned.facts["npu-host"]["snapshot_cleanup_result"]
-    assert result["summary"]["failed"] == 2 and not os.listdir(str(tmp_path / "host" / "t" / "pair" / "p0"))
+    # the failed records go; pod a's statement stays (removing it would let an older generation back in)
+    assert result["summary"]["failed"] == 2 and \
+        os.listdir(str(tmp_path / "host" / "t" / "pair" / "p0")) == [".%s.latest.json" % pod_a["name"]]
     again = run_playbook(tmp_path / "runs", "cleanup.yml", inv)
     assert again.rc == 0 and again.recap["npu-host"]["changed"] == 0, again
 

@@ -100,10 +100,11 @@ DEVICE = {"schema_version": 1, "pid": 1, "state": "BACKED_UP", "devices": [0],
           "runtime": {"name": "ascend-acl", "version": "9.1.0"}, "created_at": "2026-11-29T12:00:00Z"}
 
 
-def snapshot(tmp_path, encrypted=False, npu_image=None, device=DEVICE):
-    """A published snapshot with a device part (``device``; None: none), so that the device stage runs; ``npu_image``:
-    the bytes of the NPU plugin's image among the CRIU images (as they are in the store: ciphertext of an encrypted
-    snapshot)."""
+def snapshot(tmp_path, encrypted=False, npu_image=None, device="DEVICE"):
+    """A published snapshot with a device part (``device``: DEVICE unless given; None: none), so that the device stage
+    runs; ``npu_image``: the bytes of the NPU plugin's image among the CRIU images (as they are in the store: ciphertext
+    of an encrypted snapshot)."""
+    device = DEVICE if device == "DEVICE" else device
     snap = make(tmp_path, encryption_key=KEY if encrypted else None)
     staging = layout.staging_dir(snap)
     os.rename(snap, staging)

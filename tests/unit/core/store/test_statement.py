@@ -27,8 +27,8 @@ def trusting(*keys, scope=None):
     return signature.load_public_keys(entries)
 
 
-def made(key, generation=10, identity=IDENTITY, fingerprint=FINGERPRINT, now=NOW, validity=7 * DAY):
-    return statement.make(identity, generation, fingerprint, key, validity, now)
+def made(key, generation=10, identity=None, fingerprint=FINGERPRINT, now=NOW, validity=7 * DAY):
+    return statement.make(identity or IDENTITY, generation, fingerprint, key, validity, now)
 
 
 def test_a_statement_signed_by_a_trusted_key_for_its_identity_is_taken_until_it_expires():
@@ -135,8 +135,9 @@ def test_a_write_that_read_an_older_statement_never_replaces_a_newer_one(tmp_pat
     assert refused.startswith("statement_invalid:"), "a link is never followed"
 
 
-def published(key, generation, identity=IDENTITY):
+def published(key, generation, identity=None):
     """What the host sends up of a published snapshot: its checksum list, signature and manifest."""
+    identity = identity or IDENTITY
     recorded = json.dumps({"identity": identity, "generation": generation})
     checksums = "%s  %s\n" % (hashlib.sha256(recorded.encode()).hexdigest(), layout.MANIFEST)
     return {"checksums": checksums, "manifest": recorded,
