@@ -171,8 +171,10 @@ class Awx:
         return results
 
 
-def test_wrapper_playbooks_through_ansible_runner_hand_their_artifacts_on(tmp_path, containers, docker_env):
-    name = "awx-%s" % uuid.uuid4().hex[:6]
+def warm_pod_host(tmp_path, containers, docker_env, prefix, service):
+    """A warmed-up engine in a container of its own and the inventory host whose one pod it is: (name, pod, its
+    answers to PROMPTS, the snapshot root, the host's variables)."""
+    name = "%s-%s" % (prefix, uuid.uuid4().hex[:6])
     device_dir = tmp_path / "npu"
     device_dir.mkdir(mode=0o700)
     pod = containers(name, docker_env, device_dir, free_port(), WORKLOAD_DEVICE_MB="16", WORKLOAD_HOST_MB="4")
@@ -182,8 +184,13 @@ def test_wrapper_playbooks_through_ansible_runner_hand_their_artifacts_on(tmp_pa
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
             "snapshot_config": {"enabled": True, "hostSnapshotPath": str(root / "host"),
                                 "npuSnapshotPath": str(root / "npu")},
-            "snapshot_service": {"namespace": "awx", "name": "svc"},
+            "snapshot_service": {"namespace": "awx", "name": service},
             "snapshot_instances": [{"name": "p0", "pods": [{"name": name, "readiness_url": pod.url + "/health"}]}]}
+    return name, pod, expected, root, host
+
+
+def test_wrapper_playbooks_through_ansible_runner_hand_their_artifacts_on(tmp_path, containers, docker_env):
+    name, pod, expected, root, host = warm_pod_host(tmp_path, containers, docker_env, "awx", "svc")
     awx = Awx(tmp_path, {"all": {"hosts": {"npu-host": host}}}, credential=signing_key_pair())
     snapshot_dir = root / "host" / "awx" / "svc" / "p0" / name
 
@@ -216,7 +223,7 @@ def test_wrapper_playbooks_through_ansible_runner_hand_their_artifacts_on(tmp_pa
     assert again["snapshot_generate_by_host"]["npu-host"]["outcome"]["status"] == "unchanged", again
 
     pod.remove()
-    reset_device(device_dir)
+    reset_device(pod.device_dir)
     runner, restored = awx.launch("restore.yml", dict(verified, snapshot_hosts="npu-host"))
     assert runner.status == "successful", awx.output(runner)[-3000:]
     [back] = restored["snapshot_restore_by_host"]["npu-host"]
@@ -237,18 +244,7 @@ def test_the_encryption_credential_encrypts_in_one_job_and_decrypts_in_another(t
     without the encryption credential cannot decrypt (nothing starts), one with it decrypts the container's record
     with it and starts the container from it, authenticated. It starts cold by design here: this node has no
     restore-on-create runtime, and docker start --checkpoint never restores an encrypted snapshot (encrypted:)."""
-    name = "awx-enc-%s" % uuid.uuid4().hex[:6]
-    device_dir = tmp_path / "npu"
-    device_dir.mkdir(mode=0o700)
-    pod = containers(name, docker_env, device_dir, free_port(), WORKLOAD_DEVICE_MB="16", WORKLOAD_HOST_MB="4")
-    pod.run().wait_ready()
-    expected = [pod.generate(p) for p in PROMPTS]
-    root = tmp_path / "snapshots"
-    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-            "snapshot_config": {"enabled": True, "hostSnapshotPath": str(root / "host"),
-                                "npuSnapshotPath": str(root / "npu")},
-            "snapshot_service": {"namespace": "awx", "name": "enc"},
-            "snapshot_instances": [{"name": "p0", "pods": [{"name": name, "readiness_url": pod.url + "/health"}]}]}
+    name, pod, expected, root, host = warm_pod_host(tmp_path, containers, docker_env, "awx-enc", "enc")
     awx = Awx(tmp_path, {"all": {"hosts": {"npu-host": host}}}, credential=signing_key_pair(),
               encryption=encryption_credential())
     runner, generated = awx.launch("generate.yml", survey_answers("generate", snapshot_hosts="npu-host"))
@@ -259,7 +255,7 @@ def test_the_encryption_credential_encrypts_in_one_job_and_decrypts_in_another(t
     assert "host/container.json" in recorded["files"], recorded
 
     pod.remove()
-    reset_device(device_dir)
+    reset_device(pod.device_dir)
     runner, refused = awx.launch("restore.yml", {"snapshot_hosts": "npu-host"}, encryption=False)
     [cold] = refused["snapshot_restore_by_host"]["npu-host"]
     assert cold["restored"] is False and "crypt" in cold["reason"], cold  # decrypt_failed: without the key
